@@ -1,0 +1,1 @@
+"""AutoResearch domain config (registers `research`)."""

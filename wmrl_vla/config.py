@@ -1,0 +1,1 @@
+"""VLA domain config (registers `vla`)."""
