@@ -1,0 +1,131 @@
+import pytest
+import torch
+
+from wmrl.domain import RolloutBatch
+from wmrl_vla.policy import (
+    InstructionTokenizer,
+    SmallVLA,
+    SmallVLAConfig,
+    actions_to_bins,
+    bins_to_actions,
+)
+
+CFG = SmallVLAConfig(image_size=32, state_dim=5, action_dim=3, n_bins=11, d_model=32, n_layers=1, n_heads=2)
+
+
+def _obs(b, g=0):
+    gen = torch.Generator().manual_seed(g)
+    images = torch.randint(0, 256, (b, 3, 32, 32), generator=gen, dtype=torch.uint8)
+    states = torch.randn(b, 5, generator=gen)
+    instr = InstructionTokenizer(CFG.vocab_size, CFG.max_words).encode(["push the red block"] * b)
+    return images, states, instr
+
+
+def test_tokenizer_pads_and_is_stable():
+    tok = InstructionTokenizer(64, 6)
+    ids = tok.encode(["Reach the RED target.", "reach the red target"])
+    assert ids.shape == (2, 6)
+    assert torch.equal(ids[0], ids[1])
+    assert (ids[0, :4] > 0).all() and (ids[0, 4:] == 0).all()
+    with pytest.raises(ValueError):
+        tok.encode([""])
+    with pytest.raises(TypeError):
+        tok.encode("a string")
+
+
+def test_bins_round_trip():
+    a = torch.tensor([-1.0, -0.5, 0.0, 0.33, 1.0, 3.0])
+    b = actions_to_bins(a, 21)
+    assert b.tolist() == [0, 5, 10, 13, 20, 20]
+    assert torch.allclose(bins_to_actions(b, 21)[:5], torch.tensor([-1.0, -0.5, 0.0, 0.3, 1.0]))
+
+
+def test_shapes_and_bad_input():
+    torch.manual_seed(0)
+    m = SmallVLA(CFG)
+    images, states, instr = _obs(4)
+    assert m(images, states, instr).shape == (4, 3, 11)
+    # channels-last frames are accepted
+    assert torch.allclose(m(images.permute(0, 2, 3, 1), states, instr), m(images, states, instr))
+    with pytest.raises(ValueError, match="images"):
+        m(torch.zeros(4, 3, 16, 16, dtype=torch.uint8), states, instr)
+    with pytest.raises(ValueError, match="states"):
+        m(images, states[:, :2], instr)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        SmallVLAConfig(image_size=40)
+
+
+def test_log_probs_match_direct_computation():
+    torch.manual_seed(0)
+    m = SmallVLA(CFG)
+    n, t, a = 3, 4, CFG.action_dim
+    images, states, instr = _obs(n * t, g=1)
+    images = images.reshape(n, t, 3, 32, 32)
+    states = states.reshape(n, t, 5)
+    instr = instr[:n]
+    tokens = torch.randint(0, CFG.n_bins, (n, t * a))
+    mask = torch.ones(n, t * a)
+    mask[1, 2 * a :] = 0  # rollout 1 ended after 2 steps
+    batch = RolloutBatch(
+        tokens=tokens,
+        logprobs=torch.zeros(n, t * a),
+        mask=mask,
+        group_ids=torch.zeros(n, dtype=torch.long),
+        tasks=[None],
+        extras={"images": images, "states": states, "instr": instr},
+    )
+    lp = m.log_probs(batch, chunk=5)
+    assert lp.shape == (n, t * a)
+    assert lp.requires_grad
+    # by hand: log_softmax, then gather, one step at a time
+    for i in range(n):
+        for s in range(t):
+            if mask[i, s * a] == 0:
+                assert (lp[i, s * a : (s + 1) * a] == 0).all()
+                continue
+            logits = m(images[i, s : s + 1], states[i, s : s + 1], instr[i : i + 1])[0]  # [A, K]
+            ls = logits - torch.logsumexp(logits, -1, keepdim=True)
+            for d in range(a):
+                expected = ls[d, tokens[i, s * a + d]]
+                assert torch.allclose(lp[i, s * a + d], expected, atol=1e-5)
+    # gradient flows into the image encoder
+    lp.sum().backward()
+    assert m.image_enc.net[0].weight.grad.abs().sum() > 0
+
+
+def test_act_logprobs_and_temperature():
+    torch.manual_seed(0)
+    m = SmallVLA(CFG)
+    with torch.no_grad():
+        m.head.bias.copy_(torch.linspace(0, 3, CFG.n_bins))  # a peaked but not degenerate policy
+    images, states, instr = _obs(1)
+    images, states, instr = images.expand(2000, -1, -1, -1), states.expand(2000, -1), instr.expand(2000, -1)
+    bins, logp, acts = m.act(
+        images, states, instr, temperature=1.0, generator=torch.Generator().manual_seed(0)
+    )
+    assert bins.shape == logp.shape == acts.shape == (2000, 3)
+    assert torch.allclose(m.step_log_probs(images[:5], states[:5], instr[:5], bins[:5]), logp[:5], atol=1e-5)
+    assert torch.allclose(acts, bins_to_actions(bins, CFG.n_bins))
+    greedy, _, _ = m.act(images[:4], states[:4], instr[:4], temperature=0.0)
+    argmax = m(images[:1], states[:1], instr[:1]).argmax(-1)
+    assert (greedy == argmax).all()
+    # lower temperature concentrates samples on the mode; higher spreads them
+    counts = {}
+    for temp in (0.3, 1.0, 3.0):
+        b, _, _ = m.act(images, states, instr, temperature=temp, generator=torch.Generator().manual_seed(1))
+        counts[temp] = (b == argmax).float().mean().item()
+    assert counts[0.3] > counts[1.0] > counts[3.0]
+    # at temperature 1 the empirical frequency of the mode matches its probability
+    p_mode = torch.softmax(m(images[:1], states[:1], instr[:1]), -1).max(-1).values.mean().item()
+    assert abs(counts[1.0] - p_mode) < 0.04
+    with pytest.raises(ValueError):
+        m.act(images[:1], states[:1], instr[:1], temperature=-1)
+
+
+def test_save_load(tmp_path):
+    torch.manual_seed(0)
+    m = SmallVLA(CFG)
+    m.save(tmp_path / "p.pt")
+    m2 = SmallVLA.load(tmp_path / "p.pt")
+    images, states, instr = _obs(2)
+    assert torch.equal(m(images, states, instr), m2(images, states, instr))

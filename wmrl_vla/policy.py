@@ -1,0 +1,252 @@
+"""A small vision-language-action policy trained from scratch, with discretised action tokens.
+
+Inputs per time step: an RGB frame ``[3, H, W]`` (uint8), proprioception ``[S]`` and an instruction
+(word ids from :class:`InstructionTokenizer`). A small CNN turns the frame into ``(H/16) * (W/16)``
+patch tokens, each instruction word is one token, proprioception is one token, and ``A`` learned
+query tokens (one per action dimension) read them through a small transformer encoder. Each query
+emits logits over ``n_bins`` bins of its action dimension in ``[-1, 1]``.
+
+The action dimensions are independent given the observation, so the log-prob of a step is the sum
+of ``A`` exact categorical log-probs and the core's token-level clipped-ratio loss applies with one
+token per (step, action dimension): a rollout of ``T`` steps has ``T * A`` tokens, step-major.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+PAD_ID = 0
+
+
+class InstructionTokenizer:
+    """Word-level tokenizer with a hashed vocabulary: no hub, no fitted vocabulary file.
+
+    Lower-cased words (``[a-z0-9]+``) map to ``1 + crc32(word) % (vocab_size - 1)``; id 0 is padding.
+    Instructions come from a handful of templates over colour and object words, so with a few hundred
+    buckets collisions are rare, and a word never seen in training still gets a stable id.
+    """
+
+    def __init__(self, vocab_size: int = 512, max_len: int = 16) -> None:
+        if vocab_size < 2 or max_len < 1:
+            raise ValueError(f"vocab_size={vocab_size} must be >= 2 and max_len={max_len} >= 1")
+        self.vocab_size = vocab_size
+        self.max_len = max_len
+
+    def words(self, text: str) -> list[str]:
+        return re.findall(r"[a-z0-9]+", text.lower())
+
+    def word_id(self, word: str) -> int:
+        return 1 + zlib.crc32(word.encode()) % (self.vocab_size - 1)
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        """``[B, max_len]`` long word ids, right-padded with 0 (truncated past ``max_len``)."""
+        if isinstance(texts, str):
+            raise TypeError("encode() takes a sequence of instructions, not one string")
+        out = torch.zeros(len(texts), self.max_len, dtype=torch.long)
+        for i, t in enumerate(texts):
+            ids = [self.word_id(w) for w in self.words(t)][: self.max_len]
+            if not ids:
+                raise ValueError(f"instruction {t!r} has no words")
+            out[i, : len(ids)] = torch.tensor(ids)
+        return out
+
+
+@dataclass
+class SmallVLAConfig:
+    image_size: int = 64
+    state_dim: int = 8
+    action_dim: int = 4
+    # Bins per action dimension, evenly spaced over [-1, 1] (odd keeps 0 exactly representable).
+    n_bins: int = 21
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    vocab_size: int = 512
+    max_words: int = 16
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.image_size % 16 != 0:
+            raise ValueError(f"image_size={self.image_size} must be a multiple of 16")
+        if self.n_bins < 2:
+            raise ValueError(f"n_bins={self.n_bins} must be >= 2")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+
+
+def bin_centers(n_bins: int) -> torch.Tensor:
+    """``[n_bins]`` bin centres in [-1, 1], endpoints included."""
+    return bins_to_actions(torch.arange(n_bins), n_bins)
+
+
+def actions_to_bins(actions: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Continuous actions (any shape, values clipped to [-1, 1]) -> nearest bin index (long)."""
+    a = actions.clamp(-1.0, 1.0)
+    return torch.round((a + 1.0) * 0.5 * (n_bins - 1)).long()
+
+
+def bins_to_actions(bins: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Bin indices -> their centres in [-1, 1] (float)."""
+    return bins.float() * (2.0 / (n_bins - 1)) - 1.0
+
+
+class ConvEncoder(nn.Module):
+    """``[B, 3, H, W]`` uint8 -> ``[B, (H/16)*(W/16), d]`` patch tokens (4 stride-2 convs)."""
+
+    def __init__(self, d: int, channels: tuple[int, ...] = (16, 32, 64)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        c_in = 3
+        for c in (*channels, d):
+            layers += [nn.Conv2d(c_in, c, 4, stride=2, padding=1), nn.GELU()]
+            c_in = c
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.float() / 127.5 - 1.0  # [B, 3, H, W] in [-1, 1]
+        x = self.net(x)  # [B, d, H/16, W/16]
+        return x.flatten(2).transpose(1, 2)  # [B, P, d]
+
+
+class SmallVLA(nn.Module):
+    """Image + instruction + proprioception -> per-dimension action-bin logits."""
+
+    def __init__(self, cfg: SmallVLAConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.tokenizer = InstructionTokenizer(cfg.vocab_size, cfg.max_words)
+        self.image_enc = ConvEncoder(d)
+        n_patches = (cfg.image_size // 16) ** 2
+        self.patch_pos = nn.Parameter(torch.randn(1, n_patches, d) * 0.02)
+        self.word_emb = nn.Embedding(cfg.vocab_size, d, padding_idx=PAD_ID)
+        self.word_pos = nn.Parameter(torch.randn(1, cfg.max_words, d) * 0.02)
+        self.state_proj = nn.Sequential(nn.Linear(cfg.state_dim, d), nn.GELU(), nn.Linear(d, d))
+        self.queries = nn.Parameter(torch.randn(1, cfg.action_dim, d) * 0.02)
+        self.type_emb = nn.Parameter(torch.randn(4, d) * 0.02)  # patch, word, state, query
+        layer = nn.TransformerEncoderLayer(
+            d, cfg.n_heads, dim_feedforward=4 * d, dropout=cfg.dropout, batch_first=True, norm_first=True
+        )
+        self.transformer = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, cfg.n_bins)
+        self.register_buffer("centers", bin_centers(cfg.n_bins), persistent=False)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, A, n_bins]`` from images ``[B, 3, H, W]`` uint8 (or ``[B, H, W, 3]``),
+        states ``[B, S]`` and instruction ids ``[B, L]``."""
+        images = self._chw(images)
+        b = images.shape[0]
+        if states.shape != (b, self.cfg.state_dim):
+            raise ValueError(f"states has shape {tuple(states.shape)}, expected ({b}, {self.cfg.state_dim})")
+        if instr.shape[0] != b or instr.shape[1] > self.cfg.max_words:
+            raise ValueError(f"instr has shape {tuple(instr.shape)}, expected ({b}, <= {self.cfg.max_words})")
+        t = self.type_emb
+        patches = self.image_enc(images) + self.patch_pos + t[0]  # [B, P, d]
+        words = self.word_emb(instr) + self.word_pos[:, : instr.shape[1]] + t[1]  # [B, L, d]
+        state = self.state_proj(states.float()).unsqueeze(1) + t[2]  # [B, 1, d]
+        queries = self.queries.expand(b, -1, -1) + t[3]  # [B, A, d]
+        x = torch.cat([patches, words, state, queries], dim=1)  # [B, P+L+1+A, d]
+        pad = torch.cat(
+            [
+                torch.zeros(b, patches.shape[1], dtype=torch.bool, device=x.device),
+                instr == PAD_ID,
+                torch.zeros(b, 1 + self.cfg.action_dim, dtype=torch.bool, device=x.device),
+            ],
+            dim=1,
+        )  # [B, P+L+1+A], True = ignore
+        x = self.transformer(x, src_key_padding_mask=pad)
+        return self.head(self.norm(x[:, -self.cfg.action_dim :]))  # [B, A, n_bins]
+
+    def _chw(self, images: torch.Tensor) -> torch.Tensor:
+        if images.dim() != 4:
+            raise ValueError(f"images must be 4-D [B, 3, H, W] or [B, H, W, 3], got {tuple(images.shape)}")
+        if images.shape[1] != 3 and images.shape[-1] == 3:
+            images = images.permute(0, 3, 1, 2)
+        s = self.cfg.image_size
+        if images.shape[1:] != (3, s, s):
+            raise ValueError(f"images have shape {tuple(images.shape)}, expected [B, 3, {s}, {s}]")
+        return images
+
+    # ------------------------------------------------------------------ acting
+    @torch.no_grad()
+    def act(
+        self,
+        images: torch.Tensor,
+        states: torch.Tensor,
+        instr: torch.Tensor,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample one step: returns (bins ``[B, A]`` long, log-probs ``[B, A]`` of the sampled bins
+        under the *untempered* policy, continuous actions ``[B, A]``).
+
+        ``temperature`` 0 takes the argmax. The log-probs are those of the policy being trained
+        (temperature 1), which is what the clipped ratio compares against.
+        """
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0")
+        logits = self(images, states, instr)  # [B, A, K]
+        if temperature == 0:
+            bins = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            bins = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
+            bins = bins.reshape(logits.shape[:-1])
+        logp = torch.log_softmax(logits, -1).gather(-1, bins.unsqueeze(-1)).squeeze(-1)
+        return bins, logp, self.centers[bins]
+
+    # ------------------------------------------------------------------ scoring
+    def step_log_probs(
+        self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor, bins: torch.Tensor
+    ) -> torch.Tensor:
+        """``[B, A]`` log-probs of ``bins`` ``[B, A]`` (differentiable)."""
+        logits = self(images, states, instr)
+        return torch.log_softmax(logits, -1).gather(-1, bins.unsqueeze(-1)).squeeze(-1)
+
+    def log_probs(self, batch, chunk: int = 512) -> torch.Tensor:  # batch: wmrl.domain.RolloutBatch
+        """``[N, T*A]`` log-probs of ``batch.tokens`` (differentiable), from ``batch.extras``:
+        ``images`` ``[N, T, 3, H, W]`` uint8, ``states`` ``[N, T, S]``, ``instr`` ``[N, L]``.
+        Padding steps (mask 0) are scored too (their values are ignored by the loss) but only the
+        real steps go through the network."""
+        ex = batch.extras
+        for k in ("images", "states", "instr"):
+            if k not in ex:
+                raise KeyError(f"batch.extras lacks {k!r}; SmallVLA.log_probs needs images, states, instr")
+        images, states, instr = ex["images"], ex["states"], ex["instr"]
+        n, t = images.shape[:2]
+        a = self.cfg.action_dim
+        if batch.tokens.shape != (n, t * a):
+            raise ValueError(f"tokens have shape {tuple(batch.tokens.shape)}, expected ({n}, {t}*{a})")
+        step_mask = batch.mask.reshape(n, t, a).amax(-1) > 0  # [N, T]
+        idx = step_mask.reshape(-1).nonzero().squeeze(-1)  # real steps, flat
+        out = torch.zeros(n * t, a, device=images.device)
+        flat_img = images.reshape(n * t, *images.shape[2:])
+        flat_state = states.reshape(n * t, -1)
+        flat_instr = instr.unsqueeze(1).expand(n, t, instr.shape[-1]).reshape(n * t, -1)
+        flat_bins = batch.tokens.reshape(n * t, a)
+        pieces = []
+        for s in range(0, idx.numel(), chunk):
+            j = idx[s : s + chunk]
+            pieces.append(self.step_log_probs(flat_img[j], flat_state[j], flat_instr[j], flat_bins[j]))
+        if pieces:
+            out = out.index_put((idx,), torch.cat(pieces))
+        return out.reshape(n, t * a)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path) -> None:
+        torch.save({"config": asdict(self.cfg), "state_dict": self.state_dict()}, path)
+
+    @classmethod
+    def load(cls, path) -> SmallVLA:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        model = cls(SmallVLAConfig(**ckpt["config"]))
+        model.load_state_dict(ckpt["state_dict"])
+        return model
