@@ -36,7 +36,7 @@ class FakeTask:
     kind: str = "tabular-regression"
     description: str = "Predict the target of a small tabular regression set; lower RMSE is better."
     metric: str = "rmse"
-    direction: str = "min"
+    direction: int = -1
     baseline_source: str = SOURCE
     reference_source: str = SOURCE
     knob_space: dict = field(

