@@ -1,0 +1,161 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from world_models.vla_dynamics import (
+    VLADynamics,
+    VLADynamicsConfig,
+    episodes_from_records,
+    evaluate_dynamics,
+    rollout_score,
+    sample_windows,
+    train_dynamics,
+)
+
+S = 16  # image size
+
+
+def _square_episodes(n, t_len=12, seed=0):
+    """A square moved by the action's first two dims; progress = closeness to the corner target."""
+    rng = np.random.default_rng(seed)
+    eps = []
+    for _ in range(n):
+        pos = rng.uniform(3, 12, size=2)
+        imgs, states, acts, prog, succ = [], [], [], [], []
+        for t in range(t_len + 1):
+            img = np.full((S, S, 3), 40, np.uint8)
+            x, y = np.clip(pos.round().astype(int), 1, S - 3)
+            img[y : y + 3, x : x + 3] = (230, 60, 30)
+            imgs.append(img)
+            states.append(np.array([pos[0] / S, pos[1] / S, 0.0], np.float32))
+            if t == t_len:
+                break
+            a = rng.uniform(-1, 1, size=2).astype(np.float32)
+            acts.append(np.concatenate([a, [0.0]]).astype(np.float32))
+            pos = np.clip(pos + 1.5 * a, 1, S - 3)
+            d = np.linalg.norm(pos - 12) / 12
+            prog.append(max(0.0, 1 - d))
+            succ.append(float(d < 0.25))
+        eps.append(
+            {
+                "observation.image": np.stack(imgs),
+                "observation.state": np.stack(states),
+                "action": np.stack(acts),
+                "next.reward": np.array(prog, np.float32),
+                "next.success": np.array(succ, np.float32),
+            }
+        )
+    return episodes_from_records(eps)
+
+
+CFG = VLADynamicsConfig(image_size=S, state_dim=3, action_dim=3, latent_dim=32, hidden_dim=64, n_members=3)
+
+
+def test_episode_conversion_and_windows():
+    eps = _square_episodes(2, t_len=5)
+    assert eps[0]["images"].shape == (6, 3, S, S) and eps[0]["images"].dtype == np.uint8
+    w = sample_windows(eps, 7, horizon=4, rng=np.random.default_rng(0))
+    assert w["images"].shape == (7, 5, 3, S, S) and w["actions"].shape == (7, 4, 3)
+    # the frame mask never exceeds the step mask, and windows that start late are padded
+    assert (w["frame_mask"] <= w["step_mask"]).all()
+    assert w["step_mask"].sum() < 7 * 4
+    with pytest.raises(ValueError):
+        sample_windows([], 1, 4, np.random.default_rng(0))
+
+
+def test_rollout_score():
+    prog = torch.tensor([[0.1, 0.5, 0.3], [0.2, 0.2, 0.9]])
+    succ = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    assert torch.allclose(rollout_score(prog, succ), torch.tensor([0.25, 0.95]))
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="frame_decoder"):
+        VLADynamicsConfig(frame_decoder="gan")
+
+
+def test_training_improves_held_out_quality():
+    torch.manual_seed(0)
+    train, held = _square_episodes(24, seed=0), _square_episodes(8, seed=1)
+    model = VLADynamics(CFG)
+    before = evaluate_dynamics(model, held, horizon=4)
+    _, hist = train_dynamics(model, train, steps=100, batch_size=16, horizon=4, lr=3e-3)
+    after = evaluate_dynamics(model, held, horizon=4)
+    assert np.mean(hist[-10:]) < 0.5 * np.mean(hist[:10])
+    assert after["next_frame_psnr"] > before["next_frame_psnr"] + 2
+    assert after["score_mae"] < before["score_mae"]
+    for key in (
+        "frame_mse_step1",
+        "frame_mse_step4",
+        "error_growth",
+        "success_auc",
+        "var_error_corr",
+        "z2_mean",
+    ):
+        assert key in after and not math.isnan(after[key]), key
+    # every member was trained (each row trains one member)
+    p = [m.dyn[0].weight for m in model.members]
+    assert not torch.allclose(p[0], p[1])
+
+
+def test_batched_imagination_policy_sees_predicted_frames():
+    torch.manual_seed(0)
+    model = VLADynamics(CFG)
+    eps = _square_episodes(4)
+    imgs = torch.from_numpy(np.stack([e["images"][0] for e in eps]))
+    sts = torch.from_numpy(np.stack([e["states"][0] for e in eps]))
+    seen = []
+
+    def policy(frames, states, t):
+        seen.append(frames.clone())
+        return torch.ones(frames.shape[0], 3) * 0.5
+
+    out = model.imagine(imgs, sts, policy, horizon=5, success_threshold=2.0)  # never terminates
+    assert out["images"].shape == (4, 5, 3, S, S) and out["actions"].shape == (4, 5, 3)
+    assert out["mask"].sum() == 20 and len(seen) == 5
+    assert torch.equal(seen[0], imgs)  # the first frame is real
+    # later frames are the model's predictions, decoded from its latent
+    z, ctx = model.observe(imgs, sts)
+    members = torch.arange(4) % 3
+    z1 = torch.stack(
+        [model.members[int(members[i])].step(z[i : i + 1], torch.full((1, 3), 0.5))[0][0] for i in range(4)]
+    )
+    assert torch.equal(seen[1], model.sample_frame(z1, ctx))
+    # batched imagination equals imagining each rollout alone with the same member
+    solo = model.imagine(
+        imgs[2:3], sts[2:3], policy, horizon=5, members=torch.tensor([2]), success_threshold=2.0
+    )
+    assert torch.allclose(solo["progress"][0], out["progress"][2], atol=1e-5)
+    # scoring the same actions in latent space gives the same member predictions
+    prog, succ = model.score_actions(imgs, sts, out["actions"], out["mask"])
+    assert prog.shape == (3, 4, 5)
+    assert torch.allclose(prog[members, torch.arange(4)], out["progress"], atol=1e-5)
+    # termination: with threshold 0 every rollout ends after its first step
+    short = model.imagine(imgs, sts, policy, horizon=5, success_threshold=0.0)
+    assert short["mask"].sum() == 4 and (short["progress"][:, 1:] == 0).all()
+
+
+def test_diffusion_frame_decoder_trains_and_samples():
+    torch.manual_seed(0)
+    cfg = VLADynamicsConfig(
+        **{**CFG.__dict__, "frame_decoder": "diffusion", "n_members": 2, "diffusion_steps": 3}
+    )
+    model = VLADynamics(cfg)
+    eps = _square_episodes(6)
+    unet_w = model.unet.conv_in.weight.clone()
+    _, hist = train_dynamics(model, eps, steps=3, batch_size=4, horizon=2)
+    assert not torch.equal(unet_w, model.unet.conv_in.weight)
+    imgs = torch.from_numpy(np.stack([e["images"][0] for e in eps[:2]]))
+    sts = torch.from_numpy(np.stack([e["states"][0] for e in eps[:2]]))
+    z, ctx = model.observe(imgs, sts)
+    g = torch.Generator().manual_seed(0)
+    f1 = model.sample_frame(z, ctx, torch.Generator().manual_seed(0))
+    f2 = model.sample_frame(z, ctx, torch.Generator().manual_seed(1))
+    assert f1.shape == (2, 3, S, S) and f1.dtype == torch.uint8
+    assert not torch.equal(f1, f2)  # sampled, not regressed
+    out = model.imagine(
+        imgs, sts, lambda f, s, t: torch.zeros(2, 3), horizon=3, success_threshold=2.0, generator=g
+    )
+    assert out["images"].shape == (2, 3, 3, S, S)

@@ -1,0 +1,587 @@
+"""Action-conditioned video/state world model for the VLA domain, as an ensemble.
+
+Dreamer-style split (``observe`` / ``imagine`` / ``loss`` kept apart):
+
+- ``observe``: a CNN encodes the first real frame and proprioception into a latent ``z`` ``[B, D]``
+  and keeps the frame's feature maps as *context* for the decoder (the static scene).
+- ``imagine``: each of ``K`` members advances the latent with its own residual MLP,
+  ``z' = z + f_k(z, a)``, and predicts progress (sigmoid) and a success logit from ``z'``; a shared
+  head predicts the next proprioception and a shared frame decoder turns ``z'`` (plus the context
+  maps of the first frame) into the next frame. Frames are decoded only where a policy must see them:
+  scoring an action sequence runs in latent space (cheap), imagination for a policy decodes.
+- ``loss``: open-loop multi-step training on windows of real episodes, so the model is trained the
+  way it is used (each member draws its own windows: a bootstrap that gives the members diversity).
+
+Frame decoder ``"deterministic"`` (default) regresses the frame; ``"diffusion"`` adds a small
+diffusers ``UNet2DModel`` that samples the next frame with a few DDIM steps, conditioned on the
+context frame (channels) and on ``z'`` (an ``identity`` class embedding added to the time embedding).
+
+The ensemble's spread of the rollout score is its own uncertainty (``Prediction.var``).
+
+Episodes (what :func:`episodes_from_records` makes from LeRobot records): dicts of numpy arrays
+``images`` ``[T+1, 3, H, W]`` uint8 (the frame before each action, plus the last frame if known,
+else ``T`` frames), ``states`` ``[T(+1), S]``, ``actions`` ``[T, A]``, ``progress`` ``[T]`` (after each
+action), ``success`` ``[T]`` (after each action).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FRAME_DECODERS = ("deterministic", "diffusion")
+
+
+@dataclass
+class VLADynamicsConfig:
+    image_size: int = 64
+    state_dim: int = 8
+    action_dim: int = 4
+    latent_dim: int = 128
+    hidden_dim: int = 256
+    # Ensemble members (each its own latent dynamics and outcome heads).
+    n_members: int = 3
+    # "deterministic" (conv decoder) | "diffusion" (diffusers UNet2DModel + DDIM).
+    frame_decoder: str = "deterministic"
+    diffusion_steps: int = 4
+    diffusion_train_timesteps: int = 100
+    # Loss weights.
+    frame_weight: float = 1.0
+    state_weight: float = 1.0
+    outcome_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.frame_decoder not in FRAME_DECODERS:
+            raise ValueError(
+                f"frame_decoder={self.frame_decoder!r} is not one of {', '.join(FRAME_DECODERS)}"
+            )
+        if self.image_size % 16 != 0:
+            raise ValueError(f"image_size={self.image_size} must be a multiple of 16")
+        if self.n_members < 1:
+            raise ValueError(f"n_members={self.n_members} must be >= 1")
+
+
+def _to_unit(images: torch.Tensor) -> torch.Tensor:
+    return images.float() / 127.5 - 1.0
+
+
+def _to_uint8(x: torch.Tensor) -> torch.Tensor:
+    return ((x.clamp(-1, 1) + 1.0) * 127.5).round().to(torch.uint8)
+
+
+class FrameEncoder(nn.Module):
+    """``[B, 3, H, W]`` -> feature maps at H/2, H/4, H/8, H/16 and a flat feature."""
+
+    def __init__(self, chans: tuple[int, ...] = (16, 32, 64, 64)) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList()
+        c_in = 3
+        for c in chans:
+            self.convs.append(nn.Conv2d(c_in, c, 4, stride=2, padding=1))
+            c_in = c
+        self.chans = chans
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        maps = []
+        for conv in self.convs:
+            x = F.gelu(conv(x))
+            maps.append(x)
+        return maps
+
+
+class FrameDecoder(nn.Module):
+    """Latent ``[B, D]`` + context maps of the first frame -> frame ``[B, 3, H, W]`` in [-1, 1]."""
+
+    def __init__(self, latent_dim: int, image_size: int, chans: tuple[int, ...]) -> None:
+        super().__init__()
+        self.base = image_size // 16
+        self.chans = chans
+        self.fc = nn.Linear(latent_dim, chans[-1] * self.base * self.base)
+        ups = []
+        # from H/16 up to H; at each level concat the context map of the same size
+        c_prev = chans[-1]
+        for i in range(len(chans) - 1, -1, -1):
+            c_out = chans[i - 1] if i > 0 else 16
+            ups.append(nn.ConvTranspose2d(c_prev + chans[i], c_out, 4, stride=2, padding=1))
+            c_prev = c_out
+        self.ups = nn.ModuleList(ups)
+        self.out = nn.Conv2d(c_prev + 3, 3, 3, padding=1)
+
+    def forward(self, z: torch.Tensor, context: list[torch.Tensor], frame0: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.fc(z)).reshape(z.shape[0], self.chans[-1], self.base, self.base)
+        for up, ctx in zip(self.ups, reversed(context), strict=True):
+            x = F.gelu(up(torch.cat([x, ctx], 1)))
+        return frame0 + self.out(torch.cat([x, frame0], 1))  # residual on the context frame
+
+
+class Member(nn.Module):
+    """One ensemble member: latent dynamics and outcome heads."""
+
+    def __init__(self, latent_dim: int, action_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.dyn = nn.Sequential(
+            nn.Linear(latent_dim + action_dim, hidden),
+            nn.GELU(),
+            nn.Linear(hidden, hidden),
+            nn.GELU(),
+            nn.Linear(hidden, latent_dim),
+        )
+        self.norm = nn.LayerNorm(latent_dim)
+        self.outcome = nn.Sequential(nn.Linear(latent_dim, hidden), nn.GELU(), nn.Linear(hidden, 2))
+
+    def step(self, z: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        z2 = self.norm(z + self.dyn(torch.cat([z, a], -1)))
+        out = self.outcome(z2)
+        return z2, torch.sigmoid(out[:, 0]), out[:, 1]  # latent, progress, success logit
+
+
+class VLADynamics(nn.Module):
+    """The ensemble world model. See the module docstring."""
+
+    def __init__(self, cfg: VLADynamicsConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        chans = (16, 32, 64, 64)
+        self.encoder = FrameEncoder(chans)
+        feat = chans[-1] * (cfg.image_size // 16) ** 2
+        self.to_latent = nn.Sequential(
+            nn.Linear(feat + cfg.state_dim, cfg.latent_dim), nn.LayerNorm(cfg.latent_dim)
+        )
+        self.members = nn.ModuleList(
+            Member(cfg.latent_dim, cfg.action_dim, cfg.hidden_dim) for _ in range(cfg.n_members)
+        )
+        self.state_head = nn.Sequential(
+            nn.Linear(cfg.latent_dim, cfg.hidden_dim), nn.GELU(), nn.Linear(cfg.hidden_dim, cfg.state_dim)
+        )
+        self.decoder = FrameDecoder(cfg.latent_dim, cfg.image_size, chans)
+        self.unet = None
+        if cfg.frame_decoder == "diffusion":
+            from diffusers import DDIMScheduler, UNet2DModel
+
+            self.unet = UNet2DModel(
+                sample_size=cfg.image_size,
+                in_channels=6,
+                out_channels=3,
+                block_out_channels=(32, 64, 64),
+                down_block_types=("DownBlock2D", "DownBlock2D", "DownBlock2D"),
+                up_block_types=("UpBlock2D", "UpBlock2D", "UpBlock2D"),
+                layers_per_block=1,
+                norm_num_groups=8,
+                class_embed_type="identity",
+                add_attention=False,
+            )
+            self.cond_proj = nn.Linear(cfg.latent_dim, 32 * 4)  # time_embed_dim = 4 * block_out_channels[0]
+            self.scheduler = DDIMScheduler(num_train_timesteps=cfg.diffusion_train_timesteps)
+            self.scheduler.set_timesteps(cfg.diffusion_steps)
+
+    # ------------------------------------------------------------------ observe
+    def observe(self, images: torch.Tensor, states: torch.Tensor):
+        """First frame ``[B, 3, H, W]`` uint8 + state ``[B, S]`` -> (z ``[B, D]``, context)."""
+        s = self.cfg.image_size
+        if images.dim() != 4 or images.shape[1:] != (3, s, s):
+            raise ValueError(f"images have shape {tuple(images.shape)}, expected [B, 3, {s}, {s}]")
+        frame0 = _to_unit(images)
+        maps = self.encoder(frame0)
+        z = self.to_latent(torch.cat([maps[-1].flatten(1), states.float()], -1))
+        return z, (maps, frame0)
+
+    # ------------------------------------------------------------------ decoding
+    def decode(self, z: torch.Tensor, context) -> torch.Tensor:
+        """Deterministic frame in [-1, 1], ``[B, 3, H, W]``."""
+        maps, frame0 = context
+        return self.decoder(z, maps, frame0)
+
+    @torch.no_grad()
+    def sample_frame(
+        self, z: torch.Tensor, context, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """A frame as uint8 ``[B, 3, H, W]``: decoded, or sampled with DDIM for ``"diffusion"``."""
+        if self.unet is None:
+            return _to_uint8(self.decode(z, context))
+        _, frame0 = context
+        cond = self.cond_proj(z)
+        x = torch.randn(frame0.shape, generator=generator)
+        for t in self.scheduler.timesteps:
+            eps = self.unet(torch.cat([x, frame0], 1), t, class_labels=cond).sample
+            x = self.scheduler.step(eps, t, x).prev_sample
+        return _to_uint8(x)
+
+    def diffusion_loss(self, target: torch.Tensor, z: torch.Tensor, context) -> torch.Tensor:
+        """Epsilon-prediction loss of the UNet on target frames ``[B, 3, H, W]`` in [-1, 1]."""
+        _, frame0 = context
+        noise = torch.randn_like(target)
+        t = torch.randint(0, self.cfg.diffusion_train_timesteps, (target.shape[0],))
+        noisy = self.scheduler.add_noise(target, noise, t)
+        eps = self.unet(torch.cat([noisy, frame0], 1), t, class_labels=self.cond_proj(z.detach())).sample
+        return F.mse_loss(eps, noise)
+
+    # ------------------------------------------------------------------ scoring
+    def score_actions(
+        self, images: torch.Tensor, states: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor
+    ):
+        """Latent rollout of action sequences under every member.
+
+        images ``[B, 3, H, W]`` uint8 and states ``[B, S]``: the first observation; actions
+        ``[B, T, A]``; mask ``[B, T]`` (1 on real steps). Returns progress ``[K, B, T]`` and success
+        probabilities ``[K, B, T]`` (0 after the mask ends).
+        """
+        z0, _ = self.observe(images, states)
+        progs, succs = [], []
+        for m in self.members:
+            z, p_k, s_k = z0, [], []
+            for t in range(actions.shape[1]):
+                z, p, logit = m.step(z, actions[:, t].float())
+                p_k.append(p)
+                s_k.append(torch.sigmoid(logit))
+            progs.append(torch.stack(p_k, 1) * mask)
+            succs.append(torch.stack(s_k, 1) * mask)
+        return torch.stack(progs), torch.stack(succs)
+
+    # ------------------------------------------------------------------ imagination
+    @torch.no_grad()
+    def imagine(
+        self,
+        images: torch.Tensor,
+        states: torch.Tensor,
+        policy: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
+        horizon: int,
+        members: torch.Tensor | None = None,
+        success_threshold: float = 0.5,
+        generator: torch.Generator | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Roll a whole batch forward together; the policy acts on predicted frames.
+
+        ``policy(images [B, 3, H, W] uint8, states [B, S], t) -> actions [B, A]`` (it may record
+        whatever else it needs). Rollout ``i`` follows member ``members[i]`` (default ``i % K``) and
+        ends after the first step whose success probability passes ``success_threshold``.
+
+        Returns ``images`` ``[B, T, 3, H, W]`` (the frames the policy saw), ``states`` ``[B, T, S]``,
+        ``actions`` ``[B, T, A]``, ``progress`` / ``success`` ``[B, T]`` (the member's predictions
+        after each action) and ``mask`` ``[B, T]``.
+        """
+        b = images.shape[0]
+        k = self.cfg.n_members
+        members = torch.arange(b) % k if members is None else members
+        z, context = self.observe(images, states)
+        frame, state = images, states.float()
+        alive = torch.ones(b, dtype=torch.bool)
+        out = {n: [] for n in ("images", "states", "actions", "progress", "success", "mask")}
+        for t in range(horizon):
+            out["images"].append(frame)
+            out["states"].append(state)
+            out["mask"].append(alive.float())
+            a = policy(frame, state, t).float()  # [B, A]
+            z_next = torch.empty_like(z)
+            prog = torch.empty(b)
+            succ = torch.empty(b)
+            for j, m in enumerate(self.members):
+                sel = (members == j).nonzero().squeeze(-1)
+                if sel.numel():
+                    z_next[sel], prog[sel], logit = m.step(z[sel], a[sel])
+                    succ[sel] = torch.sigmoid(logit)
+            out["actions"].append(a)
+            out["progress"].append(prog * alive)
+            out["success"].append(succ * alive)
+            alive = alive & (succ < success_threshold)
+            z = z_next
+            if t + 1 < horizon:
+                state = self.state_head(z)
+                frame = self.sample_frame(z, context, generator)
+            if not alive.any():
+                # pad the remaining steps with copies (masked out)
+                for _ in range(t + 1, horizon):
+                    for n in out:
+                        out[n].append(
+                            out[n][-1] if n not in ("mask", "progress", "success") else torch.zeros(b)
+                        )
+                break
+        return {n: torch.stack(v, 1) for n, v in out.items()}
+
+    # ------------------------------------------------------------------ training
+    def loss(
+        self, batch: dict[str, torch.Tensor], member_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict]:
+        """Open-loop multi-step loss on windows.
+
+        ``batch``: ``images`` ``[B, H+1, 3, h, w]`` uint8, ``states`` ``[B, H+1, S]``, ``actions``
+        ``[B, H, A]``, ``progress``/``success`` ``[B, H]``, ``frame_mask`` ``[B, H]`` (1 where the next
+        frame is known), ``step_mask`` ``[B, H]`` (1 on real steps). Row ``i`` trains member
+        ``member_ids[i]`` (default: every member on every row).
+        """
+        imgs, sts, acts = batch["images"], batch["states"], batch["actions"]
+        b, h = acts.shape[:2]
+        z0, context = self.observe(imgs[:, 0], sts[:, 0])
+        step_mask = batch["step_mask"].float()
+        frame_mask = batch["frame_mask"].float() * step_mask
+        target_frames = _to_unit(imgs[:, 1:])  # [B, H, 3, h, w]
+        losses = {"frame": 0.0, "state": 0.0, "progress": 0.0, "success": 0.0, "diffusion": 0.0}
+        n_members = len(self.members)
+        for j, m in enumerate(self.members):
+            rows = torch.arange(b) if member_ids is None else (member_ids == j).nonzero().squeeze(-1)
+            if rows.numel() == 0:
+                continue
+            z = z0[rows]
+            ctx = ([mp[rows] for mp in context[0]], context[1][rows])
+            zs, ps, ls = [], [], []
+            for t in range(h):
+                z, p, logit = m.step(z, acts[rows, t].float())
+                zs.append(z)
+                ps.append(p)
+                ls.append(logit)
+            zs_t = torch.stack(zs, 1)  # [b_j, H, D]
+            sm, fm = step_mask[rows], frame_mask[rows]
+            denom = sm.sum().clamp(min=1)
+            losses["progress"] = (
+                losses["progress"]
+                + (((torch.stack(ps, 1) - batch["progress"][rows].float()) ** 2) * sm).sum() / denom
+            )
+            bce = F.binary_cross_entropy_with_logits(
+                torch.stack(ls, 1), batch["success"][rows].float(), reduction="none"
+            )
+            losses["success"] = losses["success"] + (bce * sm).sum() / denom
+            st_pred = self.state_head(zs_t)
+            st_err = ((st_pred - sts[rows, 1:].float()) ** 2).mean(-1)
+            losses["state"] = losses["state"] + (st_err * fm).sum() / fm.sum().clamp(min=1)
+            flat = fm.reshape(-1).nonzero().squeeze(-1)
+            if flat.numel():
+                zf = zs_t.reshape(-1, zs_t.shape[-1])[flat]
+                rep = flat // h  # row (within rows) of each frame
+                ctx_f = ([mp[rep] for mp in ctx[0]], ctx[1][rep])
+                target = target_frames[rows].reshape(-1, *target_frames.shape[2:])[flat]
+                losses["frame"] = losses["frame"] + F.mse_loss(self.decode(zf, ctx_f), target)
+                if self.unet is not None:
+                    losses["diffusion"] = losses["diffusion"] + self.diffusion_loss(target, zf, ctx_f)
+        c = self.cfg
+        total = (
+            c.frame_weight * (losses["frame"] + losses["diffusion"])
+            + c.state_weight * losses["state"]
+            + c.outcome_weight * (losses["progress"] + losses["success"])
+        ) / n_members
+        return total, {
+            f"wm/loss_{k}": float(v.detach() if torch.is_tensor(v) else v) / n_members
+            for k, v in losses.items()
+        }
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path) -> None:
+        torch.save({"config": asdict(self.cfg), "state_dict": self.state_dict()}, path)
+
+    @classmethod
+    def load(cls, path) -> VLADynamics:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        model = cls(VLADynamicsConfig(**ckpt["config"]))
+        model.load_state_dict(ckpt["state_dict"])
+        return model
+
+
+# ---------------------------------------------------------------------- rollout score
+def rollout_score(progress: torch.Tensor, success: torch.Tensor, success_weight: float = 0.5) -> torch.Tensor:
+    """The rollout reward, from per-step progress and success (probabilities or 0/1), ``[..., T]`` -> ``[...]``.
+
+    ``r = w * max_t success_t + (1 - w) * max_t progress_t``: the real reward of a rollout applies the
+    same function to the simulator's progress and success flags.
+    """
+    return success_weight * success.amax(-1) + (1.0 - success_weight) * progress.amax(-1)
+
+
+# ---------------------------------------------------------------------- data
+def episodes_from_records(records: Sequence[dict]) -> list[dict[str, np.ndarray]]:
+    """LeRobot-style records (``observation.image`` ``[T, H, W, 3]`` or ``[T, 3, H, W]``,
+    ``observation.state``, ``action``, ``next.reward``, ``next.success``) -> episodes as above."""
+    eps = []
+    for r in records:
+        img = np.asarray(r["observation.image"])
+        if img.ndim != 4:
+            raise ValueError(f"observation.image must be [T, H, W, 3] or [T, 3, H, W], got {img.shape}")
+        if img.shape[-1] == 3 and img.shape[1] != 3:
+            img = img.transpose(0, 3, 1, 2)
+        if img.dtype != np.uint8:
+            img = (
+                (np.clip(img, 0, 1) * 255).round().astype(np.uint8)
+                if img.max() <= 1.0
+                else img.astype(np.uint8)
+            )
+        eps.append(
+            {
+                "images": img,
+                "states": np.asarray(r["observation.state"], dtype=np.float32),
+                "actions": np.asarray(r["action"], dtype=np.float32),
+                "progress": np.asarray(r["next.reward"], dtype=np.float32).reshape(-1),
+                "success": np.asarray(r["next.success"], dtype=np.float32).reshape(-1),
+            }
+        )
+    return eps
+
+
+def sample_windows(
+    episodes: Sequence[dict], n: int, horizon: int, rng: np.random.Generator
+) -> dict[str, torch.Tensor]:
+    """``n`` windows of ``horizon`` steps (padded where an episode ends) for :meth:`VLADynamics.loss`."""
+    if not episodes:
+        raise ValueError("sample_windows needs at least one episode")
+    h = horizon
+    ex = episodes[0]
+    img_shape, s_dim, a_dim = ex["images"].shape[1:], ex["states"].shape[1], ex["actions"].shape[1]
+    images = np.zeros((n, h + 1, *img_shape), np.uint8)
+    states = np.zeros((n, h + 1, s_dim), np.float32)
+    actions = np.zeros((n, h, a_dim), np.float32)
+    prog = np.zeros((n, h), np.float32)
+    succ = np.zeros((n, h), np.float32)
+    fmask = np.zeros((n, h), np.float32)
+    smask = np.zeros((n, h), np.float32)
+    for i in range(n):
+        e = episodes[rng.integers(len(episodes))]
+        t_len = len(e["actions"])
+        t0 = int(rng.integers(t_len))
+        steps = min(h, t_len - t0)
+        n_frames = min(h + 1, len(e["images"]) - t0)
+        images[i, :n_frames] = e["images"][t0 : t0 + n_frames]
+        states[i, :n_frames] = e["states"][t0 : t0 + n_frames]
+        actions[i, :steps] = e["actions"][t0 : t0 + steps]
+        prog[i, :steps] = e["progress"][t0 : t0 + steps]
+        succ[i, :steps] = e["success"][t0 : t0 + steps]
+        smask[i, :steps] = 1
+        fmask[i, : max(n_frames - 1, 0)] = 1
+    return {
+        "images": torch.from_numpy(images),
+        "states": torch.from_numpy(states),
+        "actions": torch.from_numpy(actions),
+        "progress": torch.from_numpy(prog),
+        "success": torch.from_numpy(succ),
+        "frame_mask": torch.from_numpy(fmask),
+        "step_mask": torch.from_numpy(smask),
+    }
+
+
+def train_dynamics(
+    model: VLADynamics,
+    episodes: Sequence[dict],
+    steps: int,
+    batch_size: int = 32,
+    horizon: int = 8,
+    lr: float = 1e-3,
+    seed: int = 0,
+    optimizer: torch.optim.Optimizer | None = None,
+    progress: bool = False,
+) -> tuple[torch.optim.Optimizer, list[float]]:
+    """``steps`` Adam steps on random windows; each row trains one member (bootstrap). Returns the
+    optimizer (to keep for online refinement) and the loss history."""
+    from tqdm.auto import tqdm
+
+    rng = np.random.default_rng(seed)
+    opt = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    hist = []
+    it = tqdm(range(steps), desc="world model", disable=not progress)
+    k = model.cfg.n_members
+    for _ in it:
+        batch = sample_windows(episodes, batch_size, horizon, rng)
+        member_ids = torch.from_numpy(rng.integers(k, size=batch_size)) if k > 1 else None
+        loss, _ = model.loss(batch, member_ids)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        hist.append(float(loss.detach()))
+        it.set_postfix(loss=f"{hist[-1]:.4f}")
+    model.eval()
+    return opt, hist
+
+
+# ---------------------------------------------------------------------- quality
+def _auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    pos, neg = scores[labels > 0.5], scores[labels <= 0.5]
+    if len(pos) == 0 or len(neg) == 0:
+        return float("nan")
+    # Mann-Whitney U with ties counted half
+    greater = (pos[:, None] > neg[None, :]).mean()
+    ties = (pos[:, None] == neg[None, :]).mean()
+    return float(greater + 0.5 * ties)
+
+
+@torch.no_grad()
+def evaluate_dynamics(
+    model: VLADynamics, episodes: Sequence[dict], horizon: int = 16, max_windows: int = 64, seed: int = 0
+) -> dict[str, float]:
+    """Quality on held-out real episodes.
+
+    - ``next_frame_mse`` / ``next_frame_psnr``: one step from a real frame (pixels in [0, 1]).
+    - ``frame_mse_step{k}`` and ``error_growth``: open-loop error at steps 1, 2, 4, 8, ... of the
+      horizon, and the ratio last/first.
+    - ``state_mse_step1``.
+    - ``success_auc``: per-episode predicted score (open-loop from the first frame, real actions) vs
+      real success; ``score_mae`` / ``score_corr`` against the real rollout score.
+    - ``var_error_corr``: Spearman correlation between ensemble variance and squared score error
+      (calibration of the ensemble's own uncertainty); ``z2_mean``: mean squared error / variance
+      (1 = calibrated, >1 over-confident).
+    """
+    model.eval()
+    rng = np.random.default_rng(seed)
+    w = sample_windows(episodes, max_windows, horizon, rng)
+    z, ctx = model.observe(w["images"][:, 0], w["states"][:, 0])
+    member = model.members[0]
+    mse_steps, state_mse1 = [], None
+    targets = _to_unit(w["images"][:, 1:])
+    fm = w["frame_mask"]
+    for t in range(horizon):
+        z, _, _ = member.step(z, w["actions"][:, t])  # open loop along member 0
+        pred = model.sample_frame(z, ctx).float() / 127.5 - 1.0
+        err = (((pred - targets[:, t]) / 2) ** 2).mean((1, 2, 3))  # pixels in [0, 1]
+        valid = fm[:, t] > 0
+        mse_steps.append(float(err[valid].mean()) if valid.any() else float("nan"))
+        if t == 0:
+            se = ((model.state_head(z) - w["states"][:, 1]) ** 2).mean(-1)
+            state_mse1 = float(se[valid].mean()) if valid.any() else float("nan")
+    out: dict[str, float] = {
+        "next_frame_mse": mse_steps[0],
+        "next_frame_psnr": 10 * math.log10(1.0 / max(mse_steps[0], 1e-10)),
+        "state_mse_step1": state_mse1,
+    }
+    k = 1
+    while k <= horizon:
+        out[f"frame_mse_step{k}"] = mse_steps[k - 1]
+        k *= 2
+    finite = [m for m in mse_steps if not math.isnan(m)]
+    out["error_growth"] = finite[-1] / max(finite[0], 1e-10) if finite else float("nan")
+
+    # whole-episode scores from the first frame with the real action sequence
+    eps = list(episodes)[:max_windows]
+    t_max = max(len(e["actions"]) for e in eps)
+    a_dim = eps[0]["actions"].shape[1]
+    acts = torch.zeros(len(eps), t_max, a_dim)
+    mask = torch.zeros(len(eps), t_max)
+    real = torch.zeros(len(eps))
+    label = np.zeros(len(eps))
+    for i, e in enumerate(eps):
+        n = len(e["actions"])
+        acts[i, :n] = torch.from_numpy(e["actions"])
+        mask[i, :n] = 1
+        real[i] = rollout_score(torch.from_numpy(e["progress"]), torch.from_numpy(e["success"]))
+        label[i] = float(e["success"].max() > 0.5)
+    imgs = torch.from_numpy(np.stack([e["images"][0] for e in eps]))
+    sts = torch.from_numpy(np.stack([e["states"][0] for e in eps]))
+    prog, succ = model.score_actions(imgs, sts, acts, mask)
+    scores = rollout_score(prog, succ)  # [K, E]
+    mean, var = (
+        scores.mean(0),
+        scores.var(0, unbiased=False) if scores.shape[0] > 1 else torch.zeros(len(eps)),
+    )
+    sq = (mean - real) ** 2
+    out["success_auc"] = _auc(mean.numpy(), label)
+    out["score_mae"] = float((mean - real).abs().mean())
+    out["score_corr"] = (
+        float(np.corrcoef(mean.numpy(), real.numpy())[0, 1]) if real.std() > 0 else float("nan")
+    )
+    if scores.shape[0] > 1:
+        from scipy.stats import spearmanr
+
+        out["var_error_corr"] = float(spearmanr(var.numpy(), sq.numpy()).statistic)
+        out["z2_mean"] = float((sq / var.clamp(min=1e-8)).mean())
+        out["ensemble_std_mean"] = float(var.sqrt().mean())
+    return out
