@@ -36,11 +36,12 @@ _patch_late_import()
 def make_renderer(model: mujoco.MjModel, height: int, width: int) -> mujoco.Renderer:
     """A ``mujoco.Renderer`` with the settings that make small offscreen renders cheap.
 
-    Shadows and multisampling dominate the cost of a small render on llvmpipe (about 30x), and at
+    Shadows, reflections and multisampling dominate the cost of a small render on llvmpipe (about 30x), and at
     64x64 they add nothing a policy could use, so they are switched off on the model.
     """
     model.light_castshadow[:] = 0
     model.vis.quality.offsamples = 0
+    model.mat_reflectance[:] = 0
     model.vis.global_.offwidth = max(int(model.vis.global_.offwidth), width)
     model.vis.global_.offheight = max(int(model.vis.global_.offheight), height)
     return mujoco.Renderer(model, height=height, width=width)
