@@ -17,13 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sims import _gl  # noqa: F401  (selects the GL backend before mujoco is imported)
-
 import gymnasium as gym
 import mujoco
 import numpy as np
 from gymnasium import spaces
 
+from sims import _gl  # noqa: F401  (selects the GL backend before mujoco is imported)
 from sims.specs import DMC_TASKS, dmc_task_id
 
 
@@ -75,7 +74,9 @@ class DMCEnv(gym.Env):
         self.terminate_on_success = terminate_on_success
         self.render_mode = "rgb_array"
         self._rng_state = np.random.RandomState(0 if seed is None else seed)
-        self._env = suite.load(self.spec_dmc.domain, self.spec_dmc.task, task_kwargs={"random": self._rng_state})
+        self._env = suite.load(
+            self.spec_dmc.domain, self.spec_dmc.task, task_kwargs={"random": self._rng_state}
+        )
         self._default_seed = seed
         self._has_reset = False
         aspec = self._env.action_spec()
@@ -146,9 +147,7 @@ class DMCEnv(gym.Env):
         self._progress = 0.0
         return self._obs(ts), self._info()
 
-    def step(
-        self, action: np.ndarray
-    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         if not self._has_reset:
             raise RuntimeError("call reset() before step()")
         a = np.clip(np.asarray(action, dtype=np.float64).reshape(self.action_dim), -1.0, 1.0)

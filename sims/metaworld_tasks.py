@@ -20,16 +20,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from sims import _gl  # noqa: F401  (selects the GL backend before mujoco is imported)
-
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from sims import _gl  # noqa: F401  (selects the GL backend before mujoco is imported)
 from sims.specs import MT10, mw_task_id
 
 ACTION_DIM = 4
 STATE_DIM = 7
+
 
 def task_id_of(env_name: str) -> str:
     return mw_task_id(env_name)
@@ -68,7 +68,9 @@ class MetaWorldEnv(gym.Env):
             raise KeyError(f"unknown MetaWorld task {env_name!r}; known: {sorted(ALL_V3_ENVIRONMENTS)}")
         self.env_name = env_name
         self.task_id = task_id_of(env_name)
-        default_steps, default_instr = MT10.get(env_name, (150, env_name.removesuffix("-v3").replace("-", " ")))
+        default_steps, default_instr = MT10.get(
+            env_name, (150, env_name.removesuffix("-v3").replace("-", " "))
+        )
         self.max_steps = int(max_steps or default_steps)
         self._instruction = instruction or default_instr
         self.image_size = int(image_size)
@@ -161,9 +163,7 @@ class MetaWorldEnv(gym.Env):
         self._progress = 0.0
         return self._obs(self.mw_obs, np.zeros(3)), self._info()
 
-    def step(
-        self, action: np.ndarray
-    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         if not self._has_reset:
             raise RuntimeError("call reset() before step()")
         a = np.clip(np.asarray(action, dtype=np.float32).reshape(ACTION_DIM), -1.0, 1.0)

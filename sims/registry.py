@@ -49,23 +49,48 @@ def load(path: str) -> Any:
 
 _OWN = [
     TaskSpec(
-        "wmrl/ReachColor-v0", "own", "sims.own.reach:ReachColorEnv", 4, 7, 50,
-        "reach the red target", "sims.own.reach:ReachExpert",
+        "wmrl/ReachColor-v0",
+        "own",
+        "sims.own.reach:ReachColorEnv",
+        4,
+        7,
+        50,
+        "reach the red target",
+        "sims.own.reach:ReachExpert",
     ),
     TaskSpec(
-        "wmrl/PushColor-v0", "own", "sims.own.push:PushColorEnv", 4, 7, 80,
-        "push the red puck to the green zone", "sims.own.push:PushExpert",
+        "wmrl/PushColor-v0",
+        "own",
+        "sims.own.push:PushColorEnv",
+        4,
+        7,
+        80,
+        "push the red puck to the green zone",
+        "sims.own.push:PushExpert",
     ),
     TaskSpec(
-        "wmrl/PressButton-v0", "own", "sims.own.button:PressButtonEnv", 4, 7, 50,
-        "press the blue button", "sims.own.button:PressButtonExpert",
+        "wmrl/PressButton-v0",
+        "own",
+        "sims.own.button:PressButtonEnv",
+        4,
+        7,
+        50,
+        "press the blue button",
+        "sims.own.button:PressButtonExpert",
     ),
 ]
 
 _MW = [
     TaskSpec(
-        mw_task_id(name), "metaworld", "sims.metaworld_tasks:MetaWorldEnv", 4, 7, steps,
-        instr, "sims.metaworld_tasks:MetaWorldExpert", kwargs={"env_name": name},
+        mw_task_id(name),
+        "metaworld",
+        "sims.metaworld_tasks:MetaWorldEnv",
+        4,
+        7,
+        steps,
+        instr,
+        "sims.metaworld_tasks:MetaWorldExpert",
+        kwargs={"env_name": name},
         expert_kwargs={"env_name": name},
     )
     for name, (steps, instr) in MT10.items()
@@ -73,8 +98,15 @@ _MW = [
 
 _DMC = [
     TaskSpec(
-        dmc_task_id(name), "dm_control", "sims.dmc:DMCEnv", s.action_dim, s.state_dim,
-        s.max_steps, s.instruction, s.expert, kwargs={"name": name},
+        dmc_task_id(name),
+        "dm_control",
+        "sims.dmc:DMCEnv",
+        s.action_dim,
+        s.state_dim,
+        s.max_steps,
+        s.instruction,
+        s.expert,
+        kwargs={"name": name},
     )
     for name, s in DMC_TASKS.items()
 ]

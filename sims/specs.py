@@ -40,11 +40,25 @@ class DMCSpec:
 
 DMC_TASKS: dict[str, DMCSpec] = {
     "reacher-easy": DMCSpec(
-        "reacher", "easy", "move the arm's fingertip onto the red target", 60, 2, 2, 6, "reacher",
+        "reacher",
+        "easy",
+        "move the arm's fingertip onto the red target",
+        60,
+        2,
+        2,
+        6,
+        "reacher",
         "sims.dmc:ReacherExpert",
     ),
     "reacher-hard": DMCSpec(
-        "reacher", "hard", "move the arm's fingertip onto the small red target", 60, 2, 2, 6, "reacher",
+        "reacher",
+        "hard",
+        "move the arm's fingertip onto the small red target",
+        60,
+        2,
+        2,
+        6,
+        "reacher",
         "sims.dmc:ReacherExpert",
     ),
     "manipulator-bring_ball": DMCSpec(

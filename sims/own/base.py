@@ -19,12 +19,12 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from sims import _gl  # noqa: F401  (selects the GL backend before mujoco is imported)
-
 import gymnasium as gym
 import mujoco
 import numpy as np
 from gymnasium import spaces
+
+from sims import _gl  # noqa: F401  (selects the GL backend before mujoco is imported)
 
 # Colours are few and far apart so that a 64x64 image still tells them apart.
 PALETTE: dict[str, tuple[float, float, float]] = {
@@ -220,9 +220,7 @@ class TabletopEnv(gym.Env):
         self._ref = {}
         self._progress, self._success = self.measure()
 
-    def step(
-        self, action: np.ndarray
-    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         if not self._has_reset:
             raise RuntimeError("call reset() before step()")
         a = np.clip(np.asarray(action, dtype=np.float64).reshape(ACTION_DIM), -1.0, 1.0)
