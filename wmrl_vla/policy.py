@@ -102,7 +102,7 @@ class ConvEncoder(nn.Module):
     def __init__(self, d: int, channels: tuple[int, ...] = (16, 32, 64)) -> None:
         super().__init__()
         layers: list[nn.Module] = []
-        c_in = 3
+        c_in = 5  # RGB + two coordinate channels (CoordConv: localisation from few demos)
         for c in (*channels, d):
             layers += [nn.Conv2d(c_in, c, 4, stride=2, padding=1), nn.GELU()]
             c_in = c
@@ -110,7 +110,10 @@ class ConvEncoder(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = images.float() / 127.5 - 1.0  # [B, 3, H, W] in [-1, 1]
-        x = self.net(x)  # [B, d, H/16, W/16]
+        b, _, h, w = x.shape
+        ys = torch.linspace(-1, 1, h, device=x.device).view(1, 1, h, 1).expand(b, 1, h, w)
+        xs = torch.linspace(-1, 1, w, device=x.device).view(1, 1, 1, w).expand(b, 1, h, w)
+        x = self.net(torch.cat([x, ys, xs], 1))  # [B, d, H/16, W/16]
         return x.flatten(2).transpose(1, 2)  # [B, P, d]
 
 

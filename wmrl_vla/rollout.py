@@ -1,0 +1,259 @@
+"""Real-simulator rollouts of a policy: many MuJoCo envs stepped in lockstep, the policy batched.
+
+Also the rollout reward (shared with the world model's score, :func:`world_models.vla_dynamics.
+rollout_score`) and the re-simulation grader used as a real execution job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+SUCCESS_WEIGHT = 0.5
+
+
+@dataclass
+class SimRollout:
+    """One episode. ``T`` steps; frames and states include the observation after the last action."""
+
+    task_id: str
+    seed: int
+    instruction: str
+    images: np.ndarray  # [T+1, 3, H, W] uint8
+    states: np.ndarray  # [T+1, S] float32
+    actions: np.ndarray  # [T, A] float32 (bin centres for a discrete policy)
+    bins: np.ndarray  # [T, A] int64 (action tokens; zeros for an expert)
+    logprobs: np.ndarray  # [T, A] float32
+    progress: np.ndarray  # [T] reward after each action (1 once succeeded)
+    success: np.ndarray  # [T] float32, 0/1
+
+    @property
+    def length(self) -> int:
+        return len(self.actions)
+
+    @property
+    def reward(self) -> float:
+        return rollout_reward(self.progress, self.success)
+
+    def as_record(self) -> dict:
+        """The LeRobot-style record of this episode (frames before each action)."""
+        return {
+            "observation.image": self.images[:-1].transpose(0, 2, 3, 1),
+            "observation.state": self.states[:-1],
+            "action": self.actions,
+            "next.reward": self.progress,
+            "next.success": self.success.astype(bool),
+            "instruction": self.instruction,
+            "task": self.instruction,
+        }
+
+    def as_episode(self) -> dict:
+        """The world model's episode format (all frames)."""
+        return {
+            "images": self.images,
+            "states": self.states,
+            "actions": self.actions,
+            "progress": self.progress,
+            "success": self.success,
+        }
+
+
+def rollout_reward(progress: np.ndarray, success: np.ndarray) -> float:
+    """``0.5 * succeeded + 0.5 * max progress``, in [0, 1]. Same formula as the WM's score."""
+    if len(progress) == 0:
+        return 0.0
+    return float(SUCCESS_WEIGHT * np.max(success) + (1 - SUCCESS_WEIGHT) * np.max(progress))
+
+
+class EnvPool:
+    """Reusable envs per (task, split): building a model and a renderer costs more than a reset."""
+
+    def __init__(self, image_size: int, max_steps: int | None = None) -> None:
+        self.image_size = image_size
+        self.max_steps = max_steps
+        self._free: dict[tuple[str, str], list] = {}
+
+    def get(self, task_id: str, split: str):
+        free = self._free.setdefault((task_id, split), [])
+        if free:
+            return free.pop()
+        import sims
+
+        kwargs = {"split": split}
+        if self.max_steps is not None:
+            kwargs["max_steps"] = self.max_steps
+        return sims.make(task_id, image_size=self.image_size, **kwargs)
+
+    def put(self, task_id: str, split: str, env) -> None:
+        self._free.setdefault((task_id, split), []).append(env)
+
+    def close(self) -> None:
+        for envs in self._free.values():
+            for e in envs:
+                e.close()
+        self._free.clear()
+
+
+def _chw(img: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(img).transpose(2, 0, 1))
+
+
+Actor = Callable[[torch.Tensor, torch.Tensor, list[str]], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def run_episodes(
+    actor: Actor,
+    specs: Sequence[tuple[str, int]],
+    pool: EnvPool,
+    split: str = "train",
+) -> list[SimRollout]:
+    """Roll out ``actor`` in the real simulator from each ``(task_id, seed)``, all in lockstep.
+
+    ``actor(images [B, 3, H, W] uint8, states [B, S], instructions) -> (bins [B, A], logprobs
+    [B, A], actions [B, A])``. Episodes end at success (terminated) or the time limit.
+    """
+    envs, obs, instrs = [], [], []
+    for task_id, seed in specs:
+        env = pool.get(task_id, split)
+        o, info = env.reset(seed=int(seed))
+        envs.append(env)
+        obs.append(o)
+        instrs.append(info["instruction"])
+    n = len(specs)
+    rec = [
+        {
+            "images": [_chw(o["image"])],
+            "states": [o["state"]],
+            "actions": [],
+            "bins": [],
+            "lp": [],
+            "p": [],
+            "s": [],
+        }
+        for o in obs
+    ]
+    alive = list(range(n))
+    while alive:
+        imgs = torch.from_numpy(np.stack([rec[i]["images"][-1] for i in alive]))
+        sts = torch.from_numpy(np.stack([rec[i]["states"][-1] for i in alive]).astype(np.float32))
+        bins, lps, acts = actor(imgs, sts, [instrs[i] for i in alive])
+        still = []
+        for j, i in enumerate(alive):
+            a = acts[j].numpy().astype(np.float32)
+            o, r, term, trunc, info = envs[i].step(a)
+            rc = rec[i]
+            rc["actions"].append(a)
+            rc["bins"].append(bins[j].numpy())
+            rc["lp"].append(lps[j].numpy())
+            rc["p"].append(float(r))
+            rc["s"].append(float(info["success"]))
+            rc["images"].append(_chw(o["image"]))
+            rc["states"].append(o["state"])
+            if not (term or trunc):
+                still.append(i)
+        alive = still
+    out = []
+    for (task_id, seed), rc, instr, env in zip(specs, rec, instrs, envs, strict=True):
+        pool.put(task_id, split, env)
+        out.append(
+            SimRollout(
+                task_id=task_id,
+                seed=int(seed),
+                instruction=instr,
+                images=np.stack(rc["images"]).astype(np.uint8),
+                states=np.stack(rc["states"]).astype(np.float32),
+                actions=np.stack(rc["actions"]).astype(np.float32),
+                bins=np.stack(rc["bins"]).astype(np.int64),
+                logprobs=np.stack(rc["lp"]).astype(np.float32),
+                progress=np.array(rc["p"], np.float32),
+                success=np.array(rc["s"], np.float32),
+            )
+        )
+    return out
+
+
+def policy_actor(policy, temperature: float, generator: torch.Generator | None = None) -> Actor:
+    """Wrap a :class:`~wmrl_vla.policy.SmallVLA` as an actor (instructions tokenised per call)."""
+
+    @torch.no_grad()
+    def act(images, states, instructions):
+        instr = policy.tokenizer.encode(instructions)
+        return policy.act(images, states, instr, temperature=temperature, generator=generator)
+
+    return act
+
+
+def replay_reward(
+    task_id: str, seed: int, split: str, actions: np.ndarray, max_steps: int | None = None
+) -> float:
+    """Re-simulate a recorded action sequence from its seed (no rendering) and grade it: a real
+    execution, picklable for an executor. MuJoCo is deterministic, so this equals the reward
+    recorded while the rollout was generated."""
+    import sims
+
+    kwargs = {"split": split, "render": False}
+    if max_steps is not None:
+        kwargs["max_steps"] = max_steps
+    env = sims.make(task_id, **kwargs)
+    try:
+        env.reset(seed=int(seed))
+        prog, succ = [], []
+        for a in np.asarray(actions, dtype=np.float32):
+            _, r, term, trunc, info = env.step(a)
+            prog.append(r)
+            succ.append(float(info["success"]))
+            if term or trunc:
+                break
+    finally:
+        env.close()
+    return rollout_reward(np.array(prog), np.array(succ))
+
+
+def recorded_reward(reward: float) -> float:
+    """The job of an anchor rollout that was already executed in the simulator during generation."""
+    return float(reward)
+
+
+def run_expert_episodes(
+    specs: Sequence[tuple[str, int]], pool: EnvPool, split: str = "train"
+) -> list[SimRollout]:
+    """Scripted-expert episodes from each ``(task_id, seed)`` (envs stepped one by one)."""
+    import sims
+
+    out = []
+    for task_id, seed in specs:
+        env = pool.get(task_id, split)
+        ex = sims.expert(task_id)
+        ex.reset()
+        o, info = env.reset(seed=int(seed))
+        imgs, sts, acts, prog, succ = [_chw(o["image"])], [o["state"]], [], [], []
+        while True:
+            a = np.clip(np.asarray(ex.act(o, info, env), dtype=np.float32), -1, 1)
+            o, r, term, trunc, info = env.step(a)
+            acts.append(a)
+            prog.append(float(r))
+            succ.append(float(info["success"]))
+            imgs.append(_chw(o["image"]))
+            sts.append(o["state"])
+            if term or trunc:
+                break
+        pool.put(task_id, split, env)
+        t = len(acts)
+        out.append(
+            SimRollout(
+                task_id,
+                int(seed),
+                info["instruction"],
+                np.stack(imgs),
+                np.stack(sts).astype(np.float32),
+                np.stack(acts),
+                np.zeros((t, len(a)), np.int64),
+                np.zeros((t, len(a)), np.float32),
+                np.array(prog, np.float32),
+                np.array(succ, np.float32),
+            )
+        )
+    return out
