@@ -1,1 +1,103 @@
-"""VLA domain config (registers `vla`)."""
+"""VLA domain config (registers ``vla``). Light to import: torch, MuJoCo and lerobot load in ``build``.
+
+``build`` runs the whole preparation, each stage cached on disk under ``cache_dir`` keyed by the
+fields it depends on, so a second run (or another method from the same SFT checkpoint) reuses them:
+record expert demos (LeRobot dataset) -> SFT of the policy -> world-model pretraining.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from wmrl.config import ConfigError, DomainConfig
+
+if TYPE_CHECKING:
+    from wmrl.config import RunConfig
+    from wmrl.domain import Domain
+
+OWN_TASKS_DEFAULT = ["wmrl/ReachColor-v0", "wmrl/PushColor-v0", "wmrl/PressButton-v0"]
+POLICIES = ("small_vla",)
+WORLD_MODELS = ("deterministic", "diffusion")
+
+
+@DomainConfig.register_subclass("vla")
+@dataclass
+class VLAConfig(DomainConfig):
+    # Task ids (see `wmrl tasks vla`); tasks must share action and state dims.
+    tasks: list[str] = field(default_factory=lambda: list(OWN_TASKS_DEFAULT))
+    # Side of the square camera image.
+    image_size: int = 64
+    # Override every task's time limit (env steps); None keeps each task's own.
+    max_steps: int | None = None
+    # Scripted-expert demonstrations per task (seeds demo_seed, demo_seed + 1, ...).
+    demos_per_task: int = 40
+    demo_seed: int = 0
+    # Where demos, SFT and WM checkpoints are cached (shared across runs and methods).
+    cache_dir: str = "runs/cache/vla"
+    # Policy: "small_vla" (discretised action tokens, trained from scratch).
+    policy: str = "small_vla"
+    n_bins: int = 21
+    d_model: int = 64
+    n_layers: int = 2
+    # Behaviour cloning.
+    sft_epochs: int = 20
+    sft_batch_size: int = 64
+    sft_lr: float = 1e-3
+    # Sampling temperature of the policy during RL rollouts, and at evaluation.
+    temperature: float = 1.0
+    eval_temperature: float = 1.0
+    # World model: frame decoder "deterministic" | "diffusion", ensemble size, pretraining.
+    world_model: str = "deterministic"
+    wm_members: int = 3
+    wm_latent_dim: int = 128
+    wm_train_steps: int = 1500
+    wm_batch_size: int = 32
+    # Open-loop training window (steps).
+    wm_horizon: int = 8
+    wm_lr: float = 1e-3
+    # Online refinement: Adam steps on the replay (demos + anchors) after each step's anchors.
+    wm_update_steps: int = 20
+    wm_update_lr: float = 3e-4
+    diffusion_steps: int = 4
+    # Anchor jobs re-simulate the recorded actions from the seed (a second real execution) instead
+    # of returning the reward recorded while the anchor rollout was generated.
+    regrade: bool = False
+    # Append anchor rollouts to a LeRobot dataset in the run directory.
+    record_anchors: bool = True
+    # Held-out evaluation: episodes per task, GIFs saved per evaluation.
+    eval_episodes_per_task: int = 10
+    n_videos: int = 2
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ConfigError("domain.tasks is empty; list task ids (see `wmrl tasks vla`)")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"domain.policy={self.policy!r} is not one of {', '.join(POLICIES)}")
+        if self.world_model not in WORLD_MODELS:
+            raise ConfigError(
+                f"domain.world_model={self.world_model!r} is not one of {', '.join(WORLD_MODELS)}"
+            )
+        if self.image_size % 16 != 0:
+            raise ConfigError(f"domain.image_size={self.image_size} must be a multiple of 16")
+        if self.demos_per_task < 1:
+            raise ConfigError(f"domain.demos_per_task={self.demos_per_task} must be >= 1")
+        if self.wm_members < 1:
+            raise ConfigError(f"domain.wm_members={self.wm_members} must be >= 1")
+        if self.temperature <= 0 or self.eval_temperature < 0:
+            raise ConfigError(
+                f"domain.temperature={self.temperature} must be > 0 and "
+                f"domain.eval_temperature={self.eval_temperature} >= 0"
+            )
+
+    def build(self, run: RunConfig) -> Domain:
+        from wmrl_vla.pipeline import build_domain
+
+        return build_domain(self, run)
+
+    @classmethod
+    def task_lines(cls) -> list[str]:
+        import sims
+
+        return sims.task_lines()

@@ -42,19 +42,15 @@ def flatten_demos(records: Sequence[dict], policy: SmallVLA) -> dict[str, torch.
     instr ``[N, L]``, bins ``[N, A]``."""
     if not records:
         raise ValueError("no demonstrations to train on")
+    from world_models.vla_dynamics import episodes_from_records
+
     imgs, sts, instr, bins = [], [], [], []
-    for r in records:
-        img = np.asarray(r["observation.image"])
-        if img.shape[-1] == 3 and img.shape[1] != 3:
-            img = img.transpose(0, 3, 1, 2)
-        if img.dtype != np.uint8:
-            img = (np.clip(img, 0, 1) * 255).round().astype(np.uint8)
-        t = len(r["action"])
-        imgs.append(img[:t])
-        sts.append(np.asarray(r["observation.state"], np.float32)[:t])
-        ids = policy.tokenizer.encode([_instruction(r)])
-        instr.append(ids.expand(t, -1))
-        bins.append(actions_to_bins(torch.as_tensor(np.asarray(r["action"], np.float32)), policy.cfg.n_bins))
+    for r, e in zip(records, episodes_from_records(records), strict=True):
+        t = len(e["actions"])
+        imgs.append(e["images"][:t])
+        sts.append(e["states"][:t])
+        instr.append(policy.tokenizer.encode([_instruction(r)]).expand(t, -1))
+        bins.append(actions_to_bins(torch.from_numpy(e["actions"]), policy.cfg.n_bins))
     return {
         "images": torch.from_numpy(np.concatenate(imgs)),
         "states": torch.from_numpy(np.concatenate(sts)),

@@ -392,11 +392,19 @@ def rollout_score(progress: torch.Tensor, success: torch.Tensor, success_weight:
 
 # ---------------------------------------------------------------------- data
 def episodes_from_records(records: Sequence[dict]) -> list[dict[str, np.ndarray]]:
-    """LeRobot-style records (``observation.image`` ``[T, H, W, 3]`` or ``[T, 3, H, W]``,
-    ``observation.state``, ``action``, ``next.reward``, ``next.success``) -> episodes as above."""
+    """LeRobot-style records (``observation.image`` ``[T(+1), H, W, 3]`` or ``[T(+1), 3, H, W]``,
+    ``observation.state``, ``action``, ``next.reward``, ``next.success``; or the short names of
+    :func:`wmrl_vla.data.load_episodes`: ``image``, ``state``, ``reward``, ``success``) -> episodes."""
+
+    def pick(r: dict, *keys: str):
+        for k in keys:
+            if k in r:
+                return r[k]
+        raise KeyError(f"episode record has none of {keys} (keys: {sorted(r)})")
+
     eps = []
     for r in records:
-        img = np.asarray(r["observation.image"])
+        img = np.asarray(pick(r, "observation.image", "image"))
         if img.ndim != 4:
             raise ValueError(f"observation.image must be [T, H, W, 3] or [T, 3, H, W], got {img.shape}")
         if img.shape[-1] == 3 and img.shape[1] != 3:
@@ -410,10 +418,10 @@ def episodes_from_records(records: Sequence[dict]) -> list[dict[str, np.ndarray]
         eps.append(
             {
                 "images": img,
-                "states": np.asarray(r["observation.state"], dtype=np.float32),
-                "actions": np.asarray(r["action"], dtype=np.float32),
-                "progress": np.asarray(r["next.reward"], dtype=np.float32).reshape(-1),
-                "success": np.asarray(r["next.success"], dtype=np.float32).reshape(-1),
+                "states": np.asarray(pick(r, "observation.state", "state"), dtype=np.float32),
+                "actions": np.asarray(pick(r, "action"), dtype=np.float32),
+                "progress": np.asarray(pick(r, "next.reward", "reward"), dtype=np.float32).reshape(-1),
+                "success": np.asarray(pick(r, "next.success", "success"), dtype=np.float32).reshape(-1),
             }
         )
     return eps

@@ -1,0 +1,436 @@
+"""The VLA domain adapter: GRPO groups of closed-loop robot rollouts, real (MuJoCo) or imagined (WM).
+
+One task = (task id, reset seed, env split). A GRPO group = G rollouts of the policy from that same
+initial state and instruction.
+
+- **Anchor groups** are rolled out in the real simulator (sim anchor rollouts), the policy acting on
+  rendered frames. Their execution job returns the reward recorded during that real rollout
+  (``regrade=True``: re-simulate the recorded actions from the seed without rendering and grade them).
+- **Other groups** are imagined entirely in the world model: the first frame comes from the
+  simulator's reset (the task's initial observation, not an execution), then the policy acts on
+  predicted frames.
+- ``world_model.predict`` scores *every* rollout the same way: the WM imagines the rollout's own
+  action sequence from its own initial observation with every ensemble member; the score is the
+  members' mean rollout reward and the variance is their spread. So an anchor's ``(r_hat, r)`` pair
+  measures the WM's error on one trajectory.
+- ``world_model.update`` trains the WM on the anchor rollouts (and appends them to the LeRobot
+  dataset of the run).
+
+Reward of a rollout: ``0.5 * success + 0.5 * max progress`` (:func:`wmrl_vla.rollout.rollout_reward`).
+
+Batch layout (``T`` = longest rollout in steps, ``A`` = action dims; tokens step-major):
+``tokens``/``logprobs``/``mask`` ``[N, T*A]``; ``extras``: ``images`` ``[N, T, 3, H, W]`` uint8 (the
+frames the policy saw), ``states`` ``[N, T, S]``, ``instr`` ``[N, L]``, ``actions`` ``[N, T, A]``,
+``step_mask`` ``[N, T]``, ``init_images`` ``[N, 3, H, W]``, ``init_states`` ``[N, S]``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from wmrl.domain import Job, Prediction, RolloutBatch
+from wmrl_vla.policy import SmallVLA
+from wmrl_vla.rollout import (
+    EnvPool,
+    SimRollout,
+    policy_actor,
+    recorded_reward,
+    replay_reward,
+    run_episodes,
+)
+from world_models.vla_dynamics import VLADynamics, rollout_score, train_dynamics
+
+TRAIN_SEEDS = (0, 1_000_000)
+EVAL_SEEDS = (1_000_000, 2_000_000)
+ENV_SPLIT = {"train": "train", "eval": "test", "test": "test"}
+
+
+@dataclass(frozen=True)
+class VLATask:
+    task_id: str
+    seed: int
+    # "train" keeps to the training instruction/colour combinations, "test" holds them out.
+    env_split: str = "train"
+
+
+class VLAWorldModel:
+    """The core's WorldModel interface over :class:`VLADynamics`, with online refinement."""
+
+    def __init__(
+        self,
+        model: VLADynamics,
+        episodes: list[dict],
+        update_steps: int = 20,
+        batch_size: int = 32,
+        horizon: int = 8,
+        lr: float = 3e-4,
+        max_episodes: int = 2000,
+        dataset: tuple[str, str] | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.episodes = list(episodes)  # replay: demos, then anchor rollouts
+        self.update_steps = update_steps
+        self.batch_size = batch_size
+        self.horizon = horizon
+        self.max_episodes = max_episodes
+        self.dataset = dataset  # (root, repo_id) of the LeRobot dataset anchor rollouts go to
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        self.n_updates = 0
+        self.seed = seed
+
+    @torch.no_grad()
+    def predict(self, batch: RolloutBatch) -> Prediction:
+        ex = batch.extras
+        prog, succ = self.model.score_actions(
+            ex["init_images"], ex["init_states"], ex["actions"], ex["step_mask"].float()
+        )  # [K, N, T]
+        scores = rollout_score(prog, succ)  # [K, N]
+        var = scores.var(0, unbiased=False) if scores.shape[0] > 1 else None
+        return Prediction(mean=scores.mean(0), var=var)
+
+    def update(self, batch: RolloutBatch, indices: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
+        new = [batch.payload[int(i)]["rollout"] for i in indices]
+        new = [r for r in new if r is not None]
+        if not new:
+            return {}
+        self.episodes.extend(r.as_episode() for r in new)
+        if len(self.episodes) > self.max_episodes:
+            self.episodes = self.episodes[-self.max_episodes :]
+        if self.dataset is not None:
+            from wmrl_vla.data import append_episodes
+
+            root, repo_id = self.dataset
+            append_episodes(
+                root, repo_id, [to_frames(r) for r in new], [r.task_id for r in new], [r.seed for r in new]
+            )
+        self.model.train()
+        _, hist = train_dynamics(
+            self.model,
+            self.episodes,
+            self.update_steps,
+            self.batch_size,
+            self.horizon,
+            seed=self.seed + self.n_updates,
+            optimizer=self.optimizer,
+        )
+        self.n_updates += 1
+        return {
+            "update_loss": float(np.mean(hist)) if hist else float("nan"),
+            "episodes": float(len(self.episodes)),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "n_updates": self.n_updates,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.n_updates = int(state["n_updates"])
+
+
+def to_frames(r: SimRollout) -> list[tuple]:
+    """A rollout as :func:`wmrl_vla.data.append_episodes` frames (plus the final observation)."""
+    frames = [
+        (
+            {"image": r.images[t].transpose(1, 2, 0), "state": r.states[t]},
+            r.actions[t],
+            float(r.progress[t]),
+            bool(r.success[t]),
+            r.instruction,
+        )
+        for t in range(r.length)
+    ]
+    frames.append(
+        ({"image": r.images[-1].transpose(1, 2, 0), "state": r.states[-1]}, None, None, None, r.instruction)
+    )
+    return frames
+
+
+class VLADomain:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        policy: SmallVLA,
+        world_model: VLAWorldModel,
+        tasks: Sequence[str],
+        image_size: int,
+        temperature: float = 1.0,
+        eval_temperature: float = 1.0,
+        eval_episodes_per_task: int = 10,
+        n_videos: int = 2,
+        regrade: bool = False,
+        max_steps: int | None = None,
+        out_dir: str | Path | None = None,
+        seed: int = 0,
+    ) -> None:
+        import sims
+
+        if not tasks:
+            raise ValueError("VLADomain needs at least one task")
+        for t in tasks:
+            sims.task_info(t)  # raises KeyError listing the known tasks
+        self.policy = policy
+        self.world_model = world_model
+        self.tasks = list(tasks)
+        self.image_size = image_size
+        self.temperature = temperature
+        self.eval_temperature = eval_temperature
+        self.eval_episodes_per_task = eval_episodes_per_task
+        self.n_videos = n_videos
+        self.regrade = regrade
+        self.max_steps = max_steps
+        self.horizon = {t: max_steps or sims.task_info(t)["max_steps"] for t in self.tasks}
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.pool = EnvPool(image_size, max_steps)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.n_evals = 0
+        self.sim_steps = 0
+        self.imagined_steps = 0
+
+    # ------------------------------------------------------------------ tasks
+    def sample_tasks(self, n: int, split: str, generator: torch.Generator) -> list[VLATask]:
+        if split not in ENV_SPLIT:
+            raise ValueError(f"split={split!r} is not one of {', '.join(ENV_SPLIT)}")
+        lo, hi = TRAIN_SEEDS if split == "train" else EVAL_SEEDS
+        ids = torch.randint(len(self.tasks), (n,), generator=generator).tolist()
+        seeds = torch.randint(lo, hi, (n,), generator=generator).tolist()
+        return [VLATask(self.tasks[i], int(s), ENV_SPLIT[split]) for i, s in zip(ids, seeds, strict=True)]
+
+    def _initial_obs(self, task: VLATask) -> tuple[np.ndarray, np.ndarray, str]:
+        env = self.pool.get(task.task_id, task.env_split)
+        o, info = env.reset(seed=task.seed)
+        self.pool.put(task.task_id, task.env_split, env)
+        return (
+            np.ascontiguousarray(o["image"].transpose(2, 0, 1)),
+            o["state"].astype(np.float32),
+            info["instruction"],
+        )
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(
+        self, tasks: Sequence[VLATask], group_size: int, anchor_groups: torch.Tensor
+    ) -> RolloutBatch:
+        self.policy.eval()
+        n_groups = len(tasks)
+        if anchor_groups.shape != (n_groups,):
+            raise ValueError(f"anchor_groups has shape {tuple(anchor_groups.shape)}, expected ({n_groups},)")
+        rollouts: list[dict | None] = [None] * (n_groups * group_size)
+        sim_groups = [g for g in range(n_groups) if bool(anchor_groups[g])]
+        wm_groups = [g for g in range(n_groups) if not bool(anchor_groups[g])]
+        if sim_groups:
+            # one lockstep call per env split
+            for split in sorted({tasks[g].env_split for g in sim_groups}):
+                sel = [g for g in sim_groups if tasks[g].env_split == split]
+                specs = [(tasks[g].task_id, tasks[g].seed) for g in sel for _ in range(group_size)]
+                sim = run_episodes(
+                    policy_actor(self.policy, self.temperature, self.gen), specs, self.pool, split
+                )
+                for k, r in enumerate(sim):
+                    g = sel[k // group_size]
+                    self.sim_steps += r.length
+                    rollouts[g * group_size + k % group_size] = self._from_sim(r)
+        if wm_groups:
+            for k, r in enumerate(self._imagine([tasks[g] for g in wm_groups], group_size)):
+                g = wm_groups[k // group_size]
+                rollouts[g * group_size + k % group_size] = r
+        return self._collate(rollouts, tasks, group_size)
+
+    def _from_sim(self, r: SimRollout) -> dict:
+        return {
+            "kind": "sim",
+            "task_id": r.task_id,
+            "seed": r.seed,
+            "instruction": r.instruction,
+            "images": r.images[:-1],
+            "states": r.states[:-1],
+            "actions": r.actions,
+            "bins": r.bins,
+            "logprobs": r.logprobs,
+            "reward": r.reward,
+            "success": float(r.success.max()),
+            "rollout": r,
+        }
+
+    def _imagine(self, tasks: Sequence[VLATask], group_size: int) -> list[dict]:
+        """Roll ``group_size`` copies of each task forward together in the world model."""
+        inits = [self._initial_obs(t) for t in tasks]
+        imgs = torch.from_numpy(np.stack([i[0] for i in inits])).repeat_interleave(group_size, 0)
+        sts = torch.from_numpy(np.stack([i[1] for i in inits])).repeat_interleave(group_size, 0)
+        instrs = [i[2] for i in inits for _ in range(group_size)]
+        instr_ids = self.policy.tokenizer.encode(instrs)
+        horizon = max(self.horizon[t.task_id] for t in tasks)
+        limits = torch.tensor([self.horizon[t.task_id] for t in tasks]).repeat_interleave(group_size)
+        rec_bins, rec_lp = [], []
+
+        def act(frames: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
+            bins, lp, a = self.policy.act(frames, states, instr_ids, self.temperature, self.gen)
+            rec_bins.append(bins)
+            rec_lp.append(lp)
+            return a
+
+        wm: VLADynamics = self.world_model.model
+        wm.eval()
+        out = wm.imagine(imgs, sts, act, horizon, generator=self.gen)
+        bins = torch.stack(rec_bins, 1)  # [B, T', A]
+        lps = torch.stack(rec_lp, 1)
+        res = []
+        for i in range(imgs.shape[0]):
+            n = int(out["mask"][i].sum().item())
+            n = max(1, min(n, int(limits[i])))
+            self.imagined_steps += n
+            res.append(
+                {
+                    "kind": "imagined",
+                    "task_id": tasks[i // group_size].task_id,
+                    "seed": tasks[i // group_size].seed,
+                    "instruction": instrs[i],
+                    "images": out["images"][i, :n].numpy(),
+                    "states": out["states"][i, :n].numpy(),
+                    "actions": out["actions"][i, :n].numpy(),
+                    "bins": bins[i, :n].numpy(),
+                    "logprobs": lps[i, :n].numpy(),
+                    "reward": float("nan"),  # unknown: never executed
+                    "success": float("nan"),
+                    "rollout": None,
+                }
+            )
+        return res
+
+    def _collate(self, rollouts: list[dict], tasks: Sequence[VLATask], group_size: int) -> RolloutBatch:
+        n = len(rollouts)
+        t_max = max(len(r["actions"]) for r in rollouts)
+        a = rollouts[0]["actions"].shape[1]
+        s_dim = rollouts[0]["states"].shape[1]
+        h = self.image_size
+        images = torch.zeros(n, t_max, 3, h, h, dtype=torch.uint8)
+        states = torch.zeros(n, t_max, s_dim)
+        actions = torch.zeros(n, t_max, a)
+        tokens = torch.zeros(n, t_max, a, dtype=torch.long)
+        logprobs = torch.zeros(n, t_max, a)
+        step_mask = torch.zeros(n, t_max)
+        for i, r in enumerate(rollouts):
+            t = len(r["actions"])
+            images[i, :t] = torch.as_tensor(r["images"][:t])
+            states[i, :t] = torch.as_tensor(r["states"][:t])
+            actions[i, :t] = torch.as_tensor(r["actions"])
+            tokens[i, :t] = torch.as_tensor(r["bins"])
+            logprobs[i, :t] = torch.as_tensor(r["logprobs"])
+            step_mask[i, :t] = 1
+        mask = step_mask.unsqueeze(-1).expand(n, t_max, a).reshape(n, t_max * a).contiguous()
+        return RolloutBatch(
+            tokens=tokens.reshape(n, t_max * a),
+            logprobs=logprobs.reshape(n, t_max * a),
+            mask=mask,
+            group_ids=torch.arange(len(tasks)).repeat_interleave(group_size),
+            tasks=list(tasks),
+            payload=rollouts,
+            extras={
+                "images": images,
+                "states": states,
+                "instr": self.policy.tokenizer.encode([r["instruction"] for r in rollouts]),
+                "actions": actions,
+                "step_mask": step_mask,
+                "init_images": images[:, 0].clone(),
+                "init_states": states[:, 0].clone(),
+            },
+        )
+
+    # ------------------------------------------------------------------ execution
+    def execution_jobs(self, batch: RolloutBatch, indices: Sequence[int]) -> list[Job]:
+        jobs = []
+        for i in indices:
+            p = batch.payload[int(i)]
+            if p["kind"] != "sim":
+                raise ValueError(
+                    f"rollout {int(i)} was imagined, not rolled out in the simulator: only anchor groups "
+                    "(passed to generate as anchor_groups) can be executed"
+                )
+            task = batch.tasks[int(batch.group_ids[int(i)])]
+            if self.regrade:
+                jobs.append(
+                    Job(
+                        replay_reward, (p["task_id"], p["seed"], task.env_split, p["actions"], self.max_steps)
+                    )
+                )
+            else:
+                jobs.append(Job(recorded_reward, (p["reward"],)))
+        return jobs
+
+    def oracle_rewards(self, batch: RolloutBatch) -> torch.Tensor | None:
+        return None
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self, split: str = "eval") -> dict[str, float]:
+        """Success rate on held-out seeds and held-out instruction/colour combinations, in MuJoCo."""
+        self.policy.eval()
+        lo, _ = EVAL_SEEDS if split != "train" else TRAIN_SEEDS
+        env_split = ENV_SPLIT.get(split, "test")
+        specs = [(t, lo + 7919 * k) for t in self.tasks for k in range(self.eval_episodes_per_task)]
+        actor = policy_actor(self.policy, self.eval_temperature, torch.Generator().manual_seed(12345))
+        ro = run_episodes(actor, specs, self.pool, env_split)
+        out: dict[str, float] = {
+            "success": float(np.mean([r.success.max() for r in ro])),
+            "reward": float(np.mean([r.reward for r in ro])),
+            "episode_length": float(np.mean([r.length for r in ro])),
+        }
+        for t in self.tasks:
+            name = t.split("/")[-1]
+            out[f"success/{name}"] = float(np.mean([r.success.max() for r in ro if r.task_id == t]))
+        if self.out_dir is not None and self.n_videos > 0:
+            vdir = self.out_dir / "videos"
+            vdir.mkdir(parents=True, exist_ok=True)
+            for k, r in enumerate(ro[:: max(1, len(ro) // self.n_videos)][: self.n_videos]):
+                ok = "success" if r.success.max() > 0 else "fail"
+                save_gif(r.images, vdir / f"eval{self.n_evals:03d}_{k}_{r.task_id.split('/')[-1]}_{ok}.gif")
+        self.n_evals += 1
+        return out
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "world_model": self.world_model.state_dict(),
+            "gen": self.gen.get_state(),
+            "n_evals": self.n_evals,
+            "sim_steps": self.sim_steps,
+            "imagined_steps": self.imagined_steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.world_model.load_state_dict(state["world_model"])
+        self.gen.set_state(state["gen"])
+        self.n_evals = int(state["n_evals"])
+        self.sim_steps = int(state["sim_steps"])
+        self.imagined_steps = int(state["imagined_steps"])
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def save_gif(images: np.ndarray, path: Path, fps: int = 10, scale: int = 2) -> None:
+    """``[T, 3, H, W]`` uint8 frames -> an animated GIF."""
+    from PIL import Image
+
+    frames = [
+        Image.fromarray(f.transpose(1, 2, 0)).resize((f.shape[2] * scale, f.shape[1] * scale)) for f in images
+    ]
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=int(1000 / fps), loop=0)
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True))

@@ -1,0 +1,189 @@
+"""The VLA preparation pipeline behind ``VLAConfig.build``: demos -> SFT -> world model, cached.
+
+Each stage is stored under ``cache_dir`` with a name that hashes the config fields it depends on, so
+runs of different methods (and seeds) start from the very same SFT checkpoint and world model.
+The stages do not depend on the run's seed on purpose.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from wmrl_vla.domain import VLADomain, VLAWorldModel
+from wmrl_vla.policy import SmallVLA, SmallVLAConfig
+from wmrl_vla.sft import SFTConfig, sft
+from world_models.vla_dynamics import (
+    VLADynamics,
+    VLADynamicsConfig,
+    episodes_from_records,
+    evaluate_dynamics,
+    train_dynamics,
+)
+
+if TYPE_CHECKING:
+    from wmrl.config import RunConfig
+    from wmrl_vla.config import VLAConfig
+
+log = logging.getLogger(__name__)
+DEMO_REPO = "wmrl/demos"
+
+
+def _key(d: dict[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _demo_fields(cfg: VLAConfig) -> dict[str, Any]:
+    return {
+        "tasks": list(cfg.tasks),
+        "image_size": cfg.image_size,
+        "demos_per_task": cfg.demos_per_task,
+        "demo_seed": cfg.demo_seed,
+        "max_steps": cfg.max_steps,
+    }
+
+
+def _dims(tasks: list[str]) -> tuple[int, int]:
+    import sims
+
+    infos = [sims.task_info(t) for t in tasks]
+    dims = {(i["state_dim"], i["action_dim"]) for i in infos}
+    if len(dims) != 1:
+        raise ValueError(
+            f"domain.tasks must share state and action dims; got {dict(zip(tasks, dims, strict=False))}"
+        )
+    return dims.pop()
+
+
+def prepare_demos(cfg: VLAConfig) -> list[dict]:
+    """Record (once) and load the expert demonstrations, as LeRobot episodes."""
+    from wmrl_vla.data import load_episodes, record_demos
+
+    root = Path(cfg.cache_dir) / f"demos-{_key(_demo_fields(cfg))}"
+    if not (root / "wmrl_done").exists():
+        if root.exists():
+            import shutil
+
+            shutil.rmtree(root)  # an interrupted recording
+        t0 = time.perf_counter()
+        record_demos(
+            cfg.tasks,
+            cfg.demos_per_task,
+            root,
+            DEMO_REPO,
+            cfg.image_size,
+            cfg.demo_seed,
+            max_steps=cfg.max_steps,
+        )
+        (root / "wmrl_done").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
+    return load_episodes(root, DEMO_REPO)
+
+
+def prepare_policy(cfg: VLAConfig, demos: list[dict]) -> SmallVLA:
+    fields = {**_demo_fields(cfg), "policy": cfg.policy, "n_bins": cfg.n_bins, "d_model": cfg.d_model,
+              "n_layers": cfg.n_layers, "sft_epochs": cfg.sft_epochs, "sft_batch_size": cfg.sft_batch_size,
+              "sft_lr": cfg.sft_lr}  # fmt: skip
+    path = Path(cfg.cache_dir) / f"sft-{_key(fields)}.pt"
+    if path.exists():
+        return SmallVLA.load(path)
+    state_dim, action_dim = _dims(cfg.tasks)
+    torch.manual_seed(cfg.demo_seed)
+    policy = SmallVLA(
+        SmallVLAConfig(
+            image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, n_bins=cfg.n_bins,
+            d_model=cfg.d_model, n_layers=cfg.n_layers,
+        )
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    hist = sft(
+        policy,
+        demos,
+        SFTConfig(epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr, seed=cfg.demo_seed),
+        progress=cfg.progress,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    policy.save(path)
+    path.with_suffix(".json").write_text(json.dumps({**hist, "seconds": time.perf_counter() - t0, **fields}))
+    return policy
+
+
+def prepare_world_model(cfg: VLAConfig, episodes: list[dict]) -> tuple[VLADynamics, dict[str, float]]:
+    """Pretrain (once) the world model on the demos; quality measured on held-out demo episodes."""
+    fields = {**_demo_fields(cfg), "world_model": cfg.world_model, "wm_members": cfg.wm_members,
+              "wm_latent_dim": cfg.wm_latent_dim, "wm_train_steps": cfg.wm_train_steps,
+              "wm_batch_size": cfg.wm_batch_size, "wm_horizon": cfg.wm_horizon, "wm_lr": cfg.wm_lr,
+              "diffusion_steps": cfg.diffusion_steps}  # fmt: skip
+    path = Path(cfg.cache_dir) / f"wm-{_key(fields)}.pt"
+    qpath = path.with_suffix(".json")
+    if path.exists():
+        quality = json.loads(qpath.read_text()) if qpath.exists() else {}
+        return VLADynamics.load(path), quality
+    state_dim, action_dim = _dims(cfg.tasks)
+    torch.manual_seed(cfg.demo_seed + 1)
+    model = VLADynamics(
+        VLADynamicsConfig(
+            image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, latent_dim=cfg.wm_latent_dim,
+            n_members=cfg.wm_members, frame_decoder=cfg.world_model, diffusion_steps=cfg.diffusion_steps,
+        )
+    )  # fmt: skip
+    # hold out every 10th episode to measure quality
+    held = [e for i, e in enumerate(episodes) if i % 10 == 9] or episodes[-1:]
+    train = [e for i, e in enumerate(episodes) if i % 10 != 9] or episodes
+    t0 = time.perf_counter()
+    train_dynamics(model, train, cfg.wm_train_steps, cfg.wm_batch_size, cfg.wm_horizon, cfg.wm_lr,
+                   seed=cfg.demo_seed, progress=cfg.progress)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    quality = evaluate_dynamics(model, held, horizon=min(16, cfg.wm_horizon * 2))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model.save(path)
+    qpath.write_text(
+        json.dumps({**quality, "train_seconds": seconds, "held_out_episodes": len(held)}, indent=2)
+    )
+    return model, quality
+
+
+def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
+    torch.set_num_threads(run.torch_threads)
+    records = prepare_demos(cfg)
+    policy = prepare_policy(cfg, records)
+    episodes = episodes_from_records(records)
+    model, quality = prepare_world_model(cfg, episodes)
+    out = Path(run.out_dir)
+    if quality:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "wm_quality.json").write_text(json.dumps(quality, indent=2))
+    wm = VLAWorldModel(
+        model,
+        episodes,
+        update_steps=cfg.wm_update_steps,
+        batch_size=cfg.wm_batch_size,
+        horizon=cfg.wm_horizon,
+        lr=cfg.wm_update_lr,
+        dataset=(str(out / "anchors"), "wmrl/anchors") if cfg.record_anchors else None,
+        seed=run.seed,
+    )
+    return VLADomain(
+        policy,
+        wm,
+        cfg.tasks,
+        cfg.image_size,
+        temperature=cfg.temperature,
+        eval_temperature=cfg.eval_temperature,
+        eval_episodes_per_task=cfg.eval_episodes_per_task,
+        n_videos=cfg.n_videos,
+        regrade=cfg.regrade,
+        max_steps=cfg.max_steps,
+        out_dir=out,
+        seed=run.seed,
+    )
+
+
+def mean_success(records: list[dict]) -> float:
+    return float(np.mean([np.asarray(r.get("success", r.get("next.success"))).max() for r in records]))
