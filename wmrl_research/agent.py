@@ -341,6 +341,14 @@ class ResearchPolicy(nn.Module):
             mask[i, : len(r)] = 1
         return ids, mask
 
+    def encode(self, prompts: Sequence[str], max_tokens: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids and mask ``[B, P]`` (see :func:`encode_prompts`)."""
+        return encode_prompts(self.tokenizer, prompts, max_tokens)
+
+    def nll(self, prompts: Sequence[str], completions: Sequence[str]) -> torch.Tensor:
+        """Mean per-token NLL of ``completions`` (+ EOS) given ``prompts`` at temperature 1."""
+        return sequence_nll(self, prompts, completions)
+
     def n_params(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 
