@@ -1,0 +1,118 @@
+"""AutoResearch tasks: small offline ML problems with a baseline to improve and a hidden test split.
+
+Each sub-package of this package is one task (a folder with ``__init__.py`` defining ``SPEC`` and a
+baseline ``solution.py``); adding a folder adds a task. See ``README.md`` in this folder.
+
+Public API (the agent, the world model and the grader use only this)::
+
+    list_tasks(split=None) -> list[ResearchTask]
+    get_task(task_id) -> ResearchTask
+    task_lines() -> list[str]          # "id<TAB>split<TAB>kind<TAB>metric", for `wmrl tasks research`
+    KNOBS_START, KNOBS_END, FAILURE_SCORE
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import cache
+from pathlib import Path
+
+from wmrl_research.tasks.base import (
+    DATA_ENV,
+    FAILURE_SCORE,
+    KNOBS_END,
+    KNOBS_START,
+    PREDICTIONS_FILE,
+    SCORE_CLIP,
+    SPLITS,
+    ResearchTask,
+    Splits,
+    TaskSpec,
+    data_root,
+    read_knobs,
+    set_knobs,
+)
+
+__all__ = [
+    "DATA_ENV",
+    "FAILURE_SCORE",
+    "KNOBS_END",
+    "KNOBS_START",
+    "PREDICTIONS_FILE",
+    "SCORE_CLIP",
+    "SPLITS",
+    "ResearchTask",
+    "Splits",
+    "TaskSpec",
+    "data_root",
+    "get_task",
+    "list_tasks",
+    "read_knobs",
+    "set_knobs",
+    "task_lines",
+]
+
+_HERE = Path(__file__).parent
+
+
+def _load(task_id: str) -> ResearchTask:
+    module = importlib.import_module(f"{__name__}.{task_id}")
+    spec: TaskSpec = getattr(module, "SPEC", None)  # type: ignore[assignment]
+    if not isinstance(spec, TaskSpec):
+        raise TypeError(f"task folder {task_id!r} must define SPEC = TaskSpec(...) in its __init__.py")
+    if spec.split not in SPLITS:
+        raise ValueError(f"task {task_id}: split {spec.split!r} is not one of {SPLITS}")
+    if spec.direction not in (1, -1):
+        raise ValueError(f"task {task_id}: direction must be +1 or -1, got {spec.direction!r}")
+    baseline = (_HERE / task_id / "solution.py").read_text()
+    knobs = read_knobs(baseline)
+    unknown = (set(spec.knob_space) | set(spec.reference_knobs)) - set(knobs)
+    if unknown:
+        raise ValueError(f"task {task_id}: knobs {sorted(unknown)} are not in solution.py's knobs block")
+    for name, values in spec.knob_space.items():
+        if knobs[name] not in values:
+            raise ValueError(
+                f"task {task_id}: baseline value {knobs[name]!r} of {name} not in its knob space"
+            )
+    return ResearchTask(
+        id=task_id,
+        split=spec.split,
+        kind=spec.kind,
+        description=spec.description.strip(),
+        metric=spec.metric,
+        direction=spec.direction,
+        baseline_source=baseline,
+        reference_source=set_knobs(baseline, spec.reference_knobs),
+        knob_space={k: list(v) for k, v in spec.knob_space.items()},
+        baseline_score=spec.baseline_score,
+        reference_score=spec.reference_score,
+        build_data=spec.build_data,
+        data_version=spec.data_version,
+    )
+
+
+@cache
+def _registry() -> dict[str, ResearchTask]:
+    ids = sorted(m.name for m in pkgutil.iter_modules([str(_HERE)]) if m.ispkg and not m.name.startswith("_"))
+    return {task_id: _load(task_id) for task_id in ids}
+
+
+def list_tasks(split: str | None = None) -> list[ResearchTask]:
+    """All tasks, or those of one split (``train`` or ``heldout``), sorted by id."""
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; known splits: {', '.join(SPLITS)}")
+    return [t for t in _registry().values() if split is None or t.split == split]
+
+
+def get_task(task_id: str) -> ResearchTask:
+    """The task with this id; an unknown id raises KeyError listing the known ones."""
+    reg = _registry()
+    if task_id not in reg:
+        raise KeyError(f"unknown research task {task_id!r}; known tasks: {', '.join(reg)}")
+    return reg[task_id]
+
+
+def task_lines() -> list[str]:
+    """One ``id<TAB>split<TAB>kind<TAB>metric`` line per task (what `wmrl tasks research` prints)."""
+    return [f"{t.id}\t{t.split}\t{t.kind}\t{t.metric}" for t in list_tasks()]

@@ -1,0 +1,239 @@
+"""The research-task type, its normalised score, and the on-disk data layout a solution reads.
+
+A task is one sub-package of :mod:`wmrl_research.tasks` holding ``__init__.py`` (a module-level
+``SPEC = TaskSpec(...)``) and the baseline ``solution.py``. See ``README.md`` next to this file.
+
+The contract between a solution and the grader (the why: labels never enter the sandbox):
+
+- the solution runs with its working directory set to a fresh, empty, writable folder;
+- ``$WMRL_DATA_DIR`` (read-only) holds ``train.npz`` and ``val.npz`` (arrays ``X`` and ``y``) and
+  ``test.npz`` (array ``X`` only);
+- the solution writes ``predictions.npy`` into its working directory: one prediction per test row,
+  shaped like the hidden labels (``[n]`` or ``[n, horizon]``);
+- the grader, outside the sandbox, loads those predictions and compares them with labels that live
+  in a folder the sandbox never mounts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+KNOBS_START = "# --- KNOBS START ---"
+KNOBS_END = "# --- KNOBS END ---"
+# The normalised score of a solution that crashed, timed out, or wrote invalid predictions.
+FAILURE_SCORE = -1.0
+# Normalised scores are clipped to this range so one lucky or broken run cannot dominate a batch.
+SCORE_CLIP = (-1.0, 2.0)
+SPLITS = ("train", "heldout")
+PREDICTIONS_FILE = "predictions.npy"
+DATA_ENV = "WMRL_DATA_DIR"
+# Bump to invalidate every cached data set (e.g. after changing the layout).
+DATA_LAYOUT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Splits:
+    """What a task's data builder returns: features and labels for train/val, the hidden test split."""
+
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_val: np.ndarray
+    y_val: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a task author writes (in the task folder's ``__init__.py``).
+
+    Attributes:
+        description: what the agent is told (data shapes, the goal, the metric).
+        kind: e.g. ``tabular-classification``, ``ts-forecasting``.
+        metric: a name in :data:`wmrl_research.grading.METRICS`.
+        direction: +1 if higher is better, -1 if lower is better.
+        build_data: ``() -> Splits``, deterministic; runs once per machine (the result is cached).
+        knob_space: knob name -> candidate values (Python literals), for generating valid edits.
+        reference_knobs: knob values that turn the baseline into the stronger reference solution.
+        baseline_score, reference_score: measured with ``python -m wmrl_research.tasks measure``.
+        split: ``train`` (used for training) or ``heldout`` (evaluation only).
+        data_version: bump when ``build_data`` changes, so cached data is rebuilt.
+    """
+
+    description: str
+    kind: str
+    metric: str
+    direction: int
+    build_data: Callable[[], Splits]
+    knob_space: dict[str, list[Any]]
+    reference_knobs: dict[str, Any]
+    baseline_score: float
+    reference_score: float
+    split: str = "train"
+    data_version: int = 1
+
+
+@dataclass
+class ResearchTask:
+    """A research task as the agent, the world model and the grader see it."""
+
+    id: str
+    split: str
+    kind: str
+    description: str
+    metric: str
+    direction: int
+    baseline_source: str
+    reference_source: str
+    knob_space: dict[str, list[Any]]
+    baseline_score: float
+    reference_score: float
+    build_data: Callable[[], Splits] = field(repr=False, compare=False)
+    data_version: int = 1
+
+    def normalise(self, raw: float) -> float:
+        """``(raw - baseline) / (reference - baseline)``: 0 at the baseline, 1 at the reference.
+
+        Signed by the metric's direction (the reference is better than the baseline in that
+        direction, so the ratio is already positive for improvements), clipped to
+        :data:`SCORE_CLIP`; a non-finite raw score is a failure.
+        """
+        if raw is None or not math.isfinite(raw):
+            return FAILURE_SCORE
+        gap = self.reference_score - self.baseline_score
+        if gap * self.direction <= 0:
+            raise ValueError(
+                f"task {self.id}: reference {self.reference_score} does not beat baseline "
+                f"{self.baseline_score} in direction {self.direction:+d}"
+            )
+        value = (raw - self.baseline_score) / gap
+        return float(min(max(value, SCORE_CLIP[0]), SCORE_CLIP[1]))
+
+    # --- data on disk -------------------------------------------------------------------------
+    def data_dirs(self, root: Path | None = None) -> tuple[Path, Path]:
+        """``(public_dir, hidden_dir)``, building and caching the data on first use.
+
+        The public folder holds what the sandbox may read; the hidden one holds ``y_test.npy`` and is
+        never mounted into a sandbox. Building is atomic (a temporary folder renamed into place), so
+        concurrent processes that race on the first build all see a complete folder.
+        """
+        root = data_root() if root is None else root
+        key = f"{self.id}-v{self.data_version}"
+        public, hidden = root / "public" / key, root / "hidden" / key
+        if (public / "test.npz").exists() and (hidden / "y_test.npy").exists():
+            return public, hidden
+        splits = self.build_data()
+        _check_splits(self.id, splits)
+        for folder, arrays in (
+            (hidden, {"y_test.npy": splits.y_test}),
+            (
+                public,
+                {
+                    "train.npz": {"X": splits.X_train, "y": splits.y_train},
+                    "val.npz": {"X": splits.X_val, "y": splits.y_val},
+                    "test.npz": {"X": splits.X_test},
+                },
+            ),
+        ):
+            _write_atomic(folder, arrays)
+        return public, hidden
+
+    def test_labels(self, root: Path | None = None) -> np.ndarray:
+        """The hidden test labels (for the grader only)."""
+        _, hidden = self.data_dirs(root)
+        return np.load(hidden / "y_test.npy", allow_pickle=False)
+
+
+def data_root() -> Path:
+    """Where task data is cached: ``$WMRL_RESEARCH_DATA`` or ``~/.cache/wmrl/research``."""
+    env = os.environ.get("WMRL_RESEARCH_DATA")
+    base = Path(env) if env else Path.home() / ".cache" / "wmrl" / "research"
+    return base / f"layout{DATA_LAYOUT_VERSION}"
+
+
+def _check_splits(task_id: str, s: Splits) -> None:
+    for part in ("train", "val", "test"):
+        X, y = getattr(s, f"X_{part}"), getattr(s, f"y_{part}")
+        if len(X) != len(y):
+            raise ValueError(f"task {task_id}: X_{part} has {len(X)} rows but y_{part} has {len(y)}")
+        if X.dtype == object or y.dtype == object:
+            raise ValueError(f"task {task_id}: {part} arrays must be numeric (no object dtype)")
+
+
+def _write_atomic(folder: Path, files: dict[str, Any]) -> None:
+    if folder.exists():
+        return
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        for name, value in files.items():
+            if name.endswith(".npz"):
+                np.savez(tmp / name, **value)
+            else:
+                np.save(tmp / name, value)
+        os.chmod(tmp, 0o755)
+        os.rename(tmp, folder)
+    except OSError:
+        if not folder.exists():
+            raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- knobs ----------------------------------------------------------------------------------------
+_KNOB_LINE = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*=\s*(?P<value>.+?)\s*(?P<comment>#.*)?$")
+
+
+def _knob_block_lines(source: str) -> tuple[list[str], int, int]:
+    lines = source.splitlines(keepends=True)
+    starts = [i for i, ln in enumerate(lines) if ln.strip() == KNOBS_START]
+    ends = [i for i, ln in enumerate(lines) if ln.strip() == KNOBS_END]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise ValueError("source must contain exactly one knobs block (KNOBS_START ... KNOBS_END)")
+    return lines, starts[0], ends[0]
+
+
+def read_knobs(source: str) -> dict[str, Any]:
+    """``{name: value}`` of the top-level ``NAME = literal`` lines inside the knobs block."""
+    import ast
+
+    lines, lo, hi = _knob_block_lines(source)
+    out: dict[str, Any] = {}
+    for ln in lines[lo + 1 : hi]:
+        m = _KNOB_LINE.match(ln.rstrip("\n"))
+        if m:
+            out[m.group("name")] = ast.literal_eval(m.group("value"))
+    return out
+
+
+def set_knobs(source: str, values: dict[str, Any]) -> str:
+    """``source`` with the given knobs set (each must already exist in the knobs block)."""
+    lines, lo, hi = _knob_block_lines(source)
+    missing = set(values)
+    for i in range(lo + 1, hi):
+        m = _KNOB_LINE.match(lines[i].rstrip("\n"))
+        if m and m.group("name") in values:
+            name = m.group("name")
+            comment = f"  {m.group('comment')}" if m.group("comment") else ""
+            lines[i] = f"{name} = {values[name]!r}{comment}\n"
+            missing.discard(name)
+    if missing:
+        raise KeyError(f"knobs not in the knobs block: {sorted(missing)}")
+    return "".join(lines)
+
+
+def source_digest(source: str) -> str:
+    """A short content hash (for logs and caches)."""
+    return hashlib.sha256(source.encode()).hexdigest()[:12]

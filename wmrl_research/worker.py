@@ -1,0 +1,368 @@
+"""The process that runs *inside* a bubblewrap sandbox and executes solutions, one job at a time.
+
+Started by :class:`wmrl_research.sandbox.Sandbox` as ``python -m wmrl_research.worker '<config>'``
+inside ``bwrap`` (no network, read-only system, a tmpfs ``/tmp``). A warm worker pre-imports the
+heavy libraries (numpy, scikit-learn, torch, ...) once, so a job costs a fork instead of 1.5-2 s
+of imports. Per job it forks a *supervisor* that
+
+1. enters a new mount and PID namespace (other jobs' folders and processes become invisible),
+2. mounts a fresh size-limited tmpfs as the job's working folder and hides ``/tmp/jobs``,
+3. forks the *job* (PID 1 of the new namespace: when it dies the kernel kills every process the
+   job started, so nothing outlives it), which mounts its own ``/proc``, sets rlimits, drops to
+   an unprivileged uid (losing every capability) and runs ``solution.py`` in-process;
+4. waits at most the wall-clock timeout (then SIGKILLs the job, hence its whole namespace),
+5. copies ``predictions.npy`` (a regular file, bounded size, no symlinks) and a ``result.json``
+   into the job's host folder.
+
+Protocol: one JSON request per line on stdin, one JSON reply per line on the original stdout
+(fd 1 is redirected to stderr so that nothing else can write a reply). This module only imports
+the standard library at top level: it must start fast and must not import the project's heavy code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import resource
+import select
+import signal
+import sys
+import time
+import traceback
+
+JOBS_DIR = "/tmp/jobs"
+WORK_DIR = "/tmp/work"
+MAX_PREDICTIONS_BYTES = 64 * 2**20
+SOLUTION = "solution.py"
+PREDICTIONS = "predictions.npy"
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+PR_SET_PDEATHSIG = 1
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(src: str, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
+    _check(
+        _libc.mount(
+            src.encode(),
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        ),
+        f"mount {target}",
+    )
+
+
+def _write_json_at(dir_fd: int, name: str, obj: dict) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f)
+
+
+def _copy_predictions(dir_fd: int) -> str:
+    """Copy the job's predictions to its host folder; returns '' or why nothing was copied."""
+    try:
+        fd = os.open(os.path.join(WORK_DIR, PREDICTIONS), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return "no predictions.npy written"
+    except OSError as e:
+        return f"predictions.npy unreadable: {e.strerror}"
+    try:
+        st = os.fstat(fd)
+        if not (st.st_mode & 0o170000 == 0o100000):
+            return "predictions.npy is not a regular file"
+        if st.st_size > MAX_PREDICTIONS_BYTES:
+            return f"predictions.npy is {st.st_size} bytes (> {MAX_PREDICTIONS_BYTES})"
+        out = os.open(PREDICTIONS, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
+        try:
+            left = st.st_size
+            while left > 0:
+                chunk = os.read(fd, min(left, 1 << 20))
+                if not chunk:
+                    break
+                os.write(out, chunk)
+                left -= len(chunk)
+        finally:
+            os.close(out)
+        return ""
+    finally:
+        os.close(fd)
+
+
+STATUS_FD = 1023  # where the job reports its exit code (kept across the close of other fds)
+
+
+def _run_job(go_fd: int, status_fd: int) -> None:
+    """The job process: PID 1 of a fresh PID namespace, forked ahead of time. Never returns.
+
+    It waits (still privileged) for its request on ``go_fd``; then opens its output files in the
+    job's host folder, hides every job folder, limits itself, drops to the job's uid and runs the
+    solution in-process (the pre-imported modules make its imports free).
+    """
+    code = 1
+    try:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        os.setsid()
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        with open("/proc/self/oom_score_adj", "w") as f:  # the OOM killer takes the job, not the worker
+            f.write("1000")
+        with os.fdopen(go_fd, "rb") as f:
+            data = f.read()
+        if not data:  # the worker is shutting down
+            os._exit(0)
+        req = json.loads(data)
+        job_dir = os.path.join(JOBS_DIR, req["job"])
+        with open(os.path.join(job_dir, SOLUTION)) as f:
+            source = f.read()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        out_fd = os.open(os.path.join(job_dir, "stdout"), flags, 0o644)
+        err_fd = os.open(os.path.join(job_dir, "stderr"), flags, 0o644)
+        _mount("tmpfs", JOBS_DIR, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755")
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        os.dup2(status_fd, STATUS_FD)
+        os.closerange(3, STATUS_FD)  # the worker's protocol pipes
+        os.closerange(STATUS_FD + 1, 65536)
+        _set_limits(req)
+        uid = int(req["uid"])
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)  # from here on: no capabilities, no way back
+        os.chdir(WORK_DIR)
+        with open(SOLUTION, "w") as f:
+            f.write(source)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        if "tempfile" in sys.modules:  # forget the worker's cached temp dir: use $TMPDIR
+            sys.modules["tempfile"].tempdir = None
+        sys.argv = [SOLUTION]
+        sys.path[0] = WORK_DIR
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        code = 0
+        try:
+            compiled = compile(source, os.path.join(WORK_DIR, SOLUTION), "exec")
+            exec(compiled, {"__name__": "__main__", "__file__": os.path.join(WORK_DIR, SOLUTION)})
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # Tell the supervisor before exiting: tearing down a process that shares a large
+            # address space with the worker takes tens of ms that need not be on the critical path.
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            msg = {"code": code, "cpu_s": ru.ru_utime + ru.ru_stime, "maxrss_mb": ru.ru_maxrss / 1024}
+            os.write(STATUS_FD, (json.dumps(msg) + "\n").encode())
+        except BaseException:
+            pass
+        finally:
+            os._exit(code)
+
+
+def _set_limits(req: dict) -> None:
+    cpu = int(req["cpu_s"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    disk = int(req["disk_mb"]) * 2**20
+    resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    resource.setrlimit(resource.RLIMIT_NPROC, (int(req["nproc"]), int(req["nproc"])))
+    # RLIMIT_AS would forbid importing torch; RLIMIT_DATA caps the heap the job adds on top of
+    # what is already mapped (the pre-imported libraries).
+    data_now = 0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmData:"):
+                data_now = int(line.split()[1]) * 1024
+    limit = data_now + int(req["mem_mb"]) * 2**20
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int) -> None:
+    """The per-job supervisor, forked ahead of time (still privileged inside the sandbox).
+
+    Prepares the namespaces, the job's tmpfs and the job process *before* the request arrives, so
+    a request costs a pipe write instead of two forks of a large process.
+    """
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare")
+    _mount("none", "/", None, MS_REC | MS_PRIVATE)
+    _mount("tmpfs", WORK_DIR, "tmpfs", MS_NOSUID | MS_NODEV, f"size={disk_mb}m,mode=0700,uid={uid},gid={uid}")
+    go_r, go_w = os.pipe()
+    st_r, st_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(go_w)
+        os.close(req_fd)
+        os.close(st_r)
+        os.close(done_fd)
+        _run_job(go_r, st_w)
+    os.close(go_r)
+    os.close(st_w)
+    pidfd = os.pidfd_open(pid)
+    with os.fdopen(req_fd, "rb") as f:
+        line = f.readline()
+    if not line:  # shutting down: the job reads EOF and exits
+        os.close(go_w)
+        os.waitpid(pid, 0)
+        return
+    req = json.loads(line)
+    dir_fd = os.open(os.path.join(JOBS_DIR, req["job"]), os.O_RDONLY | os.O_DIRECTORY)
+    t0 = time.monotonic()
+    os.write(go_w, line)
+    os.close(go_w)
+    deadline = t0 + float(req["timeout_s"])
+    report = b""
+    exited = False
+    while True:  # until the job reports its exit code, exits, or runs out of time
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([pidfd, st_r], [], [], max(left, 0.0))
+        if st_r in ready:
+            chunk = os.read(st_r, 4096)
+            report += chunk
+            if b"\n" in report or not chunk:
+                break
+        if pidfd in ready:
+            exited = True
+            break
+        if not ready and left <= 0:
+            break
+    seconds = time.monotonic() - t0
+    timed_out = b"\n" not in report and not exited
+    os.kill(pid, signal.SIGKILL)  # the job's PID namespace dies with it
+    info = {"exit_code": None, "cpu_s": 0.0, "maxrss_mb": 0.0}
+    if b"\n" in report:
+        try:
+            msg = json.loads(report.split(b"\n", 1)[0])
+            info = {
+                "exit_code": int(msg["code"]),
+                "cpu_s": float(msg["cpu_s"]),
+                "maxrss_mb": float(msg["maxrss_mb"]),
+            }
+        except (ValueError, KeyError, TypeError):
+            info["exit_code"] = 1  # a garbled report: treat as a failed run
+    if info["exit_code"] is None:
+        _, status, usage = os.wait4(pid, 0)
+        exited = True
+        info = {
+            "exit_code": os.waitstatus_to_exitcode(status),
+            "cpu_s": usage.ru_utime + usage.ru_stime,
+            "maxrss_mb": usage.ru_maxrss / 1024,
+        }
+    why = _copy_predictions(dir_fd)
+    _write_json_at(
+        dir_fd, "result.json", {**info, "timed_out": timed_out, "seconds": seconds, "predictions": why}
+    )
+    os.write(done_fd, b"d")
+    if not exited:
+        os.waitpid(pid, 0)
+    os.close(pidfd)
+
+
+def _prefork(config: dict) -> tuple[int, int, int, int]:
+    """Fork the next job's supervisor; returns ``(pid, pidfd, request pipe, done pipe)``."""
+    req_r, req_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(req_w)
+            os.close(done_r)
+            _supervise(req_r, done_w, int(config["uid"]), int(config["disk_mb"]))
+            os._exit(0)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(70)
+    os.close(req_r)
+    os.close(done_w)
+    return pid, os.pidfd_open(pid), req_w, done_r
+
+
+def _serve(config: dict) -> None:
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # stray prints from libraries go to the log, never into the protocol
+    t0 = time.monotonic()
+    failed = []
+    for name in config.get("preload", []):
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # a missing optional library must not stop the worker
+            failed.append(f"{name}: {e}")
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        torch.set_num_threads(1)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:
+            pass
+    import gc
+
+    gc.collect()
+    gc.freeze()  # keep the pre-imported objects' pages shared with the forked jobs
+    nxt = _prefork(config)
+    reply.write(
+        json.dumps({"ready": True, "preload_s": time.monotonic() - t0, "preload_failed": failed}) + "\n"
+    )
+    exited: list[tuple[int, int]] = []  # supervisors that reported "done" but may not be reaped yet
+    for line in sys.stdin:
+        exited = [z for z in exited if not _reaped(*z)]
+        req = json.loads(line)
+        req["uid"] = config["uid"]
+        pid, pidfd, req_w, done_r = nxt
+        try:
+            os.write(req_w, (json.dumps(req) + "\n").encode())
+        except BrokenPipeError:
+            pass
+        os.close(req_w)
+        nxt = _prefork(config)  # the next job's processes are made while this one runs
+        # the supervisor reports "done" before its (slow) exit; its exit status is the backstop
+        ready, _, _ = select.select([done_r, pidfd], [], [], float(req["timeout_s"]) + 15.0)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        done = done_r in ready and os.read(done_r, 1) == b"d"
+        os.close(done_r)
+        if done:
+            reply.write(json.dumps({"job": req["job"], "supervisor_exit": 0}) + "\n")
+            exited.append((pid, pidfd))
+            continue
+        _, status = os.waitpid(pid, 0)
+        os.close(pidfd)
+        reply.write(
+            json.dumps({"job": req["job"], "supervisor_exit": os.waitstatus_to_exitcode(status) or 70}) + "\n"
+        )
+    pid, pidfd, req_w, done_r = nxt
+    os.close(req_w)
+    for z in [*exited, (pid, pidfd)]:
+        os.waitpid(z[0], 0)
+
+
+def _reaped(pid: int, pidfd: int) -> bool:
+    """Reap ``pid`` if it has exited (without blocking)."""
+    if os.waitpid(pid, os.WNOHANG)[0] == 0:
+        return False
+    os.close(pidfd)
+    return True
+
+
+if __name__ == "__main__":
+    _serve(json.loads(sys.argv[1]))
