@@ -150,10 +150,10 @@ def add_lora(model: nn.Module, r: int = 8, alpha: int = 16) -> nn.Module:
 
 def build_prompt(task: Any, source: str, mode: str, show_choices: bool = True) -> str:
     """Task description + the current solution (the knobs block only, in knobs mode) + the format."""
-    from wmrl_research.edits import format_value, knobs_block
+    from wmrl_research.edits import format_value, knobs_view
 
     if mode == "knobs":
-        body = knobs_block(source)
+        body = knobs_view(source)
         where = "Edit only lines of the knobs block."
     else:
         body = source

@@ -162,23 +162,32 @@ def format_value(value: Any) -> str:
     return repr(value)
 
 
+def knobs_view(source: str, start: str | None = None, end: str | None = None) -> str:
+    """The knobs block as ``NAME = value`` lines, comments dropped (the compact view in prompts)."""
+    return "".join(f"{k} = {v}\n" for k, v in parse_knobs(knobs_block(source, start, end)).items())
+
+
 def knob_edit(
     source: str, changes: Mapping[str, Any], start: str | None = None, end: str | None = None
 ) -> str:
-    """A completion (one block per changed knob) that sets each knob of ``changes`` in ``source``."""
+    """A completion (one block per changed knob) that sets each knob of ``changes`` in ``source``.
+
+    The SEARCH text is the compact ``NAME = value`` (as :func:`knobs_view` shows it) where that is
+    unique in the source, else the knob's whole line.
+    """
     block = knobs_block(source, start, end)
-    lines = {}
+    lines, values = {}, {}
     for line in block.splitlines():
         m = _KNOB_LINE.match(line.strip())
         if m and not line.startswith((" ", "\t")):
-            lines[m.group("name")] = line
+            lines[m.group("name")], values[m.group("name")] = line, m.group("value")
     blocks = []
     for name, value in changes.items():
         if name not in lines:
             raise KeyError(f"knob {name!r} is not in the knobs block (knobs: {', '.join(lines)})")
-        old = lines[name]
-        new = f"{name} = {format_value(value)}"
-        blocks.append(Edit(old, new).render())
+        short = f"{name} = {values[name]}"
+        old = short if source.count(short) == 1 else lines[name]
+        blocks.append(Edit(old, f"{name} = {format_value(value)}").render())
     return "\n".join(blocks)
 
 
