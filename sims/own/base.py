@@ -44,7 +44,7 @@ N_SUBSTEPS = 25  # 25 x 2 ms = 50 ms per env step (20 Hz control)
 FINGER_MAX = 0.032
 WORKSPACE_LO = np.array([-0.28, -0.28, 0.0])
 WORKSPACE_HI = np.array([0.28, 0.28, 0.25])
-HAND_START = np.array([0.0, -0.12, 0.15])
+HAND_START = np.array([0.0, -0.25, 0.12])  # front edge, low: keeps the hand off the objects in the image
 
 SPLITS = ("all", "train", "test")
 
