@@ -90,6 +90,7 @@ TAIL_CHARS = 4000
 # cgroup memory for the worker process itself (its pre-imported libraries), on top of the job's.
 WORKER_MEMORY_MB = 1536
 KEEP_JOB_DIRS = 32
+_WORKER_IDS = itertools.count()  # process-wide: names each worker's cgroups uniquely
 
 
 class SandboxError(RuntimeError):
@@ -187,7 +188,7 @@ class _Worker:
         self.uid = 60000 + slot
         self.cgroups: list[Path] = []
         cfg = sandbox.config
-        name = f"wmrl-sbx-{os.getpid()}-{slot}-{next(sandbox._ids)}"
+        name = f"wmrl-sbx-{os.getpid()}-{slot}-{next(_WORKER_IDS)}"
         cg = cgroup_support() if cfg.cgroups != "off" else {}
         if cfg.cgroups == "on" and not all(cg.values()):
             raise SandboxError(f"SandboxConfig.cgroups='on' but cgroup v1 controllers are not writable: {cg}")

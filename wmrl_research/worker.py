@@ -234,18 +234,21 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int) -> None:
     deadline = t0 + float(req["timeout_s"])
     report = b""
     exited = False
+    watch = [pidfd, st_r]
     while True:  # until the job reports its exit code, exits, or runs out of time
         left = deadline - time.monotonic()
-        ready, _, _ = select.select([pidfd, st_r], [], [], max(left, 0.0))
+        if left <= 0:
+            break
+        ready, _, _ = select.select(watch, [], [], left)
         if st_r in ready:
             chunk = os.read(st_r, 4096)
+            if not chunk:  # closed (it died, or closed the pipe itself): the pidfd decides
+                watch.remove(st_r)
             report += chunk
-            if b"\n" in report or not chunk:
+            if b"\n" in report:
                 break
         if pidfd in ready:
             exited = True
-            break
-        if not ready and left <= 0:
             break
     seconds = time.monotonic() - t0
     timed_out = b"\n" not in report and not exited
