@@ -18,6 +18,7 @@ experts (MetaWorld's own ``policies``), never handed to a policy.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -205,4 +206,7 @@ class MetaWorldExpert:
 
     def act(self, obs: dict, info: dict, env: MetaWorldEnv) -> np.ndarray:
         mw_obs = env.unwrapped.mw_obs
-        return np.clip(self.policy.get_action(mw_obs), -1.0, 1.0).astype(np.float32)
+        with warnings.catch_warnings():  # "Constant(s) may be too high": it clips, as we do
+            warnings.simplefilter("ignore", UserWarning)
+            action = self.policy.get_action(mw_obs)
+        return np.clip(action, -1.0, 1.0).astype(np.float32)

@@ -78,6 +78,16 @@ _OWN = [
         "press the blue button",
         "sims.own.button:PressButtonExpert",
     ),
+    TaskSpec(
+        "wmrl/LiftColor-v0",
+        "own",
+        "sims.own.lift:LiftColorEnv",
+        4,
+        7,
+        60,
+        "pick up the red cube",
+        "sims.own.lift:LiftExpert",
+    ),
 ]
 
 _MW = [

@@ -66,6 +66,7 @@ def test_spaces_rewards_and_info(task_id, make):
     assert env.action_space.shape == (ti["action_dim"],)
     assert np.all(env.action_space.low == -1) and np.all(env.action_space.high == 1)
     assert env.observation_space["state"].shape == (ti["state_dim"],)
+    assert env.max_steps == ti["max_steps"]
     obs, info = env.reset()
     assert env.observation_space.contains(obs)
     assert obs["image"].dtype == np.uint8 and obs["image"].shape == (24, 24, 3)
@@ -109,6 +110,21 @@ def test_initial_image_randomised_across_seeds_and_repeatable(task_id, make):
     starts = [env.reset(seed=s)[0]["image"] for s in range(4)]
     assert len({im.tobytes() for im in starts}) == 4, "initial states are not randomised across seeds"
     np.testing.assert_array_equal(env.reset(seed=0)[0]["image"], starts[0])
+
+
+@pytest.mark.parametrize("task_id", ALL)
+def test_time_limit_truncates(task_id, make):
+    env = make(task_id, render=False)
+    env.reset(seed=3)
+    zero = np.zeros(env.action_space.shape, dtype=np.float32)
+    steps, terminated, truncated = 0, False, False
+    while not (terminated or truncated):
+        _, _, terminated, truncated, info = env.step(zero)
+        steps += 1
+    assert terminated == info["success"]
+    assert truncated == (not terminated) and (terminated or steps == env.max_steps)
+    with pytest.raises(RuntimeError):
+        make(task_id, render=False).step(zero)  # stepping before reset is an error
 
 
 def _episode_success(env, act, seed: int) -> bool:
