@@ -52,7 +52,8 @@ class GRPOConfig:
     tasks_per_step: int = 16
     # Training steps.
     steps: int = 100
-    # Optimizer (AdamW) learning rate.
+    # "adamw" or "sgd" (plain gradient steps keep the advantages' sizes in the update; the toy uses it).
+    optimizer: str = "adamw"
     lr: float = 1e-3
     weight_decay: float = 0.0
     # PPO clip range for the probability ratio.
@@ -81,6 +82,7 @@ class GRPOConfig:
             1 <= self.minibatches <= self.tasks_per_step,
             f"grpo.minibatches={self.minibatches} must lie in [1, grpo.tasks_per_step={self.tasks_per_step}]",
         )
+        _one_of("grpo.optimizer", self.optimizer, ("adamw", "sgd"))
         _one_of("grpo.advantage", self.advantage, ("grpo", "dr_grpo"))
         _one_of("grpo.loss_agg", self.loss_agg, ("token_mean", "seq_mean"))
         _check(self.kl_coef >= 0, f"grpo.kl_coef={self.kl_coef} must be >= 0")

@@ -53,6 +53,20 @@ class RolloutBatch:
         if self.payload and len(self.payload) != n:
             raise ValueError(f"RolloutBatch.payload has {len(self.payload)} records for {n} rollouts")
 
+    def select(self, rows: torch.Tensor) -> RolloutBatch:
+        """The rollouts ``rows`` (``[M]`` long). ``tasks`` and ``group_ids`` are kept as they are, so
+        ``tasks[group_ids[i]]`` still names row i's task."""
+        idx = rows.tolist()
+        return RolloutBatch(
+            tokens=self.tokens[rows],
+            logprobs=self.logprobs[rows],
+            mask=self.mask[rows],
+            group_ids=self.group_ids[rows],
+            tasks=self.tasks,
+            payload=[self.payload[i] for i in idx] if self.payload else [],
+            extras={k: v[rows] for k, v in self.extras.items()},
+        )
+
     @property
     def n_rollouts(self) -> int:
         return int(self.tokens.shape[0])
@@ -60,10 +74,6 @@ class RolloutBatch:
     @property
     def n_groups(self) -> int:
         return len(self.tasks)
-
-    @property
-    def group_size(self) -> int:
-        return self.n_rollouts // max(self.n_groups, 1)
 
 
 @dataclass

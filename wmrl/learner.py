@@ -1,0 +1,182 @@
+"""GRPO learner: pure functions for advantages and losses, and the optimizer step.
+
+Shapes: ``N`` rollouts, ``T`` tokens per rollout; rewards are ``[N]`` with NaN marking an
+ungraded rollout (excluded, never scored zero); ``group_ids`` ``[N]`` in ``0 .. n_groups-1``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wmrl.config import GRPOConfig
+from wmrl.domain import RolloutBatch
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, kind: str = "grpo", std_eps: float = 1e-4
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Within-group advantages over graded rollouts.
+
+    ``grpo``:    A_i = (r_i - mean_g) / (std_g + std_eps)   (DeepSeekMath, arXiv:2402.03300)
+    ``dr_grpo``: A_i = r_i - mean_g                          (Dr.GRPO, arXiv:2503.20783)
+
+    mean_g and std_g (population std, ddof=0) run over the graded rollouts (finite reward) of the
+    group. A rollout is *used* when it is graded and its group has at least two graded rollouts;
+    every other rollout gets advantage 0 and ``used = False``.
+
+    Args:
+        rewards: ``[N]`` float, NaN for ungraded.
+        group_ids: ``[N]`` long.
+    Returns:
+        advantages ``[N]`` and used ``[N]`` bool.
+    """
+    if kind not in ("grpo", "dr_grpo"):
+        raise ValueError(f"unknown advantage kind {kind!r}; expected 'grpo' or 'dr_grpo'")
+    graded = torch.isfinite(rewards)
+    r = torch.where(graded, rewards, torch.zeros_like(rewards)).double()
+    n_groups = int(group_ids.max().item()) + 1 if group_ids.numel() else 0
+    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_ids, graded.double())
+    total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_ids, r)
+    mean = total / count.clamp(min=1)
+    dev = torch.where(graded, r - mean[group_ids], torch.zeros_like(r))
+    var = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_ids, dev**2) / count.clamp(min=1)
+    adv = dev if kind == "dr_grpo" else dev / (var.sqrt()[group_ids] + std_eps)
+    used = graded & (count[group_ids] >= 2)
+    adv = torch.where(used, adv, torch.zeros_like(adv))
+    return adv.to(rewards.dtype), used
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    agg: str = "token_mean",
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Token-level clipped-ratio objective (PPO, arXiv:1707.06347) with an optional k3 KL term.
+
+    Per token t of rollout i, with rho = exp(logp - old_logp):
+        l_it = -min(rho * A_i, clip(rho, 1 - eps, 1 + eps) * A_i) + kl_coef * k3_it
+        k3_it = exp(ref - logp) - (ref - logp) - 1   (Schulman's unbiased, non-negative KL estimate)
+    Aggregation over real tokens (``mask``):
+        ``token_mean``: sum_it m_it l_it / sum_it m_it
+        ``seq_mean``:   mean_i (sum_t m_it l_it / sum_t m_it) over rollouts with >= 1 real token
+
+    Args:
+        logprobs, old_logprobs, mask: ``[N, T]``; ``ref_logprobs`` ``[N, T]`` or None.
+        advantages: ``[N]``, already weighted (anchor weight w, per-sample weights); rollouts that
+            must not contribute carry mask 0.
+    Returns:
+        scalar loss and detached diagnostics (clip fraction, approx KL to the sampler, KL to ref).
+    """
+    if agg not in ("token_mean", "seq_mean"):
+        raise ValueError(f"unknown loss aggregation {agg!r}; expected 'token_mean' or 'seq_mean'")
+    mask = mask.to(logprobs.dtype)
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    adv = advantages.unsqueeze(-1)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    kl_ref = torch.zeros_like(per_token)
+    if ref_logprobs is not None and kl_coef > 0:
+        d = ref_logprobs - logprobs
+        kl_ref = torch.exp(d) - d - 1.0
+        per_token = per_token + kl_coef * kl_ref
+    loss = aggregate(per_token, mask, agg)
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        stats = {
+            "clip_frac": (((ratio - 1.0).abs() > clip_eps).to(mask.dtype) * mask).sum() / n,
+            "approx_kl": ((ratio - 1.0 - log_ratio) * mask).sum() / n,
+            "kl_ref": (kl_ref * mask).sum() / n,
+        }
+    return loss, stats
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: str) -> torch.Tensor:
+    """Masked mean of ``[N, T]`` values: over all real tokens (``token_mean``) or per rollout first."""
+    if agg == "token_mean":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1)
+    per_seq_tokens = mask.sum(-1)
+    has = per_seq_tokens > 0
+    per_seq = (per_token * mask).sum(-1) / per_seq_tokens.clamp(min=1)
+    return per_seq[has].sum() / has.sum().clamp(min=1)
+
+
+def policy_gradient(
+    policy: torch.nn.Module, batch: RolloutBatch, advantages: torch.Tensor, used: torch.Tensor, cfg: GRPOConfig
+) -> torch.Tensor:
+    """The flattened gradient of the clipped loss at the current parameters (ratio = 1), ``[P]``.
+
+    Used for diagnostics: the direction a method's update takes, compared across reward sources.
+    """
+    params = [p for p in policy.parameters() if p.requires_grad]
+    keep = used.nonzero().squeeze(-1)
+    sub = batch.select(keep)
+    logp = policy.log_probs(sub)
+    loss, _ = clipped_policy_loss(logp, logp.detach(), advantages[keep], sub.mask, cfg.clip_eps, cfg.loss_agg)
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)])
+
+
+def grpo_update(
+    policy: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    advantages: torch.Tensor,
+    used: torch.Tensor,
+    cfg: GRPOConfig,
+    reference: torch.nn.Module | None = None,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """``cfg.epochs`` passes over the batch in ``cfg.minibatches`` minibatches (split by group), each an
+    optimizer step on the clipped loss, with gradient-norm clipping. Returns averaged diagnostics."""
+    keep = used.nonzero().squeeze(-1)
+    if keep.numel() == 0:
+        return {"loss/optimizer_steps": 0.0}
+    batch, advantages = batch.select(keep), advantages[keep]
+    ref_logp = None
+    if reference is not None and cfg.kl_coef > 0:
+        with torch.no_grad():
+            ref_logp = reference.log_probs(batch)
+    groups = batch.group_ids.unique()
+    sums: dict[str, float] = {}
+    n_steps = 0
+    for _ in range(cfg.epochs):
+        order = groups[torch.randperm(groups.numel(), generator=generator)]
+        for chunk in torch.tensor_split(order, min(cfg.minibatches, groups.numel())):
+            rows = torch.isin(batch.group_ids, chunk).nonzero().squeeze(-1)
+            mb = batch.select(rows)
+            loss, stats = clipped_policy_loss(
+                policy.log_probs(mb),
+                mb.logprobs,
+                advantages[rows],
+                mb.mask,
+                cfg.clip_eps,
+                cfg.loss_agg,
+                None if ref_logp is None else ref_logp[rows],
+                cfg.kl_coef,
+            )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            params = [p for p in policy.parameters() if p.requires_grad]
+            if cfg.max_grad_norm > 0:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            else:
+                grad_norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None))
+            optimizer.step()
+            for k, v in {"loss": loss.detach(), "grad_norm": grad_norm, **stats}.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            n_steps += 1
+    return {f"loss/{k}": v / max(n_steps, 1) for k, v in sums.items()} | {"loss/optimizer_steps": float(n_steps)}
+
+
+def make_optimizer(params: list[torch.nn.Parameter], cfg: GRPOConfig) -> torch.optim.Optimizer:
+    """AdamW, or plain SGD, over ``params`` with the config's learning rate and weight decay."""
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)

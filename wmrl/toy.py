@@ -1,0 +1,209 @@
+"""The controlled problem: a contextual bandit where the true reward, the WM's bias and its noise are known.
+
+``n_contexts`` contexts, ``n_actions`` actions each, a true reward ``r[k, a]`` in [0, 1], and a
+softmax policy ``pi(a | k) = softmax(theta[k])``. A rollout is one action token. The world model's
+score is
+
+    r_hat[k, a] = g(r[k, a] + sigma[k, a] * xi),      xi ~ N(0, 1) fresh at every query
+    g(x) = tanh(s * x) / tanh(s),  s = 4 * bias_strength
+
+The WM's internal estimate is noisy, and its output *saturates* (as a squashing output head does):
+``g`` is monotone but not affine, it squeezes the good actions' scores together and inflates the
+weak ones', so uncalibrated within-group advantages have the wrong sizes. A monotone calibration can
+undo it (``f = g^-1`` gives back ``r + noise``). In a share ``rank_error_frac`` of the contexts the
+WM also swaps the best action with a median one, a ranking error that no monotone map fixes and
+only real rewards correct. The noise is heteroscedastic, ``sigma[k, a] = noise * (0.25 + 1.5 *
+u[k, a])``, and the WM reports its variance (``(g'(r) * sigma)^2``, the delta method). The WM is
+fixed (it does not learn), so what the corrections achieve is plain to see.
+
+It implements the Domain protocol and runs through the real trainer, anchors, debiaser and denoiser.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from wmrl.config import ConfigError, DomainConfig, RunConfig
+from wmrl.domain import Job, Prediction, RolloutBatch
+
+
+@DomainConfig.register_subclass("toy")
+@dataclass
+class ToyConfig(DomainConfig):
+    n_contexts: int = 64
+    n_actions: int = 8
+    # Seed of the problem itself (rewards, distortion, noise levels): fixed across run seeds.
+    problem_seed: int = 1234
+    # Saturation of the WM's output g(x) = tanh(4 b x) / tanh(4 b); 0 is no distortion.
+    bias_strength: float = 1.0
+    # Share of contexts whose best action the WM ranks below a mediocre one.
+    rank_error_frac: float = 0.2
+    # Base scale of the heteroscedastic WM noise.
+    noise: float = 0.25
+    # Seconds a real execution sleeps, to emulate an expensive environment (0: free).
+    exec_cost_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.n_contexts < 1 or self.n_actions < 2:
+            raise ConfigError(
+                f"domain.n_contexts={self.n_contexts} must be >= 1 and domain.n_actions={self.n_actions} >= 2"
+            )
+        if not 0 <= self.rank_error_frac <= 1:
+            raise ConfigError(f"domain.rank_error_frac={self.rank_error_frac} must lie in [0, 1]")
+        if self.bias_strength < 0 or self.noise < 0:
+            raise ConfigError(f"domain.bias_strength={self.bias_strength} and domain.noise={self.noise} must be >= 0")
+
+    def build(self, run: RunConfig) -> ToyDomain:
+        return ToyDomain(self, seed=run.seed)
+
+    @classmethod
+    def task_lines(cls) -> list[str]:
+        cfg = cls()
+        return [f"toy/context-{k}\ttoy\t{cfg.n_actions} actions" for k in range(cfg.n_contexts)]
+
+
+@dataclass
+class Problem:
+    """The known ground truth, all ``[K, A]``: the true ``reward``, the WM's internal (pre-squash)
+    estimate ``wm_latent`` (equal to ``reward`` except in ranking-error contexts) and its noise
+    ``wm_sigma``; ``rank_error`` ``[K]`` marks the contexts with a ranking error."""
+
+    reward: torch.Tensor
+    wm_latent: torch.Tensor
+    wm_sigma: torch.Tensor
+    rank_error: torch.Tensor
+    strength: float
+
+    @staticmethod
+    def make(cfg: ToyConfig) -> Problem:
+        g = torch.Generator().manual_seed(cfg.problem_seed)
+        k, a = cfg.n_contexts, cfg.n_actions
+        reward = torch.rand(k, a, generator=g)
+        wm_latent = reward.clone()
+        n_err = round(cfg.rank_error_frac * k)
+        rank_error = torch.zeros(k, dtype=torch.bool)
+        rank_error[torch.randperm(k, generator=g)[:n_err]] = True
+        order = reward.argsort(dim=1, descending=True)
+        for ctx in rank_error.nonzero().squeeze(-1).tolist():
+            best, decoy = order[ctx, 0], order[ctx, a // 2]  # swap the best with a median action
+            wm_latent[ctx, best], wm_latent[ctx, decoy] = reward[ctx, decoy], reward[ctx, best]
+        wm_sigma = cfg.noise * (0.25 + 1.5 * torch.rand(k, a, generator=g))
+        return Problem(reward, wm_latent, wm_sigma, rank_error, cfg.bias_strength)
+
+
+def saturate(x: torch.Tensor, strength: float) -> torch.Tensor:
+    """The WM's output distortion ``g(x) = tanh(s x) / tanh(s)``, ``s = 4 * strength`` (identity at 0)."""
+    s = 4.0 * strength
+    return x if s == 0 else torch.tanh(s * x) / math.tanh(s)
+
+
+def saturate_slope(x: torch.Tensor, strength: float) -> torch.Tensor:
+    """``g'(x) = s (1 - tanh(s x)^2) / tanh(s)``."""
+    s = 4.0 * strength
+    return torch.ones_like(x) if s == 0 else s * (1 - torch.tanh(s * x) ** 2) / math.tanh(s)
+
+
+def true_reward_job(reward: float, cost_s: float = 0.0) -> float:
+    """A toy 'real execution': the true reward, after an optional emulated cost."""
+    if cost_s > 0:
+        import time
+
+        time.sleep(cost_s)
+    return reward
+
+
+class SoftmaxPolicy(torch.nn.Module):
+    """``pi(a | k) = softmax(theta[k])``, theta ``[K, A]`` initialised to zero (uniform)."""
+
+    def __init__(self, n_contexts: int, n_actions: int):
+        super().__init__()
+        self.theta = torch.nn.Parameter(torch.zeros(n_contexts, n_actions))
+
+    def log_probs(self, batch: RolloutBatch) -> torch.Tensor:
+        """``[N, 1]``: log pi(token | context) for each rollout."""
+        logp = torch.log_softmax(self.theta[batch.extras["context"]], dim=-1)  # [N, A]
+        return logp.gather(1, batch.tokens)
+
+
+class ToyWorldModel:
+    """The fixed, distorted and noisy WM of the module docstring."""
+
+    def __init__(self, problem: Problem, generator: torch.Generator):
+        self.problem = problem
+        self.generator = generator
+
+    def predict(self, batch: RolloutBatch) -> Prediction:
+        p = self.problem
+        ctx, act = batch.extras["context"], batch.tokens[:, 0]
+        latent, sigma = p.wm_latent[ctx, act], p.wm_sigma[ctx, act]
+        noise = torch.randn(ctx.shape[0], generator=self.generator)
+        mean = saturate(latent + sigma * noise, p.strength)
+        return Prediction(mean=mean, var=(saturate_slope(latent, p.strength) * sigma) ** 2)
+
+    def update(self, batch: RolloutBatch, indices: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class ToyDomain:
+    def __init__(self, cfg: ToyConfig, seed: int):
+        self.cfg = cfg
+        self.problem = Problem.make(cfg)
+        self.policy = SoftmaxPolicy(cfg.n_contexts, cfg.n_actions)
+        self.sample_gen = torch.Generator().manual_seed(seed * 7919 + 17)
+        self.wm_gen = torch.Generator().manual_seed(seed * 7919 + 29)
+        self.world_model = ToyWorldModel(self.problem, self.wm_gen)
+
+    def sample_tasks(self, n: int, split: str, generator: torch.Generator) -> list[int]:
+        return torch.randint(self.cfg.n_contexts, (n,), generator=generator).tolist()
+
+    def generate(self, tasks: Sequence[int], group_size: int, anchor_groups: torch.Tensor) -> RolloutBatch:
+        ctx = torch.tensor(list(tasks)).repeat_interleave(group_size)  # [N]
+        probs = torch.softmax(self.policy.theta.detach()[ctx], dim=-1)  # [N, A]
+        tokens = torch.multinomial(probs, 1, generator=self.sample_gen)  # [N, 1]
+        logprobs = probs.gather(1, tokens).log()
+        return RolloutBatch(
+            tokens=tokens,
+            logprobs=logprobs,
+            mask=torch.ones_like(logprobs),
+            group_ids=torch.arange(len(tasks)).repeat_interleave(group_size),
+            tasks=list(tasks),
+            extras={"context": ctx},
+        )
+
+    def execution_jobs(self, batch: RolloutBatch, indices: Sequence[int]) -> list[Job]:
+        r = self.oracle_rewards(batch)
+        return [Job(true_reward_job, (float(r[i]), self.cfg.exec_cost_s)) for i in indices]
+
+    def oracle_rewards(self, batch: RolloutBatch) -> torch.Tensor:
+        return self.problem.reward[batch.extras["context"], batch.tokens[:, 0]]
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        """Exact expected true reward of the policy over all contexts, and the optimum's."""
+        pi = torch.softmax(self.policy.theta.detach(), dim=-1)
+        reward = self.problem.reward
+        err = self.problem.rank_error
+        per_ctx = (pi * reward).sum(-1)
+        return {
+            "true_reward": float(per_ctx.mean()),
+            "true_reward_rank_error_ctx": float(per_ctx[err].mean()) if err.any() else float("nan"),
+            "optimum": float(reward.max(-1).values.mean()),
+            "p_best": float(pi.gather(1, reward.argmax(-1, keepdim=True)).mean()),
+        }
+
+    def state_dict(self) -> dict:
+        return {"sample_gen": self.sample_gen.get_state(), "wm_gen": self.wm_gen.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sample_gen.set_state(state["sample_gen"])
+        self.wm_gen.set_state(state["wm_gen"])
+

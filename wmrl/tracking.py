@@ -1,0 +1,156 @@
+"""Run directory, metrics (JSONL + wandb), progress bar and checkpoints.
+
+A run directory holds ``config.yaml``, ``metrics.jsonl`` (one flat, namespaced dict per step),
+``checkpoints/latest.pt`` and, when the run ends, ``summary.json``. Nothing already written is ever
+overwritten by a new run: starting a run in a directory that holds one is an error, and resuming
+moves metric rows newer than the checkpoint to ``metrics.orphaned.jsonl`` instead of deleting them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from wmrl.config import RunConfig, config_fingerprint, to_dict
+
+CHECKPOINT = "checkpoints/latest.pt"
+
+
+class RunDirError(RuntimeError):
+    """A run directory that cannot be used as asked (exists, missing, or does not match the config)."""
+
+
+class MetricsLogger:
+    """Appends one JSON line per step to ``metrics.jsonl`` and mirrors it to wandb (offline by default)."""
+
+    def __init__(self, run_dir: Path, cfg: RunConfig, resume: bool):
+        self.path = run_dir / "metrics.jsonl"
+        self._wandb = None
+        if cfg.tracking.wandb != "disabled":
+            import wandb
+
+            os.environ.setdefault("WANDB_SILENT", "true")
+            self._wandb = wandb.init(
+                project=cfg.tracking.project,
+                dir=str(run_dir),
+                mode=cfg.tracking.wandb,
+                config=to_dict(cfg),
+                id=_wandb_id(run_dir),
+                resume="allow" if resume else None,
+                reinit="finish_previous",
+            )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._wandb is not None:
+            self._wandb.log(row, step=step)
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _wandb_id(run_dir: Path) -> str:
+    """A stable wandb run id per run directory, so a resumed run continues the same wandb run."""
+    f = run_dir / ".wandb_id"
+    if not f.exists():
+        f.write_text(os.urandom(6).hex())
+    return f.read_text().strip()
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.item()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def read_metrics(run_dir: Path | str) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def prepare_run_dir(run_dir: Path, resume: bool) -> None:
+    """Create a fresh run directory, or check that a resumable one exists."""
+    if resume:
+        if not (run_dir / CHECKPOINT).exists():
+            raise RunDirError(f"cannot resume {run_dir}: it holds no checkpoint ({CHECKPOINT})")
+        return
+    if (run_dir / "metrics.jsonl").exists() or (run_dir / CHECKPOINT).exists():
+        raise RunDirError(
+            f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose another --out-dir"
+        )
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+
+
+def trim_metrics_after(run_dir: Path, step: int) -> int:
+    """Keep metric rows with ``step <= step`` in ``metrics.jsonl``; move later rows (logged after the
+    last checkpoint by a run that was killed) to ``metrics.orphaned.jsonl``. Returns how many moved."""
+    rows = read_metrics(run_dir)
+    keep = [r for r in rows if r["step"] <= step]
+    moved = [r for r in rows if r["step"] > step]
+    if moved:
+        with open(run_dir / "metrics.orphaned.jsonl", "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in moved)
+        tmp = run_dir / "metrics.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        os.replace(tmp, run_dir / "metrics.jsonl")
+    return len(moved)
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def save_checkpoint(run_dir: Path, cfg: RunConfig, state: dict) -> Path:
+    """Write ``checkpoints/latest.pt`` atomically (a killed save leaves the previous one intact)."""
+    path = run_dir / CHECKPOINT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"fingerprint": config_fingerprint(cfg), "rng": rng_state(), **state}, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(run_dir: Path, cfg: RunConfig) -> dict:
+    """Load the checkpoint and check it was written by a run with the same configuration."""
+    path = run_dir / CHECKPOINT
+    try:
+        state = torch.load(path, weights_only=False)
+    except Exception as e:
+        raise RunDirError(f"cannot read checkpoint {path}: {e}") from e
+    want, got = config_fingerprint(cfg), state.get("fingerprint", {})
+    if want != got:
+        diffs = _diff(got, want)
+        raise RunDirError(
+            f"checkpoint {path} does not match the config: "
+            + "; ".join(f"{k}: checkpoint {a!r} vs config {b!r}" for k, a, b in diffs[:8])
+        )
+    return state
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [(prefix.rstrip("."), a, b)]

@@ -1,0 +1,280 @@
+"""The WMRL training step (DESIGN.md section 2) over any Domain. The trainer only orchestrates: the
+math lives in learner/debias/denoise, the domain knows its tasks, policy and world model.
+
+One step::
+
+    tasks -> generate (G rollouts per task) -> choose anchor groups
+          -> real execution of anchors  ┐ concurrently
+          -> WM scores for every rollout┘
+          -> calibration f refitted on anchor (r_hat, r); anchors use r, the rest f(r_hat)
+          -> group advantages; anchor advantages * w; optional per-sample WM weights
+          -> clipped-ratio update (+ KL) -> WM refined on the anchors -> metrics, checkpoint
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from wmrl.anchors import choose_anchor_groups
+from wmrl.config import RunConfig, save_config
+from wmrl.debias import OnlineDebiaser, centred_residual
+from wmrl.denoise import InverseVarianceDenoiser, normalise_weights, sample_weights
+from wmrl.domain import Domain, RolloutBatch
+from wmrl.executors import Executor, make_executor
+from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_gradient
+from wmrl.tracking import (
+    MetricsLogger,
+    load_checkpoint,
+    prepare_run_dir,
+    save_checkpoint,
+    set_rng_state,
+    trim_metrics_after,
+)
+
+
+def _nanmean(x: torch.Tensor) -> float:
+    x = x[torch.isfinite(x)]
+    return float(x.mean()) if x.numel() else float("nan")
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, domain: Domain, resume: bool = False):
+        self.cfg = cfg
+        self.domain = domain
+        self.run_dir = Path(cfg.out_dir)
+        prepare_run_dir(self.run_dir, resume)
+        torch.set_num_threads(cfg.torch_threads)
+        self.policy = domain.policy
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(params, cfg.grpo)
+        self.reference = None
+        if cfg.grpo.kl_coef > 0:
+            self.reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
+        self.debiaser = OnlineDebiaser(cfg.debias)
+        self.denoiser = InverseVarianceDenoiser(cfg.denoise)
+        self.task_gen = torch.Generator().manual_seed(cfg.seed)
+        self.update_gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self.step = 0
+        self.real_executions = 0
+        self.executor: Executor | None = None
+        if resume:
+            self._restore()
+        else:
+            save_config(cfg, self.run_dir / "config.yaml")
+        self.logger = MetricsLogger(self.run_dir, cfg, resume)
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "real_executions": self.real_executions,
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "reference": None if self.reference is None else self.reference.state_dict(),
+            "debiaser": self.debiaser.state_dict(),
+            "denoiser": self.denoiser.state_dict(),
+            "domain": self.domain.state_dict(),
+            "task_gen": self.task_gen.get_state(),
+            "update_gen": self.update_gen.get_state(),
+        }
+
+    def save(self) -> Path:
+        return save_checkpoint(self.run_dir, self.cfg, self.state_dict())
+
+    def _restore(self) -> None:
+        state = load_checkpoint(self.run_dir, self.cfg)
+        self.step, self.real_executions = state["step"], state["real_executions"]
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.reference is not None and state["reference"] is not None:
+            self.reference.load_state_dict(state["reference"])
+        self.debiaser.load_state_dict(state["debiaser"])
+        self.denoiser.load_state_dict(state["denoiser"])
+        self.domain.load_state_dict(state["domain"])
+        self.task_gen.set_state(state["task_gen"])
+        self.update_gen.set_state(state["update_gen"])
+        set_rng_state(state["rng"])
+        trim_metrics_after(self.run_dir, self.step)
+
+    # ---- one step ----------------------------------------------------------------------------
+    def train_step(self) -> dict[str, float]:
+        cfg, method = self.cfg, self.cfg.method
+        times: dict[str, float] = {}
+
+        @contextmanager
+        def timed(name: str):
+            t0 = time.perf_counter()
+            yield
+            times[f"time/{name}"] = times.get(f"time/{name}", 0.0) + time.perf_counter() - t0
+
+        t_step = time.perf_counter()
+        n = cfg.grpo.tasks_per_step
+        tasks = self.domain.sample_tasks(n, "train", self.task_gen)
+        anchor_groups = choose_anchor_groups(n, method, cfg.anchors, cfg.seed, self.step)
+        with timed("generate"), torch.no_grad():
+            batch = self.domain.generate(tasks, cfg.grpo.group_size, anchor_groups)
+        is_anchor = anchor_groups[batch.group_ids]
+        anchor_rows = is_anchor.nonzero().squeeze(-1)
+
+        # Real execution (anchor rows) runs in a thread while the WM scores the batch here.
+        jobs = self.domain.execution_jobs(batch, anchor_rows.tolist()) if anchor_rows.numel() else []
+        r_true = torch.full((batch.n_rollouts,), float("nan"))
+        pred = None
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = None
+            if jobs:
+                t0 = time.perf_counter()
+                future = pool.submit(self._execute, jobs)
+            if method != "real":
+                with timed("wm"), torch.no_grad():
+                    pred = self.domain.world_model.predict(batch)
+            if future is not None:
+                results = future.result()
+                times["time/execute"] = time.perf_counter() - t0
+                r_true[anchor_rows] = torch.tensor([res.reward for res in results], dtype=torch.float32)
+                self.real_executions += len(jobs)
+        exec_failed = int(torch.isnan(r_true[anchor_rows]).sum())
+
+        metrics: dict[str, float] = {}
+        rewards = r_true.clone()
+        if pred is not None:
+            r_hat = pred.mean.float()
+            metrics.update(self._correct(batch, r_hat, r_true, anchor_rows))
+            r_wm = self.debiaser(r_hat) if cfg.uses_calibration else r_hat
+            rewards = torch.where(is_anchor, r_true, r_wm)
+
+        adv, used = group_advantages(rewards, batch.group_ids, cfg.grpo.advantage, cfg.grpo.std_eps)
+        weights = torch.ones_like(adv)
+        if cfg.uses_anchor_weight:
+            weights = torch.where(is_anchor, torch.full_like(adv, self.denoiser.w), weights)
+        if cfg.denoise.sample_weights and cfg.uses_anchor_weight and pred is not None and pred.var is not None:
+            wm_rows = ~is_anchor & torch.isfinite(pred.var)
+            if wm_rows.any():
+                sw = sample_weights(pred.var[wm_rows].float(), cfg.denoise.var_floor, cfg.denoise.sample_weight_max)
+                weights[wm_rows] = sw
+        adv = adv * normalise_weights(weights, used)
+
+        oracle = self.domain.oracle_rewards(batch)
+        if oracle is not None:
+            metrics.update(self._update_error(batch, adv, used, oracle))
+
+        with timed("update"):
+            self.policy.train()
+            metrics.update(
+                grpo_update(self.policy, self.optimizer, batch, adv, used, cfg.grpo, self.reference, self.update_gen)
+            )
+
+        if method not in ("real", "wm") and anchor_rows.numel():
+            with timed("wm_update"):
+                wm_metrics = self.domain.world_model.update(batch, anchor_rows, r_true[anchor_rows])
+            metrics.update({f"wm/{k}": v for k, v in (wm_metrics or {}).items()})
+
+        self.step += 1
+        n_groups = batch.n_groups
+        metrics.update(
+            {
+                "reward/mean": _nanmean(rewards),
+                "reward/anchor_true": _nanmean(r_true),
+                "adv/abs_mean": float(adv[used].abs().mean()) if used.any() else 0.0,
+                "adv/used_frac": float(used.float().mean()),
+                "anchors/fraction": float(anchor_groups.sum()) / n_groups,
+                "exec/real_total": float(self.real_executions),
+                "exec/step": float(len(jobs)),
+                "exec/ungraded": float(exec_failed),
+                "denoise/w": self.denoiser.w,
+                "denoise/s2": float("nan") if self.denoiser.s2 is None else self.denoiser.s2,
+                "debias/fitted": float(self.debiaser.fitted),
+                **times,
+                "time/step": time.perf_counter() - t_step,
+            }
+        )
+        return metrics
+
+    def _execute(self, jobs):
+        if self.executor is None:
+            self.executor = make_executor(self.cfg.executor, self.cfg.anchors.max_concurrent)
+        return self.executor.run(jobs)
+
+    def _correct(
+        self, batch: RolloutBatch, r_hat: torch.Tensor, r_true: torch.Tensor, anchor_rows: torch.Tensor
+    ) -> dict[str, float]:
+        """Measure the WM error on this step's anchors with the calibration fitted *before* them
+        (out of sample), feed the denoiser, then refit the calibration on the new pairs."""
+        out: dict[str, float] = {"wm/pred_mean": _nanmean(r_hat)}
+        if anchor_rows.numel() == 0:
+            return out
+        gid = batch.group_ids[anchor_rows]
+        gid = torch.unique(gid, return_inverse=True)[1]
+        a_hat, a_true = r_hat[anchor_rows], r_true[anchor_rows]
+        a_cal = self.debiaser(a_hat)
+        out["wm/residual_before"] = _nanmean(centred_residual(a_hat, a_true, gid))
+        out["wm/residual_after"] = _nanmean(centred_residual(a_cal, a_true, gid))
+        if self.cfg.uses_anchor_weight:
+            self.denoiser.observe(a_cal if self.cfg.uses_calibration else a_hat, a_true, gid)
+        if self.cfg.uses_calibration:
+            out["debias/refit"] = float(self.debiaser.observe(a_hat, a_true))
+        return out
+
+    def _update_error(
+        self, batch: RolloutBatch, adv: torch.Tensor, used: torch.Tensor, oracle: torch.Tensor
+    ) -> dict[str, float]:
+        """||u_m / |u_m| - u_true / |u_true| ||^2 between this method's update direction and the one
+        true rewards would give on the same rollouts (both gradients at the current parameters)."""
+        cfg = self.cfg.grpo
+        true_adv, true_used = group_advantages(oracle.float(), batch.group_ids, cfg.advantage, cfg.std_eps)
+        if not used.any() or not true_used.any():
+            return {"true_reward/batch": _nanmean(oracle)}
+        g_m = policy_gradient(self.policy, batch, adv, used, cfg)
+        g_t = policy_gradient(self.policy, batch, true_adv, true_used, cfg)
+        nm, nt = g_m.norm(), g_t.norm()
+        err = float(((g_m / nm - g_t / nt) ** 2).sum()) if nm > 0 and nt > 0 else float("nan")
+        return {"true_reward/batch": _nanmean(oracle), "update_error": err}
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        self.policy.eval()
+        with torch.no_grad():
+            return {f"eval/{k}": v for k, v in self.domain.evaluate("eval").items()}
+
+    def train(self) -> dict[str, float]:
+        cfg = self.cfg
+        bar = tqdm(
+            total=cfg.grpo.steps,
+            initial=self.step,
+            desc=f"{cfg.method} seed={cfg.seed}",
+            disable=not cfg.tracking.progress,
+            dynamic_ncols=True,
+        )
+        last: dict[str, float] = {}
+        try:
+            if self.step == 0 and cfg.tracking.eval_every > 0:
+                self.logger.log(0, self.evaluate())
+            while self.step < cfg.grpo.steps:
+                metrics = self.train_step()
+                every = cfg.tracking.eval_every
+                if (every > 0 and self.step % every == 0) or self.step == cfg.grpo.steps:
+                    metrics.update(self.evaluate())
+                self.logger.log(self.step, metrics)
+                last = metrics
+                if self.step % cfg.tracking.checkpoint_every == 0 or self.step == cfg.grpo.steps:
+                    self.save()
+                bar.update(1)
+                bar.set_postfix(
+                    r=f"{metrics['reward/mean']:.3f}",
+                    w=f"{metrics['denoise/w']:.2f}",
+                    real=int(metrics["exec/real_total"]),
+                    refresh=False,
+                )
+        finally:
+            bar.close()
+            self.logger.close()
+            if self.executor is not None:
+                self.executor.close()
+        return last
