@@ -16,7 +16,6 @@ warm sandbox (:func:`wmrl_research.sandbox.default_sandbox`), started on its fir
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +83,7 @@ class GradeResult:
     status: str  # one of sandbox.STATUSES
     raw_score: float | None
     score: float
-    seconds: float
+    seconds: float  # the solution's own wall-clock time in the sandbox
     message: str = ""
 
     @property
@@ -120,13 +119,12 @@ def execute_raw(task_id: str, solution_source: str, timeout_s: float = 60.0) -> 
     if not isinstance(solution_source, str):
         raise TypeError(f"solution_source must be str, got {type(solution_source).__name__}")
     task = get_task(task_id)
-    t0 = time.monotonic()
     public, _ = task.data_dirs()
     labels = task.test_labels()
     warm = os.environ.get("WMRL_SANDBOX_WARM", "1") != "0"
     result = default_sandbox(warm=warm).run(solution_source, public, timeout_s=timeout_s)
     assert result.status in STATUSES
-    seconds = time.monotonic() - t0
+    seconds = result.seconds
     if result.status != "ok" or result.predictions_path is None:
         tail = result.stderr.strip()[-600:]
         msg = result.message + (f"\n{tail}" if tail else "")
