@@ -58,6 +58,7 @@ class DMCEnv(gym.Env):
         max_steps: int | None = None,
         action_repeat: int | None = None,
         terminate_on_success: bool = True,
+        split: str = "all",
     ) -> None:
         from dm_control import suite
 
@@ -73,6 +74,13 @@ class DMCEnv(gym.Env):
         self.action_repeat = int(action_repeat or self.spec_dmc.action_repeat)
         self.terminate_on_success = terminate_on_success
         self.render_mode = "rgb_array"
+        if split not in ("all", "train", "test"):
+            raise ValueError(f"split={split!r}; known: ('all', 'train', 'test')")
+        # one fixed instruction: there are no instruction/colour combinations to hold out, so a
+        # split is accepted for interface parity and held-out evaluation is by seed only
+        self.split = split
+        self._episode_seed = 0
+        self._actions: list[np.ndarray] = []
         self._rng_state = np.random.RandomState(0 if seed is None else seed)
         self._env = suite.load(
             self.spec_dmc.domain, self.spec_dmc.task, task_kwargs={"random": self._rng_state}
@@ -139,6 +147,8 @@ class DMCEnv(gym.Env):
         if seed is None:
             seed = int(self.np_random.integers(2**31 - 1))
         self._has_reset = True
+        self._episode_seed = int(seed)
+        self._actions = []
         # the suite task keeps a reference to this RandomState: reseeding it in place reseeds the task
         self._rng_state.seed(int(seed))
         ts = self._env.reset()
@@ -151,6 +161,7 @@ class DMCEnv(gym.Env):
         if not self._has_reset:
             raise RuntimeError("call reset() before step()")
         a = np.clip(np.asarray(action, dtype=np.float64).reshape(self.action_dim), -1.0, 1.0)
+        self._actions.append(a.copy())
         ctrl = self._a_lo + (a + 1.0) / 2.0 * (self._a_hi - self._a_lo)
         total = 0.0
         for _ in range(self.action_repeat):
@@ -169,6 +180,28 @@ class DMCEnv(gym.Env):
 
     def render(self) -> np.ndarray:
         return self._image()
+
+    def get_sim_state(self) -> dict[str, Any]:
+        """The episode so far as (seed, actions): the simulation is deterministic, so replaying them
+        from ``reset(seed)`` restores it exactly (MetaWorld and the suite keep state outside MuJoCo's
+        arrays, which a snapshot of qpos/qvel would miss)."""
+        return {
+            "task_id": self.task_id,
+            "seed": self._episode_seed,
+            "actions": np.array(self._actions, dtype=np.float64).reshape(-1, self.action_space.shape[0]),
+        }
+
+    def set_sim_state(self, state: dict[str, Any]) -> None:
+        """Restore a state from ``get_sim_state`` by replaying its actions (without rendering)."""
+        if state["task_id"] != self.task_id:
+            raise ValueError(f"state of {state['task_id']!r} given to {self.task_id!r}")
+        render, self.render_images = self.render_images, False
+        try:
+            self.reset(seed=int(state["seed"]))
+            for a in state["actions"]:
+                self.step(a)
+        finally:
+            self.render_images = render
 
     def close(self) -> None:
         if self._renderer is not None:

@@ -61,6 +61,7 @@ class MetaWorldEnv(gym.Env):
         camera: str = "corner",
         max_steps: int | None = None,
         terminate_on_success: bool = True,
+        split: str = "all",
         instruction: str | None = None,
     ) -> None:
         from metaworld.env_dict import ALL_V3_ENVIRONMENTS, ML1_args_kwargs
@@ -79,6 +80,13 @@ class MetaWorldEnv(gym.Env):
         self.camera = camera
         self.terminate_on_success = terminate_on_success
         self.render_mode = "rgb_array"
+        if split not in ("all", "train", "test"):
+            raise ValueError(f"split={split!r}; known: ('all', 'train', 'test')")
+        # one fixed instruction: there are no instruction/colour combinations to hold out, so a
+        # split is accepted for interface parity and held-out evaluation is by seed only
+        self.split = split
+        self._episode_seed = 0
+        self._actions: list[np.ndarray] = []
 
         env = ALL_V3_ENVIRONMENTS[env_name]()
         kwargs = dict(ML1_args_kwargs[env_name]["kwargs"])
@@ -155,6 +163,8 @@ class MetaWorldEnv(gym.Env):
         if seed is None:  # continue the env's own stream, but from our generator so runs repeat
             seed = int(self.np_random.integers(2**31 - 1))
         self._has_reset = True
+        self._episode_seed = int(seed)
+        self._actions = []
         self._mw.seed(int(seed))
         mw_obs, _ = self._mw.reset()
         self.mw_obs = np.asarray(mw_obs, dtype=np.float64)
@@ -168,6 +178,7 @@ class MetaWorldEnv(gym.Env):
         if not self._has_reset:
             raise RuntimeError("call reset() before step()")
         a = np.clip(np.asarray(action, dtype=np.float32).reshape(ACTION_DIM), -1.0, 1.0)
+        self._actions.append(a.copy())
         mw_obs, mw_reward, _, _, mw_info = self._mw.step(a)
         self.mw_obs = np.asarray(mw_obs, dtype=np.float64)
         vel = (self.mw_obs[:3] - self._prev_hand) / self._dt
@@ -184,6 +195,28 @@ class MetaWorldEnv(gym.Env):
 
     def render(self) -> np.ndarray:
         return self._image()
+
+    def get_sim_state(self) -> dict[str, Any]:
+        """The episode so far as (seed, actions): the simulation is deterministic, so replaying them
+        from ``reset(seed)`` restores it exactly (MetaWorld and the suite keep state outside MuJoCo's
+        arrays, which a snapshot of qpos/qvel would miss)."""
+        return {
+            "task_id": self.task_id,
+            "seed": self._episode_seed,
+            "actions": np.array(self._actions, dtype=np.float64).reshape(-1, self.action_space.shape[0]),
+        }
+
+    def set_sim_state(self, state: dict[str, Any]) -> None:
+        """Restore a state from ``get_sim_state`` by replaying its actions (without rendering)."""
+        if state["task_id"] != self.task_id:
+            raise ValueError(f"state of {state['task_id']!r} given to {self.task_id!r}")
+        render, self.render_images = self.render_images, False
+        try:
+            self.reset(seed=int(state["seed"]))
+            for a in state["actions"]:
+                self.step(a)
+        finally:
+            self.render_images = render
 
     def close(self) -> None:
         if self._renderer is not None:

@@ -161,12 +161,15 @@ def record_demos(
     policy: Callable[[dict, dict], np.ndarray] | None = None,
     only_success: bool = False,
     max_steps: int | None = None,
+    split: str = "all",
 ):
     """Roll out ``policy`` (None: each task's scripted expert) and write the episodes under ``root``.
 
     Episode ``i`` of a task is reset with seed ``seed + i`` (with ``only_success``, failed episodes
-    are dropped and further seeds tried, up to 3x as many). Appends if ``root`` already holds a
-    dataset. Returns the dataset reopened for reading (``LeRobotDataset(repo_id, root=root)``).
+    are dropped and further seeds tried, up to 3x as many). ``split="train"`` keeps the held-out
+    instruction/colour combinations of our own tasks out of the demos (see ``sims``). Appends if
+    ``root`` already holds a dataset. Returns the dataset reopened for reading
+    (``LeRobotDataset(repo_id, root=root)``).
     """
     import sims
 
@@ -175,7 +178,10 @@ def record_demos(
     index_rows = []
     try:
         for task_id in task_ids:
-            env = sims.make(task_id, image_size=image_size, **({"max_steps": max_steps} if max_steps else {}))
+            kw: dict[str, Any] = {"split": split}
+            if max_steps:
+                kw["max_steps"] = max_steps
+            env = sims.make(task_id, image_size=image_size, **kw)
             try:
                 act = policy if policy is not None else sims.expert_for(env)
                 if ds is None:
