@@ -40,7 +40,8 @@ def group_advantages(
     mean = total / count.clamp(min=1)
     dev = torch.where(graded, r - mean[group_ids], torch.zeros_like(r))
     var = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_ids, dev**2) / count.clamp(min=1)
-    adv = dev if kind == "dr_grpo" else dev / (var.sqrt()[group_ids] + std_eps)
+    denom = var.sqrt()[group_ids] + std_eps
+    adv = dev if kind == "dr_grpo" else torch.where(denom > 0, dev / denom.clamp(min=1e-30), torch.zeros_like(dev))
     used = graded & (count[group_ids] >= 2)
     adv = torch.where(used, adv, torch.zeros_like(adv))
     return adv.to(rewards.dtype), used
