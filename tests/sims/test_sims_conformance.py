@@ -152,6 +152,13 @@ def test_sim_state_replays_exactly(task_id, make):
         make(ALL[0] if task_id != ALL[0] else ALL[1], render=False).set_sim_state(snap)
 
 
+@pytest.mark.parametrize("task_id", sorted(RENDER_REPLAY))
+def test_gymnasium_env_checker_passes(task_id, make):
+    from gymnasium.utils.env_checker import check_env
+
+    check_env(make(task_id, image_size=16), skip_render_check=False)
+
+
 def _episode_success(env, act, seed: int) -> bool:
     obs, info = env.reset(seed=seed)
     for _ in range(env.max_steps):
