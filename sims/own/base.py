@@ -46,6 +46,7 @@ WORKSPACE_LO = np.array([-0.28, -0.28, 0.0])
 WORKSPACE_HI = np.array([0.28, 0.28, 0.25])
 HAND_START = np.array([0.0, -0.25, 0.12])  # front edge, low: keeps the hand off the objects in the image
 
+OBJECT_Y_SHIFT = 0.05
 SPLITS = ("all", "train", "test")
 
 
@@ -287,10 +288,15 @@ class TabletopEnv(gym.Env):
     def sample_positions(
         rng: np.random.Generator, n: int, lo: float, hi: float, min_dist: float, avoid: list | None = None
     ) -> np.ndarray:
-        """``n`` xy positions in the square [lo, hi]^2, pairwise at least ``min_dist`` apart."""
+        """``n`` xy positions in the square [lo, hi]^2 moved ``OBJECT_Y_SHIFT`` away from the camera,
+        pairwise (and from ``avoid``) at least ``min_dist`` apart.
+
+        The shift keeps objects out from under the hand's start position, which would hide them in
+        the first frames.
+        """
         avoid = [np.asarray(p) for p in (avoid or [])]
         for _ in range(10_000):
-            pts = rng.uniform(lo, hi, size=(n, 2))
+            pts = rng.uniform(lo, hi, size=(n, 2)) + np.array([0.0, OBJECT_Y_SHIFT])
             ok = all(
                 np.linalg.norm(pts[i] - pts[j]) >= min_dist for i in range(n) for j in range(i + 1, n)
             ) and all(np.linalg.norm(p - q) >= min_dist for p in pts for q in avoid)

@@ -152,6 +152,7 @@ def test_sim_state_replays_exactly(task_id, make):
         make(ALL[0] if task_id != ALL[0] else ALL[1], render=False).set_sim_state(snap)
 
 
+@pytest.mark.filterwarnings("ignore")  # it warns that unbounded state spaces are unbounded
 @pytest.mark.parametrize("task_id", sorted(RENDER_REPLAY))
 def test_gymnasium_env_checker_passes(task_id, make):
     from gymnasium.utils.env_checker import check_env
