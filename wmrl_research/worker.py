@@ -3,16 +3,19 @@
 Started by :class:`wmrl_research.sandbox.Sandbox` as ``python -m wmrl_research.worker '<config>'``
 inside ``bwrap`` (no network, read-only system, a tmpfs ``/tmp``). A warm worker pre-imports the
 heavy libraries (numpy, scikit-learn, torch, ...) once, so a job costs a fork instead of 1.5-2 s
-of imports. Per job it forks a *supervisor* that
+of imports. Ahead of each job (while the previous one runs, or right after it) it forks a
+*supervisor* that
 
 1. enters a new mount and PID namespace (other jobs' folders and processes become invisible),
-2. mounts a fresh size-limited tmpfs as the job's working folder and hides ``/tmp/jobs``,
-3. forks the *job* (PID 1 of the new namespace: when it dies the kernel kills every process the
-   job started, so nothing outlives it), which mounts its own ``/proc``, sets rlimits, drops to
-   an unprivileged uid (losing every capability) and runs ``solution.py`` in-process;
-4. waits at most the wall-clock timeout (then SIGKILLs the job, hence its whole namespace),
-5. copies ``predictions.npy`` (a regular file, bounded size, no symlinks) and a ``result.json``
-   into the job's host folder.
+2. mounts a fresh size-limited tmpfs as the job's working folder,
+3. forks the *job* process (PID 1 of the new namespace: when it dies the kernel kills every
+   process the job started, so nothing outlives it), which mounts its own ``/proc`` and waits.
+
+When a request arrives the job opens its stdout/stderr in its host folder, hides every job folder
+under an empty tmpfs, sets rlimits, drops to an unprivileged uid (losing every capability) and runs
+``solution.py`` in-process. The supervisor waits at most the wall-clock timeout (then SIGKILLs the
+job, hence its whole namespace) and copies ``predictions.npy`` (a regular file, bounded size, no
+symlinks) and a ``result.json`` into the job's host folder.
 
 Protocol: one JSON request per line on stdin, one JSON reply per line on the original stdout
 (fd 1 is redirected to stderr so that nothing else can write a reply). This module only imports
