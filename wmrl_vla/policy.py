@@ -2,9 +2,10 @@
 
 Inputs per time step: an RGB frame ``[3, H, W]`` (uint8), proprioception ``[S]`` and an instruction
 (word ids from :class:`InstructionTokenizer`). A small CNN turns the frame into ``(H/16) * (W/16)``
-patch tokens, each instruction word is one token, proprioception is one token, and ``A`` learned
+patch tokens (plus a keypoint token), each instruction word is one token, proprioception is one token, and ``A`` learned
 query tokens (one per action dimension) read them through a small transformer encoder. Each query
-emits logits over ``n_bins`` bins of its action dimension in ``[-1, 1]``.
+emits logits over ``n_bins`` bins of its action dimension in ``[-1, 1]``. The CNN is conditioned on
+the instruction (FiLM) and adds one spatial-softmax keypoint token (see :class:`FiLMEncoder`).
 
 The action dimensions are independent given the observation, so the log-prob of a step is the sum
 of ``A`` exact categorical log-probs and the core's token-level clipped-ratio loss applies with one
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 PAD_ID = 0
@@ -96,25 +98,50 @@ def bins_to_actions(bins: torch.Tensor, n_bins: int) -> torch.Tensor:
     return bins.float() * (2.0 / (n_bins - 1)) - 1.0
 
 
-class ConvEncoder(nn.Module):
-    """``[B, 3, H, W]`` uint8 -> ``[B, (H/16)*(W/16), d]`` patch tokens (4 stride-2 convs)."""
+class FiLMEncoder(nn.Module):
+    """Instruction-conditioned CNN (FiLM, as in RT-1) with a spatial-softmax keypoint readout.
 
-    def __init__(self, d: int, channels: tuple[int, ...] = (16, 32, 64)) -> None:
+    ``[B, 3, H, W]`` uint8 + a conditioning vector ``[B, c]`` -> patch tokens ``[B, (H/16)*(W/16), d]``
+    and one keypoint token ``[B, 1, d]``. The keypoint token holds the expected image coordinates of
+    every channel's activation (a spatial softmax, Levine et al. 2016, arXiv:1504.00702): with the
+    instruction modulating the channels, "where is the red target" becomes a coordinate, which a
+    policy trained on a few dozen demos learns far more easily than from raw patches. Two coordinate
+    channels (CoordConv) are appended to the input.
+    """
+
+    def __init__(self, d: int, cond_dim: int, channels: tuple[int, int, int] = (32, 32, 64)) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
-        c_in = 5  # RGB + two coordinate channels (CoordConv: localisation from few demos)
-        for c in (*channels, d):
-            layers += [nn.Conv2d(c_in, c, 4, stride=2, padding=1), nn.GELU()]
-            c_in = c
-        self.net = nn.Sequential(*layers)
+        c1, c2, c3 = channels
+        self.convs = nn.ModuleList(
+            [
+                nn.Conv2d(5, c1, 5, stride=2, padding=2),  # H/2
+                nn.Conv2d(c1, c2, 3, stride=2, padding=1),  # H/4
+                nn.Conv2d(c2, c3, 3, stride=1, padding=1),  # H/4
+            ]
+        )
+        self.film = nn.Linear(cond_dim, 2 * (c1 + c2 + c3))
+        nn.init.zeros_(self.film.weight)
+        nn.init.zeros_(self.film.bias)
+        self.channels = channels
+        self.to_patches = nn.Conv2d(c3, d, 4, stride=4)  # H/16
+        self.keypoints = nn.Sequential(nn.Linear(2 * c3, d), nn.GELU(), nn.Linear(d, d))
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = images.float() / 127.5 - 1.0  # [B, 3, H, W] in [-1, 1]
         b, _, h, w = x.shape
         ys = torch.linspace(-1, 1, h, device=x.device).view(1, 1, h, 1).expand(b, 1, h, w)
         xs = torch.linspace(-1, 1, w, device=x.device).view(1, 1, 1, w).expand(b, 1, h, w)
-        x = self.net(torch.cat([x, ys, xs], 1))  # [B, d, H/16, W/16]
-        return x.flatten(2).transpose(1, 2)  # [B, P, d]
+        x = torch.cat([x, ys, xs], 1)
+        film = self.film(cond).split([2 * c for c in self.channels], dim=-1)
+        for conv, fb in zip(self.convs, film, strict=True):
+            gamma, beta = fb.chunk(2, dim=-1)  # [B, c] each
+            x = F.gelu(conv(x) * (1 + gamma[:, :, None, None]) + beta[:, :, None, None])
+        patches = self.to_patches(x).flatten(2).transpose(1, 2)  # [B, P, d]
+        _, c, fh, fw = x.shape
+        attn = torch.softmax(x.flatten(2), dim=-1).view(b, c, fh, fw)  # [B, C, h, w]
+        ky = (attn.sum(3) * torch.linspace(-1, 1, fh, device=x.device)).sum(-1)  # [B, C]
+        kx = (attn.sum(2) * torch.linspace(-1, 1, fw, device=x.device)).sum(-1)  # [B, C]
+        return patches, self.keypoints(torch.cat([kx, ky], -1)).unsqueeze(1)
 
 
 class SmallVLA(nn.Module):
@@ -125,7 +152,7 @@ class SmallVLA(nn.Module):
         self.cfg = cfg
         d = cfg.d_model
         self.tokenizer = InstructionTokenizer(cfg.vocab_size, cfg.max_words)
-        self.image_enc = ConvEncoder(d)
+        self.image_enc = FiLMEncoder(d, d)
         n_patches = (cfg.image_size // 16) ** 2
         self.patch_pos = nn.Parameter(torch.randn(1, n_patches, d) * 0.02)
         self.word_emb = nn.Embedding(cfg.vocab_size, d, padding_idx=PAD_ID)
@@ -152,8 +179,12 @@ class SmallVLA(nn.Module):
         if instr.shape[0] != b or instr.shape[1] > self.cfg.max_words:
             raise ValueError(f"instr has shape {tuple(instr.shape)}, expected ({b}, <= {self.cfg.max_words})")
         t = self.type_emb
-        patches = self.image_enc(images) + self.patch_pos + t[0]  # [B, P, d]
-        words = self.word_emb(instr) + self.word_pos[:, : instr.shape[1]] + t[1]  # [B, L, d]
+        word_vecs = self.word_emb(instr)  # [B, L, d]
+        real = (instr != PAD_ID).float().unsqueeze(-1)
+        sentence = (word_vecs * real).sum(1) / real.sum(1).clamp(min=1)  # [B, d] mean of the words
+        patches, keypoint = self.image_enc(images, sentence)
+        patches = torch.cat([patches + self.patch_pos, keypoint], 1) + t[0]  # [B, P+1, d]
+        words = word_vecs + self.word_pos[:, : instr.shape[1]] + t[1]  # [B, L, d]
         state = self.state_proj(states.float()).unsqueeze(1) + t[2]  # [B, 1, d]
         queries = self.queries.expand(b, -1, -1) + t[3]  # [B, A, d]
         x = torch.cat([patches, words, state, queries], dim=1)  # [B, P+L+1+A, d]

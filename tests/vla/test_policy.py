@@ -90,7 +90,7 @@ def test_log_probs_match_direct_computation():
                 assert torch.allclose(lp[i, s * a + d], expected, atol=1e-5)
     # gradient flows into the image encoder
     lp.sum().backward()
-    assert m.image_enc.net[0].weight.grad.abs().sum() > 0
+    assert m.image_enc.convs[0].weight.grad.abs().sum() > 0
 
 
 def test_act_logprobs_and_temperature():

@@ -1,0 +1,129 @@
+"""The VLA domain built from the vla-debug preset (real demos in a LeRobot dataset, real MuJoCo)."""
+
+import numpy as np
+import pytest
+import torch
+
+from wmrl.config import load_config
+from wmrl_vla.rollout import replay_reward
+from world_models.vla_dynamics import rollout_score
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vla")
+    cfg = load_config("vla-debug", [f"--out_dir={root / 'run'}", f"--domain.cache_dir={root / 'cache'}"])
+    domain = cfg.domain.build(cfg)
+    yield cfg, domain, root
+    domain.close()
+
+
+@pytest.fixture(scope="module")
+def batch(built):
+    _, domain, _ = built
+    tasks = domain.sample_tasks(2, "train", torch.Generator().manual_seed(0))
+    return domain.generate(tasks, 4, torch.tensor([True, False]))
+
+
+def test_cached_stages_are_reused(built):
+    cfg, domain, root = built
+    cache = root / "cache"
+    assert len(list(cache.glob("sft-*.pt"))) == 1 and len(list(cache.glob("wm-*.pt"))) == 1
+    again = cfg.domain.build(cfg)
+    for (k, a), b in zip(domain.policy.state_dict().items(), again.policy.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+    again.close()
+
+
+def test_generate_mixes_sim_and_imagined_groups(built, batch):
+    _, domain, _ = built
+    kinds = [p["kind"] for p in batch.payload]
+    assert kinds == ["sim"] * 4 + ["imagined"] * 4
+    assert batch.group_ids.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    n, t = batch.extras["step_mask"].shape
+    assert batch.tokens.shape == (n, t * 4) and batch.extras["images"].shape == (n, t, 3, 32, 32)
+    # the tokens' mask follows each rollout's length
+    lengths = [len(p["actions"]) for p in batch.payload]
+    assert batch.mask.reshape(n, t, 4)[:, :, 0].sum(1).tolist() == lengths
+    # every rollout starts from its task's initial observation: same within a group
+    assert torch.equal(batch.extras["init_images"][0], batch.extras["init_images"][3])
+    assert torch.equal(batch.extras["init_images"][4], batch.extras["init_images"][7])
+    # sim rollouts record their real reward; imagined ones do not have one
+    assert all(0 <= p["reward"] <= 1 for p in batch.payload[:4])
+    assert all(np.isnan(p["reward"]) for p in batch.payload[4:])
+
+
+def test_log_probs_recompute_the_sampling_log_probs(built, batch):
+    _, domain, _ = built
+    lp = domain.policy.log_probs(batch)
+    m = batch.mask.bool()
+    assert torch.allclose(lp[m], batch.logprobs[m], atol=1e-5)
+
+
+def test_execution_jobs_grade_the_real_rollouts(built, batch):
+    cfg, domain, _ = built
+    jobs = domain.execution_jobs(batch, [0, 1, 2, 3])
+    rewards = [j.fn(*j.args) for j in jobs]
+    assert rewards == [p["reward"] for p in batch.payload[:4]]
+    # re-simulating the recorded actions from the seed is deterministic: same reward
+    p = batch.payload[0]
+    assert replay_reward(
+        p["task_id"], p["seed"], "train", p["actions"], cfg.domain.max_steps
+    ) == pytest.approx(rewards[0], abs=1e-6)
+    with pytest.raises(ValueError, match="imagined"):
+        domain.execution_jobs(batch, [5])
+
+
+def test_predict_scores_each_action_sequence_with_every_member(built, batch):
+    _, domain, _ = built
+    pred = domain.world_model.predict(batch)
+    assert pred.mean.shape == pred.var.shape == (8,)
+    assert (pred.var >= 0).all()
+    # row 2 scored directly: imagine its own actions from its own first frame
+    ex = batch.extras
+    prog, succ = domain.world_model.model.score_actions(
+        ex["init_images"][2:3], ex["init_states"][2:3], ex["actions"][2:3], ex["step_mask"][2:3]
+    )
+    scores = rollout_score(prog, succ)[:, 0]
+    assert torch.allclose(pred.mean[2], scores.mean(), atol=1e-5)
+    assert torch.allclose(pred.var[2], scores.var(unbiased=False), atol=1e-6)
+
+
+def test_update_refines_the_world_model_and_records_anchors(built, batch):
+    _, domain, root = built
+    wm = domain.world_model
+    before = [p.clone() for p in wm.model.parameters()]
+    n_eps = len(wm.episodes)
+    metrics = wm.update(batch, torch.arange(4), torch.tensor([p["reward"] for p in batch.payload[:4]]))
+    assert metrics["episodes"] == n_eps + 4
+    assert any(not torch.equal(a, b) for a, b in zip(before, wm.model.parameters(), strict=True))
+    from wmrl_vla.data import load_episodes
+
+    eps = load_episodes(root / "run" / "anchors", "wmrl/anchors")
+    assert len(eps) == 4
+    assert np.allclose(eps[0]["action"], batch.payload[0]["actions"])
+    # state round trip
+    state = domain.state_dict()
+    domain.load_state_dict(state)
+    assert domain.world_model.n_updates == 1
+
+
+def test_evaluate_in_the_simulator_saves_videos(built):
+    _, domain, root = built
+    out = domain.evaluate("eval")
+    assert 0 <= out["success"] <= 1 and 0 <= out["reward"] <= 1
+    assert "success/ReachColor-v0" in out
+    assert list((root / "run" / "videos").glob("*.gif"))
+
+
+def test_bad_inputs(built):
+    _, domain, _ = built
+    with pytest.raises(ValueError, match="split"):
+        domain.sample_tasks(1, "validation", torch.Generator())
+    from wmrl.config import ConfigError
+    from wmrl_vla.config import VLAConfig
+
+    with pytest.raises(ConfigError, match="world_model"):
+        VLAConfig(world_model="gan")
+    with pytest.raises(ConfigError):
+        load_config("vla-debug", ["--domain.world_model=gan"])

@@ -1,0 +1,51 @@
+import numpy as np
+import pytest
+import torch
+
+from wmrl_vla.policy import SmallVLA, SmallVLAConfig, actions_to_bins
+from wmrl_vla.rollout import EnvPool, run_expert_episodes
+from wmrl_vla.sft import SFTConfig, flatten_demos, random_shift, sft
+
+
+@pytest.fixture(scope="module")
+def demos():
+    pool = EnvPool(32, max_steps=15)
+    eps = run_expert_episodes([("wmrl/ReachColor-v0", s) for s in range(4)], pool)
+    pool.close()
+    return [e.as_record() for e in eps]
+
+
+def _policy():
+    torch.manual_seed(0)
+    return SmallVLA(
+        SmallVLAConfig(image_size=32, state_dim=7, action_dim=4, n_bins=11, d_model=32, n_layers=1)
+    )
+
+
+def test_flatten_demos_bins_the_expert_actions(demos):
+    pol = _policy()
+    data = flatten_demos(demos, pol)
+    n = sum(len(d["action"]) for d in demos)
+    assert data["images"].shape == (n, 3, 32, 32) and data["images"].dtype == torch.uint8
+    assert data["instr"].shape == (n, pol.cfg.max_words)
+    first = torch.as_tensor(np.asarray(demos[0]["action"]))
+    assert torch.equal(data["bins"][: len(first)], actions_to_bins(first, 11))
+    with pytest.raises(ValueError):
+        flatten_demos([], pol)
+
+
+def test_sft_fits_the_demos(demos):
+    pol = _policy()
+    hist = sft(pol, demos, SFTConfig(epochs=8, batch_size=16, lr=3e-3), progress=False)
+    assert hist["loss"][-1] < 0.7 * hist["loss"][0]
+    assert hist["accuracy"][-1] > hist["accuracy"][0]
+    assert not pol.training
+
+
+def test_random_shift_moves_pixels_but_keeps_shape():
+    img = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)
+    img[:, :, 3, 3] = 255
+    out = random_shift(img, 2, torch.Generator().manual_seed(0))
+    assert out.shape == img.shape and out.dtype == torch.uint8
+    assert (out == 255).sum() >= 3  # the bright pixel survives somewhere in each image
+    assert torch.equal(random_shift(img, 0, torch.Generator()), img)
