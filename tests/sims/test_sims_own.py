@@ -35,6 +35,24 @@ def test_reach_succeeds_only_at_the_named_colour(make):
         assert info["success"]
 
 
+def test_pressing_a_distractor_button_is_not_success(make):
+    from sims.own.button import CAP_TOP
+
+    env = make("wmrl/PressButton-v0", render=False, max_steps=200)
+    env.reset(seed=2)
+    p = env.params
+    other = (p["goal"] + 1) % len(p["positions"])
+    ox, oy = p["positions"][other]
+    _drive_to(env, [ox, oy, CAP_TOP + 0.04])
+    info = _drive_to(env, [ox, oy, CAP_TOP - 0.03], grip=1.0, steps=10)
+    assert env.depression(other) > 0.014, "the distractor was not pressed"
+    assert not info["success"]
+    gx, gy = p["positions"][p["goal"]]
+    _drive_to(env, [gx, gy, CAP_TOP + 0.04], grip=1.0)
+    info = _drive_to(env, [gx, gy, CAP_TOP - 0.03], grip=1.0, steps=10)
+    assert info["success"]
+
+
 def test_push_hand_alone_on_the_zone_is_not_success(make):
     env = make("wmrl/PushColor-v0", render=False, max_steps=200)
     env.reset(seed=5)
