@@ -15,10 +15,14 @@ What is isolated (each point has an adversarial test in ``tests/research/test_sa
 - **Process lifetime**: the job is PID 1 of its namespace, so when it ends, or is killed at the
   wall-clock timeout, the kernel kills every process it started. Workers die with the host process
   (``--die-with-parent``).
-- **Resources**: rlimits on CPU time, file size (disk), open files, number of processes and heap
-  (``RLIMIT_DATA``: ``RLIMIT_AS`` cannot be used, torch reserves gigabytes of address space); where
-  cgroup v1 memory/pids controllers are writable, each worker also gets a memory and a pids cgroup
-  (OOM kill of the job, fork cap). :func:`cgroup_support` says which are in use.
+- **Resources**: rlimits on CPU time, file size (disk), open files, number of processes, heap
+  (``RLIMIT_DATA``) and address space (``RLIMIT_AS``), the last two relative to what the worker
+  has already mapped (an absolute ``RLIMIT_AS`` would stop torch from importing), so without
+  cgroups a job can still use about ``mem_mb`` + 4 GiB of shared anonymous memory before its
+  mappings fail. Where cgroup v1 memory/pids controllers are writable (detected by
+  :func:`cgroup_support`; used automatically, ``SandboxConfig.cgroups``), each worker also gets a
+  memory cgroup (``mem_mb`` + ``disk_mb`` + the worker's own 1.5 GiB: the job is OOM-killed, not
+  the worker) and a pids cgroup (fork cap). Without them it falls back to the rlimits alone.
 
 What is *not* isolated: the job can read the (read-only) project code, the Python environment and
 every task's *public* data; it shares the kernel and the CPU with the host (a solution can slow
@@ -555,7 +559,13 @@ _DEFAULT_LOCK = threading.Lock()
 
 
 def default_sandbox(**overrides: object) -> Sandbox:
-    """A per-process shared sandbox (started lazily; what :mod:`wmrl_research.grading` uses)."""
+    """A per-process shared sandbox (started lazily; what :mod:`wmrl_research.grading` uses).
+
+    ``$WMRL_SANDBOX_MAX_WORKERS`` (default 1) sets how many jobs one process runs at once (for
+    callers that grade from several threads); a process pool or Ray gives each process its own.
+    """
+    if "max_workers" not in overrides:
+        overrides["max_workers"] = int(os.environ.get("WMRL_SANDBOX_MAX_WORKERS", "1"))
     key = tuple(sorted(overrides.items()))
     with _DEFAULT_LOCK:
         sb = _DEFAULT.get(key)

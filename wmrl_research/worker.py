@@ -38,6 +38,7 @@ import traceback
 JOBS_DIR = "/tmp/jobs"
 WORK_DIR = "/tmp/work"
 MAX_PREDICTIONS_BYTES = 64 * 2**20
+AS_SLACK_MB = 4096  # address space a job may map beyond its memory limit (stacks, lazy imports)
 PREFORK_GRACE_S = 0.03  # a job that ends within this is answered before the next chain is forked
 SOLUTION = "solution.py"
 PREDICTIONS = "predictions.npy"
@@ -193,15 +194,21 @@ def _set_limits(req: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
     resource.setrlimit(resource.RLIMIT_NPROC, (int(req["nproc"]), int(req["nproc"])))
-    # RLIMIT_AS would forbid importing torch; RLIMIT_DATA caps the heap the job adds on top of
-    # what is already mapped (the pre-imported libraries).
-    data_now = 0
+    # An absolute RLIMIT_AS would forbid importing torch. Both limits are set relative to what is
+    # already mapped (the pre-imported libraries): RLIMIT_DATA caps the private heap the job adds;
+    # RLIMIT_AS also caps shared anonymous mappings (which RLIMIT_DATA does not count), with slack for
+    # thread stacks and for the address space that importing torch reserves in a cold worker.
+    status = {}
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmData:"):
-                data_now = int(line.split()[1]) * 1024
-    limit = data_now + int(req["mem_mb"]) * 2**20
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+            key, _, value = line.partition(":")
+            if key in ("VmData", "VmSize"):
+                status[key] = int(value.split()[0]) * 1024
+    mem = int(req["mem_mb"]) * 2**20
+    data = status.get("VmData", 0) + mem
+    resource.setrlimit(resource.RLIMIT_DATA, (data, data))
+    space = status.get("VmSize", 0) + mem + AS_SLACK_MB * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (space, space))
 
 
 def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int) -> None:

@@ -246,6 +246,28 @@ while True:
     assert_still_works()
 
 
+def test_a_shared_memory_hog_is_stopped_too():
+    """Shared anonymous mappings escape RLIMIT_DATA; RLIMIT_AS and the memory cgroup catch them."""
+    src = """
+import mmap
+maps = []
+for i in range(64):
+    m = mmap.mmap(-1, 256 * 2**20)  # MAP_SHARED | MAP_ANONYMOUS
+    for _ in range(256):
+        m.write(b"x" * 2**20)  # touch every page, without a large heap object
+    maps.append(m)
+    print("mapped", 256 * (i + 1), "MiB", flush=True)
+print("ALL MAPPED")
+"""
+    with Sandbox(SandboxConfig(warm=True, mem_mb=256, preload=("numpy",))) as sb:
+        public, _ = get_task(TASK).data_dirs()
+        r = sb.run(src, public, timeout_s=60)
+        assert r.status in ("error", "killed"), (r.status, r.stdout[-300:])
+        assert "ALL MAPPED" not in r.stdout
+        ok = sb.run("import numpy as np\nnp.save('predictions.npy', np.zeros(2))\n", public, timeout_s=20.0)
+        assert ok.status == "ok"
+
+
 def test_a_printed_fake_score_is_ignored():
     t = get_task(TASK)
     fake = """
