@@ -148,25 +148,43 @@ def add_lora(model: nn.Module, r: int = 8, alpha: int = 16) -> nn.Module:
 # Prompts
 
 
-def build_prompt(task: Any, source: str, mode: str, show_choices: bool = True) -> str:
-    """Task description + the current solution (the knobs block only, in knobs mode) + the format."""
-    from wmrl_research.edits import format_value, knobs_view
+PROMPT_STYLES = ("full", "short")
 
+
+def build_prompt(task: Any, source: str, mode: str, style: str = "full") -> str:
+    """The prompt: the task, the current solution and the edit format.
+
+    ``full``: the task description, the metric, the knob choices, the current solution (its knobs
+    as ``NAME = value`` lines in knobs mode, the whole file in free mode) and the instructions.
+    ``short`` (knobs mode, for tiny models): the task id, kind and metric, then one line per knob
+    with its current value and its choices; about half the tokens.
+    """
+    from wmrl_research.edits import format_value, knobs_view, parse_knobs
+
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"prompt style {style!r} is not one of {', '.join(PROMPT_STYLES)}")
+    better = "higher" if task.direction in (1, "max") else "lower"
+    space = getattr(task, "knob_space", None) or {}
+    if style == "short":
+        if mode != "knobs":
+            raise ValueError("the short prompt style needs edit mode 'knobs'")
+        lines = [f"Task: {task.id} ({task.kind}), {task.metric}, {better} is better"]
+        for k, v in parse_knobs(_knobs(source)).items():
+            choices = " | ".join(format_value(x) for x in space.get(k, []))
+            lines.append(f"{k} = {v}" + (f"  # {choices}" if choices else ""))
+        return "\n".join(lines + ["Edit:", ""])
     if mode == "knobs":
         body = knobs_view(source)
         where = "Edit only lines of the knobs block."
     else:
         body = source
         where = "Edit any lines of solution.py."
-    lines = [
-        f"Task: {task.description.strip()}",
-        f"Metric: {task.metric} ({'higher' if task.direction in (1, 'max') else 'lower'} is better)",
-    ]
-    if show_choices and getattr(task, "knob_space", None):
-        choices = "; ".join(
-            f"{k}: {' | '.join(format_value(v) for v in vs)}" for k, vs in task.knob_space.items()
+    lines = [f"Task: {task.description.strip()}", f"Metric: {task.metric} ({better} is better)"]
+    if space:
+        lines.append(
+            "Choices: "
+            + "; ".join(f"{k}: {' | '.join(format_value(v) for v in vs)}" for k, vs in space.items())
         )
-        lines.append(f"Choices: {choices}")
     lines += [
         "Current solution:" if mode == "free" else "Current knobs:",
         body.rstrip("\n"),
@@ -175,6 +193,12 @@ def build_prompt(task: Any, source: str, mode: str, show_choices: bool = True) -
         "",
     ]
     return "\n".join(lines)
+
+
+def _knobs(source: str) -> str:
+    from wmrl_research.edits import knobs_block
+
+    return knobs_block(source)
 
 
 def encode_prompts(

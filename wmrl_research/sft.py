@@ -25,15 +25,16 @@ class SFTConfig:
     lr: float = 3e-3
     max_changes: int = 2
     seed: int = 0
+    prompt_style: str = "full"
 
 
 def sft_examples(
-    tasks: Sequence[Any], n: int, rng: random.Random, max_changes: int = 2
+    tasks: Sequence[Any], n: int, rng: random.Random, max_changes: int = 2, style: str = "full"
 ) -> list[tuple[str, str]]:
     """``n`` (prompt, completion) pairs drawn uniformly over ``tasks``, prompts in knobs mode."""
     if not tasks:
         raise ValueError("SFT needs at least one task")
-    prompts = {t.id: build_prompt(t, t.baseline_source, "knobs") for t in tasks}
+    prompts = {t.id: build_prompt(t, t.baseline_source, "knobs", style) for t in tasks}
     out = []
     for _ in range(n):
         t = rng.choice(list(tasks))
@@ -52,7 +53,7 @@ def run_sft(policy: ResearchPolicy, tasks: Sequence[Any], cfg: SFTConfig) -> lis
     policy.train()
     losses = []
     for _ in range(cfg.steps):
-        pairs = sft_examples(tasks, cfg.batch_size, rng, cfg.max_changes)
+        pairs = sft_examples(tasks, cfg.batch_size, rng, cfg.max_changes, cfg.prompt_style)
         loss = sequence_nll(policy, [p for p, _ in pairs], [c for _, c in pairs])
         opt.zero_grad()
         loss.backward()
@@ -71,10 +72,13 @@ def edit_validity(
     samples_per_task: int,
     generator: torch.Generator,
     mode: str = "knobs",
+    style: str = "full",
 ) -> dict[str, float]:
     """Fraction of sampled completions that parse and apply (``apply_fraction``), and that change
     the solution (``change_fraction``), over ``samples_per_task`` samples per task."""
-    prompts = [build_prompt(t, t.baseline_source, mode) for t in tasks for _ in range(samples_per_task)]
+    prompts = [
+        build_prompt(t, t.baseline_source, mode, style) for t in tasks for _ in range(samples_per_task)
+    ]
     ids, mask = encode_prompts(policy.tokenizer, prompts)
     s = policy.sample(ids, mask, generator)
     owners = [t for t in tasks for _ in range(samples_per_task)]

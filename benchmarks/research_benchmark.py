@@ -1,0 +1,162 @@
+"""Research domain: `real` vs `wmrl` (and optional ablations) under the same step budget, several seeds.
+
+Every run starts from the same cached SFT policy, execution log and pretrained WM (the preset's
+``build``), trains ``grpo.steps`` steps and evaluates on the held-out tasks by real execution every
+``--eval-every`` steps. Writes ``<out>/research_benchmark.json`` (per run: the metric rows; summary:
+final held-out score, real executions, wall-clock per phase, WM predictions per second) and
+``<out>/research_benchmark.png`` (held-out normalised score against wall-clock and against real
+executions).
+
+    uv run python benchmarks/research_benchmark.py --preset research-tiny --seeds 0 1 --out runs/bench-research
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def run_one(preset: str, method: str, seed: int, out: Path, overrides: list[str]) -> dict:
+    from wmrl.config import load_config
+    from wmrl.trainer import Trainer
+
+    run_dir = out / f"{method}-seed{seed}"
+    cfg = load_config(preset, [f"--method={method}", f"--seed={seed}", f"--out_dir={run_dir}", *overrides])
+    t0 = time.perf_counter()
+    domain = cfg.domain.build(cfg)
+    build_s = time.perf_counter() - t0
+    trainer = Trainer(cfg, domain)
+    t0 = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t0
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    # WM throughput on a fresh batch (predictions per second, applied edits only are modelled).
+    tasks = domain.sample_tasks(8, "train", torch.Generator().manual_seed(seed))
+    batch = domain.generate(tasks, 8, torch.zeros(8, dtype=torch.bool))
+    t0 = time.perf_counter()
+    domain.world_model.predict(batch)
+    wm_per_s = batch.n_rollouts / (time.perf_counter() - t0)
+    evals = [r for r in rows if "eval/score_mean" in r]
+    phases = {}
+    for k in ("time/generate", "time/execute", "time/wm", "time/update", "time/wm_update", "time/step"):
+        vals = [r[k] for r in rows if k in r]
+        phases[k] = statistics.mean(vals) if vals else 0.0
+    return {
+        "method": method,
+        "seed": seed,
+        "build_s": build_s,
+        "train_s": train_s,
+        "final_score": evals[-1]["eval/score_mean"] if evals else float("nan"),
+        "final_runnable": evals[-1]["eval/runnable_frac"] if evals else float("nan"),
+        "sft_score": domain.reference_scores.get("sft_score_mean", float("nan")),
+        "real_executions": rows[-1]["exec/real_total"] if rows else 0.0,
+        "wm_predictions_per_s": wm_per_s,
+        "phase_mean_s": phases,
+        "curve": [
+            {
+                "step": r["step"],
+                "wall_s": r.get("time/elapsed", float("nan")),
+                "real_total": r.get("exec/real_total", float("nan")),
+                "score": r["eval/score_mean"],
+            }
+            for r in evals
+        ],
+        "build_info": domain.build_info,
+        "rows": rows,
+    }
+
+
+def cumulative_wall(rows: list[dict]) -> dict[int, float]:
+    total, out = 0.0, {}
+    for r in rows:
+        total += r.get("time/step", 0.0)
+        out[r["step"]] = total
+    return out
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    colors = {
+        "real": "tab:blue",
+        "wmrl": "tab:red",
+        "mix": "tab:gray",
+        "debias": "tab:green",
+        "denoise": "tab:orange",
+    }
+    for res in results:
+        wall = cumulative_wall(res["rows"])
+        xs_w = [wall.get(c["step"], float("nan")) for c in res["curve"]]
+        xs_e = [c["real_total"] for c in res["curve"]]
+        ys = [c["score"] for c in res["curve"]]
+        label = f"{res['method']} s{res['seed']}"
+        c = colors.get(res["method"], None)
+        axes[0].plot([0.0, *xs_w], [res["sft_score"], *ys], marker="o", color=c, label=label, alpha=0.8)
+        axes[1].plot([0.0, *xs_e], [res["sft_score"], *ys], marker="o", color=c, label=label, alpha=0.8)
+    axes[0].set_xlabel("training wall-clock (s, excluding evaluation)")
+    axes[1].set_xlabel("real executions")
+    for ax in axes:
+        ax.set_ylabel("held-out normalised score")
+        ax.axhline(0.0, color="k", lw=0.5, ls="--")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.suptitle("AutoResearch: held-out score (real execution) vs cost")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="research-tiny")
+    ap.add_argument("--methods", nargs="+", default=["real", "wmrl"])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--out", default="runs/bench-research")
+    ap.add_argument("overrides", nargs="*", help="extra --a.b=value config overrides")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = [f"--tracking.eval_every={args.eval_every}", "--tracking.wandb=disabled", *args.overrides]
+    results = []
+    for seed in args.seeds:
+        for method in args.methods:
+            print(f"== {method} seed {seed}", flush=True)
+            res = run_one(args.preset, method, seed, out, overrides)
+            print(
+                f"   final held-out {res['final_score']:.3f} (SFT {res['sft_score']:.3f}), "
+                f"real executions {res['real_executions']:.0f}, train {res['train_s']:.0f}s",
+                flush=True,
+            )
+            results.append(res)
+    summary = {}
+    for m in args.methods:
+        rs = [r for r in results if r["method"] == m]
+        summary[m] = {
+            "final_score_mean": statistics.mean(r["final_score"] for r in rs),
+            "final_runnable_mean": statistics.mean(r["final_runnable"] for r in rs),
+            "real_executions_mean": statistics.mean(r["real_executions"] for r in rs),
+            "train_s_mean": statistics.mean(r["train_s"] for r in rs),
+            "wm_predictions_per_s": statistics.mean(r["wm_predictions_per_s"] for r in rs),
+            "phase_mean_s": {
+                k: statistics.mean(r["phase_mean_s"][k] for r in rs) for k in rs[0]["phase_mean_s"]
+            },
+        }
+    summary["sft_score"] = results[0]["sft_score"]
+    path = out / "research_benchmark.json"
+    path.write_text(json.dumps({"summary": summary, "runs": results}, indent=2, default=float))
+    plot(results, out / "research_benchmark.png")
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {path} and {out / 'research_benchmark.png'}")
+
+
+if __name__ == "__main__":
+    main()

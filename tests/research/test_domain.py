@@ -1,0 +1,139 @@
+"""The research Domain on real tasks, the real sandbox and the debug preset (tiny policy, small log)."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from wmrl.config import ConfigError, load_config
+from wmrl.domain import RolloutBatch
+from wmrl_research.domain import EditRollout, rejected_reward
+from wmrl_research.edits import knob_edit
+from wmrl_research.grading import reward
+from wmrl_research.tasks import FAILURE_SCORE, get_task
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("research")
+    cfg = load_config(
+        "research-debug",
+        [
+            f"--domain.cache_dir={root / 'cache'}",
+            f"--out_dir={root / 'run'}",
+            "--domain.sft_steps=10",
+            "--domain.wm_pretrain_steps=20",
+        ],
+    )
+    return cfg, cfg.domain.build(cfg)
+
+
+def manual_batch(domain, edits: list[str | None]) -> RolloutBatch:
+    """A batch of hand-written edits of wine_cls (None: an edit that does not apply)."""
+    task = get_task("wine_cls")
+    payload = []
+    for e in edits:
+        if e is None:
+            payload.append(EditRollout(task.id, "no edit here", None, "no search/replace block found"))
+        else:
+            from wmrl_research.edits import apply_edits
+
+            res = apply_edits(task.baseline_source, e, "knobs")
+            assert res.ok, res.reason
+            payload.append(EditRollout(task.id, e, res.source))
+    n = len(edits)
+    z = torch.zeros(n, 3)
+    return RolloutBatch(z.long(), z, z, torch.zeros(n, dtype=torch.long), [task], payload)
+
+
+def test_build_is_cached_and_records_figures(built):
+    cfg, domain = built
+    info = domain.build_info
+    assert {"sft", "log", "wm", "sft_eval"} <= set(info)
+    assert info["log"]["n"] >= 1 and 0 <= info["sft"]["validity_train"]["apply_fraction"] <= 1
+    t0 = time.perf_counter()
+    again = cfg.domain.build(cfg)
+    assert time.perf_counter() - t0 < 20
+    for a, b in zip(domain.policy.state_dict().values(), again.policy.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert json.loads(json.dumps(again.build_info["sft"])) == json.loads(json.dumps(info["sft"]))
+
+
+def test_generate_applies_edits_and_keeps_log_probs(built):
+    _, domain = built
+    tasks = domain.sample_tasks(2, "train", torch.Generator().manual_seed(0))
+    batch = domain.generate(tasks, 3, torch.tensor([True, False]))
+    assert batch.n_rollouts == 6 and batch.group_ids.tolist() == [0, 0, 0, 1, 1, 1]
+    assert batch.extras["prompt_ids"].shape[0] == 6
+    lp = domain.policy.log_probs(batch)
+    torch.testing.assert_close(lp * batch.mask, batch.logprobs, atol=1e-4, rtol=1e-4)
+    for p, t in zip(batch.payload, [t for t in tasks for _ in range(3)], strict=True):
+        assert p.task_id == t.id and (p.source is None) == bool(p.reason)
+
+
+def test_execution_jobs_real_sandbox_and_rejections(built):
+    _, domain = built
+    ref = knob_edit(get_task("wine_cls").baseline_source, {"SCALE": True, "C": 1.0})  # the reference knobs
+    batch = manual_batch(domain, [ref, None])
+    jobs = domain.execution_jobs(batch, [0, 1])
+    assert jobs[0].fn is reward and jobs[0].args[:2] == ("wine_cls", batch.payload[0].source)
+    assert jobs[1].fn is rejected_reward and jobs[1].args == ()
+    r = domain.execute(batch)
+    assert r[0].item() == pytest.approx(1.0, abs=1e-6) and r[1].item() == FAILURE_SCORE
+
+
+def test_world_model_scores_rejections_exactly_and_learns_online(built):
+    _, domain = built
+    wm = domain.world_model
+    edits = [knob_edit(get_task("wine_cls").baseline_source, {"SCALE": True, "C": c}) for c in (0.01, 1.0)]
+    batch = manual_batch(domain, [edits[0], None, edits[1]])
+    pred = wm.predict(batch)
+    assert pred.mean[1].item() == FAILURE_SCORE and pred.var[1].item() < 1e-5
+    assert torch.isfinite(pred.mean).all() and (pred.var > 0).all()
+    n_log = len(wm.log)
+    n_train = len(wm.model.examples)
+    target = torch.tensor([0.5, float("nan"), 1.0])
+    for _ in range(3):
+        stats = wm.update(batch, torch.tensor([0, 1, 2]), target)
+    assert stats["update_examples"] == 2.0  # the rejection and nothing ungraded is logged
+    assert len(wm.log) == n_log + 6 and len(wm.model.examples) == n_train + 6
+    after = wm.predict(batch)
+    assert (after.mean[[0, 2]] - torch.tensor([0.5, 1.0])).abs().sum() < (
+        pred.mean[[0, 2]] - torch.tensor([0.5, 1.0])
+    ).abs().sum()
+
+
+def test_state_round_trip_and_evaluate(built):
+    _, domain = built
+    state = domain.state_dict()
+    a = domain.generate(
+        domain.sample_tasks(1, "train", torch.Generator().manual_seed(0)), 2, torch.tensor([False])
+    )
+    domain.load_state_dict(state)
+    b = domain.generate(
+        domain.sample_tasks(1, "train", torch.Generator().manual_seed(0)), 2, torch.tensor([False])
+    )
+    assert torch.equal(a.tokens, b.tokens)
+    ev = domain.evaluate("eval")
+    assert {"score_mean", "runnable_frac", "apply_frac", "baseline_score_mean", "sft_score_mean"} <= set(ev)
+    assert FAILURE_SCORE <= ev["score_mean"] <= 2.0 and 0 <= ev["runnable_frac"] <= 1
+    assert domain.oracle_rewards(a) is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"world_model": "gpt"}, "domain.world_model='gpt'"),
+        ({"edit_mode": "free"}, "prompt_style='short' needs"),
+        ({"lora": True}, "LoRA needs a pretrained model"),
+        ({"tiny_hidden": 30}, "multiple of 4"),
+    ],
+)
+def test_config_errors_name_the_field(kwargs, message):
+    from wmrl_research.config import ResearchConfig
+
+    with pytest.raises(ConfigError, match=message):
+        ResearchConfig(**kwargs)
+    with pytest.raises(ConfigError):
+        load_config("research-debug", [f"--domain.{k}={v}" for k, v in kwargs.items()])

@@ -1,0 +1,261 @@
+"""The AutoResearch domain adapter: research tasks -> LLM edits -> sandboxed execution or outcome WM.
+
+A rollout is one completion of the policy: search/replace edits of the task's baseline
+``solution.py``. Edits are applied (or rejected, with a reason) right after sampling; a rejected
+edit earns ``FAILURE_SCORE`` without a sandbox run, and the world model scores it as such too (the
+check is free and exact). Applied edits are scored by the outcome WM, and anchors by the sandbox
+through ``wmrl_research.grading.reward``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from wmrl.domain import Job, Prediction, RolloutBatch
+from wmrl.executors import Executor
+from wmrl_research.agent import ResearchPolicy, build_prompt
+from wmrl_research.edits import apply_edits, knobs_view
+from wmrl_research.tasks import FAILURE_SCORE
+from world_models.outcome import ExecutionLog, OutcomeExample
+
+
+@dataclass
+class EditRollout:
+    """One rollout's payload: the completion and the edited solution (None when rejected)."""
+
+    task_id: str
+    completion: str
+    source: str | None
+    reason: str = ""
+
+    @property
+    def applied(self) -> bool:
+        return self.source is not None
+
+
+def rejected_reward() -> float:
+    """The reward of an edit that does not apply: the failure score, without a sandbox run."""
+    return FAILURE_SCORE
+
+
+def task_text(task: Any) -> str:
+    """The WM's short view of a task."""
+    return f"{task.id} | {task.kind} | {task.metric}"
+
+
+def solution_text(task: Any, source: str, max_diff_lines: int = 40) -> str:
+    """The WM's view of a solution: its knobs, then any lines changed outside the knobs block."""
+    from wmrl_research.edits import EditError
+
+    try:
+        view = knobs_view(source)
+    except EditError:  # a free-mode edit removed the knobs markers
+        view = ""
+    base_rest = task.baseline_source.replace(_block_or_empty(task.baseline_source), "")
+    rest = source.replace(_block_or_empty(source), "")
+    if rest != base_rest:
+        diff = difflib.unified_diff(base_rest.splitlines(), rest.splitlines(), lineterm="", n=0)
+        lines = [d for d in diff if d[:1] in "+-" and not d.startswith(("+++", "---"))]
+        view += "\n".join(lines[:max_diff_lines]) + "\n"
+    return view
+
+
+def _block_or_empty(source: str) -> str:
+    from wmrl_research.edits import EditError, knobs_block
+
+    try:
+        return knobs_block(source)
+    except EditError:
+        return ""
+
+
+def to_example(task: Any, source: str, reward: float, origin: str, status: str = "") -> OutcomeExample:
+    return OutcomeExample(
+        task.id, task_text(task), solution_text(task, source), float(reward), status, origin
+    )
+
+
+class ResearchWorldModel:
+    """The domain's WM: rejected edits -> failure score (exact); applied edits -> the outcome model.
+
+    ``update`` appends the anchor executions to the execution log on disk and refines the outcome
+    model on them (plus replay).
+    """
+
+    def __init__(self, model: Any, tasks: dict[str, Any], log: ExecutionLog | None, update_steps: int):
+        self.model = model
+        self.tasks = tasks
+        self.log = log
+        self.update_steps = update_steps
+        self.reject_var = 1e-6
+
+    def predict(self, batch: RolloutBatch) -> Prediction:
+        n = batch.n_rollouts
+        mean = torch.full((n,), float(FAILURE_SCORE))
+        var = torch.full((n,), self.reject_var)
+        rows = [i for i, p in enumerate(batch.payload) if p.applied]
+        if rows:
+            ps = [batch.payload[i] for i in rows]
+            m, v = self.model.predict(
+                [task_text(self.tasks[p.task_id]) for p in ps],
+                [solution_text(self.tasks[p.task_id], p.source) for p in ps],
+            )
+            mean[rows], var[rows] = m.float(), v.float()
+        return Prediction(mean, var)
+
+    def update(self, batch: RolloutBatch, indices: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
+        examples = []
+        for i, r in zip(indices.tolist(), rewards.tolist(), strict=True):
+            p = batch.payload[i]
+            if p.applied and r == r:  # executed and graded (NaN: ungraded, skipped)
+                examples.append(to_example(self.tasks[p.task_id], p.source, r, "anchor"))
+        if not examples:
+            return {"update_examples": 0.0}
+        if self.log is not None:
+            self.log.append(examples)
+        out = self.model.update(examples, self.update_steps)
+        return {"update_examples": float(len(examples)), **{k.removeprefix("wm/"): v for k, v in out.items()}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.model.state_dict_full()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict_full(state)
+
+
+class ResearchDomain:
+    """Implements :class:`wmrl.domain.Domain` for research tasks."""
+
+    def __init__(
+        self,
+        policy: ResearchPolicy,
+        world_model: ResearchWorldModel,
+        train_tasks: Sequence[Any],
+        eval_tasks: Sequence[Any],
+        executor: Executor,
+        mode: str = "knobs",
+        timeout_s: float = 60.0,
+        max_prompt_tokens: int = 512,
+        eval_samples_per_task: int = 8,
+        eval_seed: int = 1234,
+        seed: int = 0,
+        reference_scores: dict[str, float] | None = None,
+        prompt_style: str = "full",
+    ):
+        if not train_tasks or not eval_tasks:
+            raise ValueError(f"need train and eval tasks, got {len(train_tasks)} and {len(eval_tasks)}")
+        self.policy = policy
+        self.world_model = world_model
+        self.train_tasks, self.eval_tasks = list(train_tasks), list(eval_tasks)
+        self.executor = executor
+        self.mode = mode
+        self.prompt_style = prompt_style
+        self.timeout_s = timeout_s
+        self.max_prompt_tokens = max_prompt_tokens
+        self.eval_samples_per_task = eval_samples_per_task
+        self.eval_seed = eval_seed
+        self.gen = torch.Generator().manual_seed(seed)
+        # Scores that evaluate() reports alongside the current policy's (e.g. the SFT policy's).
+        self.reference_scores = dict(reference_scores or {})
+        # Figures measured while building (SFT validity, WM quality, ...); see pipeline.build_domain.
+        self.build_info: dict[str, Any] = {}
+
+    # ---- rollouts --------------------------------------------------------------------------------
+    def _pool(self, split: str) -> list[Any]:
+        if split == "train":
+            return self.train_tasks
+        if split in ("eval", "heldout"):
+            return self.eval_tasks
+        raise ValueError(f"unknown split {split!r}; expected 'train', 'eval' or 'heldout'")
+
+    def sample_tasks(self, n: int, split: str, generator: torch.Generator) -> list[Any]:
+        pool = self._pool(split)
+        idx = torch.randint(len(pool), (n,), generator=generator)
+        return [pool[i] for i in idx.tolist()]
+
+    def rollouts(
+        self, tasks: Sequence[Any], group_size: int, generator: torch.Generator, greedy: bool = False
+    ) -> RolloutBatch:
+        """``group_size`` sampled edits per task, applied (or rejected) against each baseline."""
+        prompts = [build_prompt(t, t.baseline_source, self.mode, self.prompt_style) for t in tasks]
+        ids, mask = self.policy.encode(prompts, self.max_prompt_tokens)  # [n, P]
+        ids, mask = ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0)  # [N, P]
+        s = self.policy.sample(ids, mask, generator, greedy=greedy)
+        payload = []
+        for j, text in enumerate(s.texts):
+            t = tasks[j // group_size]
+            res = apply_edits(t.baseline_source, text, self.mode)
+            payload.append(EditRollout(t.id, text, res.source, res.reason))
+        return RolloutBatch(
+            tokens=s.tokens,
+            logprobs=s.logprobs,
+            mask=s.mask,
+            group_ids=torch.arange(len(tasks)).repeat_interleave(group_size),
+            tasks=list(tasks),
+            payload=payload,
+            extras={"prompt_ids": ids, "prompt_mask": mask},
+        )
+
+    def generate(self, tasks: Sequence[Any], group_size: int, anchor_groups: torch.Tensor) -> RolloutBatch:
+        return self.rollouts(tasks, group_size, self.gen)
+
+    def execution_jobs(self, batch: RolloutBatch, indices: Sequence[int]) -> list[Job]:
+        from wmrl_research.grading import reward
+
+        jobs = []
+        for i in indices:
+            p = batch.payload[int(i)]
+            if p.applied:
+                jobs.append(Job(fn=reward, args=(p.task_id, p.source, self.timeout_s)))
+            else:
+                jobs.append(Job(fn=rejected_reward, args=()))
+        return jobs
+
+    def execute(self, batch: RolloutBatch, indices: Sequence[int] | None = None) -> torch.Tensor:
+        """True rewards ``[len(indices)]`` through the executor (NaN where ungraded)."""
+        idx = list(range(batch.n_rollouts)) if indices is None else list(indices)
+        results = self.executor.run(self.execution_jobs(batch, idx))
+        return torch.tensor([r.reward for r in results], dtype=torch.float32)
+
+    # ---- evaluation ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, split: str = "eval") -> dict[str, float]:
+        """Real-execution scores on every task of ``split``: ``eval_samples_per_task`` samples each,
+        from a fixed seed. Keys: ``score_mean`` (normalised), ``runnable_frac`` (graded above the
+        failure score), ``apply_frac``, ``score/<task>``; plus the baseline (0 by construction of
+        the normalised score) and any reference scores (e.g. ``sft_score_mean``)."""
+        tasks = self._pool(split)
+        gen = torch.Generator().manual_seed(self.eval_seed)
+        batch = self.rollouts(tasks, self.eval_samples_per_task, gen)
+        r = self.execute(batch)
+        graded = torch.isfinite(r)
+        out = {
+            "score_mean": float(r[graded].mean()) if graded.any() else float("nan"),
+            "runnable_frac": float((r[graded] > FAILURE_SCORE).float().mean()) if graded.any() else 0.0,
+            "apply_frac": float(sum(p.applied for p in batch.payload) / batch.n_rollouts),
+            "ungraded_frac": float((~graded).float().mean()),
+            "baseline_score_mean": 0.0,
+        }
+        k = self.eval_samples_per_task
+        for g, t in enumerate(tasks):
+            rg = r[g * k : (g + 1) * k]
+            rg = rg[torch.isfinite(rg)]
+            out[f"score/{t.id}"] = float(rg.mean()) if rg.numel() else float("nan")
+        out.update(self.reference_scores)
+        return out
+
+    def oracle_rewards(self, batch: RolloutBatch) -> torch.Tensor | None:
+        return None
+
+    # ---- resume ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"world_model": self.world_model.state_dict(), "gen": self.gen.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.world_model.load_state_dict(state["world_model"])
+        self.gen.set_state(state["gen"])

@@ -1,0 +1,304 @@
+"""Prepare the research domain: tokenizer -> policy + SFT -> execution log -> WM pretraining -> SFT eval.
+
+Each stage is cached under ``<cache_dir>/<key>/`` where the key hashes the config fields the stage
+depends on; a second build with the same fields loads everything (seconds). ``build_info.json`` in
+that folder records the measured figures: SFT apply fraction, execution-log run fraction, WM
+quality on held-out log executions, the SFT policy's held-out score.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from wmrl.executors import make_executor
+from wmrl_research.agent import ResearchPolicy, add_lora, build_prompt, build_tokenizer, load_lm
+from wmrl_research.domain import ResearchDomain, ResearchWorldModel, solution_text, task_text, to_example
+from wmrl_research.edits import sample_knob_edit
+from wmrl_research.sft import SFTConfig, edit_validity, run_sft
+from wmrl_research.tasks import FAILURE_SCORE, list_tasks
+from world_models.outcome import EncoderOutcomeModel, ExecutionLog, LMOutcomeModel, outcome_metrics
+
+if TYPE_CHECKING:
+    from wmrl.config import RunConfig
+    from wmrl_research.config import ResearchConfig
+
+log = logging.getLogger(__name__)
+WM_ANSWER_TEMPLATE = " runs: yes; valid: no; quality: 0 1 2 3 4 5 6 7 8 9"
+
+
+def _key(d: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _say(cfg: ResearchConfig, msg: str) -> None:
+    if cfg.progress:
+        print(f"[research] {msg}", flush=True)
+
+
+def select_tasks(cfg: ResearchConfig) -> tuple[list[Any], list[Any]]:
+    train = list_tasks("train")
+    if cfg.train_tasks:
+        known = {t.id: t for t in list_tasks()}
+        missing = [t for t in cfg.train_tasks if t not in known]
+        if missing:
+            raise KeyError(f"unknown task ids {missing}; known: {', '.join(sorted(known))}")
+        train = [known[t] for t in cfg.train_tasks]
+    heldout = list_tasks("heldout")
+    return train, heldout
+
+
+def _policy_fields(cfg: ResearchConfig, run: RunConfig, train: list[Any]) -> dict[str, Any]:
+    return {
+        "policy": cfg.policy,
+        "tiny": (cfg.tiny_hidden, cfg.tiny_layers, cfg.vocab_size),
+        "lora": (cfg.lora, cfg.lora_rank),
+        "mode": (cfg.edit_mode, cfg.prompt_style),
+        "sft": (cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr),
+        "tasks": [t.id for t in train],
+        "seed": run.seed,
+        "v": 1,
+    }
+
+
+def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], all_tasks: list[Any], cache: Path):
+    """The policy after SFT (cached ``policy.pt``), and the SFT edit-validity figures."""
+    tokenizer = None
+    if cfg.policy == "tiny":
+        rng = random.Random(run.seed)
+        corpus: list[str] = []
+        for t in all_tasks:
+            corpus += [build_prompt(t, t.baseline_source, "knobs", "short")] * 4
+            corpus += [
+                build_prompt(t, t.baseline_source, "knobs"),
+                build_prompt(t, t.baseline_source, "free"),
+            ]
+            corpus += [sample_knob_edit(t.baseline_source, t.knob_space, rng) for _ in range(20)]
+            corpus += [f"Task: {task_text(t)}\nSolution:\n{solution_text(t, t.baseline_source)}\nOutcome:"]
+        corpus += [WM_ANSWER_TEMPLATE] * 8
+        tokenizer = build_tokenizer(corpus, cfg.vocab_size, cache / "tokenizer")
+    model, tokenizer = load_lm(
+        cfg.policy,
+        tokenizer,
+        Path(cfg.cache_dir),
+        seed=run.seed,
+        **({"hidden": cfg.tiny_hidden, "layers": cfg.tiny_layers} if cfg.policy == "tiny" else {}),
+    )
+    if cfg.lora:
+        model = add_lora(model, r=cfg.lora_rank, alpha=2 * cfg.lora_rank)
+    policy = ResearchPolicy(model, tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+    path = cache / "policy.pt"
+    info_path = cache / "sft.json"
+    if path.exists() and info_path.exists():
+        policy.load_state_dict(torch.load(path, weights_only=True))
+        return policy, json.loads(info_path.read_text())
+    info: dict[str, Any] = {"params": policy.n_params(), "trainable_params": policy.n_params(True)}
+    if cfg.sft_steps > 0:
+        t0 = time.perf_counter()
+        _say(
+            cfg,
+            f"SFT: {cfg.sft_steps} steps on {len(train)} tasks ({info['trainable_params']} trainable params)",
+        )
+        losses = run_sft(
+            policy,
+            train,
+            SFTConfig(
+                cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr, seed=run.seed, prompt_style=cfg.prompt_style
+            ),
+        )
+        info.update(
+            {
+                "sft_seconds": time.perf_counter() - t0,
+                "sft_loss_first": losses[0],
+                "sft_loss_last": losses[-1],
+            }
+        )
+    gen = torch.Generator().manual_seed(run.seed + 7)
+    info["validity_train"] = edit_validity(policy, train, 8, gen, cfg.edit_mode, cfg.prompt_style)
+    info["validity_heldout"] = edit_validity(
+        policy, list_tasks("heldout"), 8, gen, cfg.edit_mode, cfg.prompt_style
+    )
+    _say(cfg, f"SFT edits apply: train {info['validity_train']['apply_fraction']:.2f}, "
+         f"held-out {info['validity_heldout']['apply_fraction']:.2f}")  # fmt: skip
+    torch.save(policy.state_dict(), path)
+    info_path.write_text(json.dumps(info, indent=2))
+    return policy, info
+
+
+def build_world_model(cfg: ResearchConfig, run: RunConfig, policy: ResearchPolicy):
+    if cfg.world_model == "encoder":
+        return EncoderOutcomeModel(
+            policy.tokenizer,
+            members=cfg.wm_members,
+            dim=cfg.wm_dim,
+            batch_size=cfg.wm_batch_size,
+            lr=cfg.wm_lr,
+            seed=run.seed,
+        )
+    # A causal LM of the policy's architecture, initialised from the SFT policy (shares the tokenizer).
+    lm_model, tok = load_lm(
+        cfg.policy,
+        policy.tokenizer,
+        Path(cfg.cache_dir),
+        seed=run.seed + 1,
+        **({"hidden": cfg.tiny_hidden, "layers": cfg.tiny_layers} if cfg.policy == "tiny" else {}),
+    )
+    lm = ResearchPolicy(lm_model, tok, temperature=1.0, max_new_tokens=48)
+    return LMOutcomeModel(
+        lm,
+        samples=cfg.wm_lm_samples,
+        failure_score=FAILURE_SCORE,
+        batch_size=cfg.wm_batch_size,
+        lr=cfg.wm_lr,
+        seed=run.seed,
+    )
+
+
+def build_execution_log(
+    cfg: ResearchConfig, run: RunConfig, policy: ResearchPolicy, train: list[Any], executor, path: Path
+) -> ExecutionLog:
+    """Sample ``log_samples_per_task`` edits per train task from the SFT policy, execute them all,
+    and write them (with each baseline) to the JSONL log at ``path``. Rejected edits are not logged."""
+    elog = ExecutionLog(path)
+    if path.exists():
+        return elog
+    tmp = ExecutionLog(path.with_suffix(".partial"))
+    tmp.path.unlink(missing_ok=True)
+    domain = ResearchDomain(
+        policy,
+        None,  # type: ignore[arg-type]
+        train,
+        train,
+        executor,
+        cfg.edit_mode,
+        cfg.sandbox_timeout_s,
+        cfg.max_prompt_tokens,
+        seed=run.seed,
+        prompt_style=cfg.prompt_style,
+    )
+    gen = torch.Generator().manual_seed(run.seed + 11)
+    t0 = time.perf_counter()
+    batch = domain.rollouts(train, cfg.log_samples_per_task, gen)
+    rows = [i for i, p in enumerate(batch.payload) if p.applied]
+    _say(cfg, f"execution log: executing {len(rows)} applied edits + {len(train)} baselines")
+    rewards = domain.execute(batch, rows)
+    examples = [
+        to_example(batch.tasks[i // cfg.log_samples_per_task], batch.payload[i].source, r, "log")
+        for i, r in zip(rows, rewards.tolist(), strict=True)
+        if r == r
+    ]
+    examples += [
+        to_example(t, t.baseline_source, 0.0, "log", "ok") for t in train
+    ]  # normalised baseline is 0
+    tmp.append(examples)
+    tmp.path.rename(path)
+    _say(cfg, f"execution log: {len(examples)} records in {time.perf_counter() - t0:.1f}s")
+    return elog
+
+
+def pretrain_world_model(
+    cfg: ResearchConfig, run: RunConfig, wm, examples: list, cache: Path
+) -> dict[str, Any]:
+    """Fit on the log minus a random holdout, measure on the holdout, then add the holdout."""
+    path = (
+        cache
+        / f"wm-{cfg.world_model}-{_key([cfg.wm_members, cfg.wm_dim, cfg.wm_lm_samples, cfg.wm_batch_size, cfg.wm_lr, cfg.wm_pretrain_steps, cfg.wm_holdout])}.pt"
+    )
+    info_path = path.with_suffix(".json")
+    if path.exists() and info_path.exists():
+        wm.load_state_dict_full(torch.load(path, weights_only=False))
+        return json.loads(info_path.read_text())
+    rng = random.Random(run.seed)
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    n_hold = int(round(cfg.wm_holdout * len(examples)))
+    hold = [examples[i] for i in order[:n_hold]]
+    fit = [examples[i] for i in order[n_hold:]]
+    t0 = time.perf_counter()
+    _say(cfg, f"WM ({cfg.world_model}): pretraining {cfg.wm_pretrain_steps} steps on {len(fit)} executions")
+    stats = wm.fit(fit, cfg.wm_pretrain_steps)
+    info: dict[str, Any] = {
+        "fit_seconds": time.perf_counter() - t0,
+        **stats,
+        "n_fit": len(fit),
+        "n_holdout": len(hold),
+    }
+    if len(hold) >= 2:
+        t1 = time.perf_counter()
+        mean, var = wm.predict([e.task_text for e in hold], [e.solution_text for e in hold])
+        info["predict_per_s"] = len(hold) / (time.perf_counter() - t1)
+        info["holdout"] = outcome_metrics(mean, var, torch.tensor([e.reward for e in hold]))
+        _say(cfg, f"WM held-out: {json.dumps({k: round(v, 3) for k, v in info['holdout'].items()})}")
+        wm.update(hold, max(1, cfg.wm_pretrain_steps // 10))
+    torch.save(wm.state_dict_full(), path)
+    info_path.write_text(json.dumps(info, indent=2))
+    return info
+
+
+def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
+    torch.set_num_threads(run.torch_threads)
+    train, heldout = select_tasks(cfg)
+    all_tasks = list_tasks()
+    cache = Path(cfg.cache_dir) / _key(_policy_fields(cfg, run, train))
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
+    policy, sft_info = build_policy(cfg, run, train, all_tasks, cache)
+    executor = make_executor(run.executor, run.anchors.max_concurrent)
+    log_path = (
+        cache / f"execution_log-{_key([cfg.log_samples_per_task, cfg.max_new_tokens, cfg.temperature])}.jsonl"
+    )
+    elog = build_execution_log(cfg, run, policy, train, executor, log_path)
+    examples = elog.load()
+    wm = build_world_model(cfg, run, policy)
+    wm_info = pretrain_world_model(cfg, run, wm, examples, cache)
+    # The run's own log: the pretraining log's records, then every anchor execution of this run.
+    run_log = ExecutionLog(Path(run.out_dir) / "execution_log.jsonl")
+    if not run_log.path.exists():
+        run_log.append(examples)
+    world_model = ResearchWorldModel(wm, {t.id: t for t in all_tasks}, run_log, cfg.wm_update_steps)
+    domain = ResearchDomain(
+        policy,
+        world_model,
+        train,
+        heldout,
+        executor,
+        cfg.edit_mode,
+        cfg.sandbox_timeout_s,
+        cfg.max_prompt_tokens,
+        cfg.eval_samples_per_task,
+        cfg.eval_seed,
+        seed=run.seed,
+        prompt_style=cfg.prompt_style,
+    )
+    eval_path = (
+        cache / f"sft_eval-{_key([cfg.eval_samples_per_task, cfg.eval_seed, [t.id for t in heldout]])}.json"
+    )
+    if eval_path.exists():
+        sft_eval = json.loads(eval_path.read_text())
+    else:
+        _say(cfg, "evaluating the SFT policy on held-out tasks")
+        sft_eval = domain.evaluate("eval")
+        eval_path.write_text(json.dumps(sft_eval, indent=2))
+    domain.reference_scores = {
+        "sft_score_mean": sft_eval["score_mean"],
+        "sft_runnable_frac": sft_eval["runnable_frac"],
+    }
+    runnable = [e.reward > FAILURE_SCORE for e in examples]
+    info = {
+        "cache": str(cache),
+        "sft": sft_info,
+        "log": {"n": len(examples), "runnable_frac": sum(runnable) / max(len(runnable), 1)},
+        "wm": wm_info,
+        "sft_eval": sft_eval,
+    }
+    (cache / "build_info.json").write_text(json.dumps(info, indent=2))
+    domain.build_info = info
+    return domain
