@@ -105,7 +105,9 @@ def main() -> None:
     plot(results, args.out / "sandbox_overhead.png")
     for k, v in results.items():
         if "wall_s" in v:
-            extra = f"  overhead median {1000 * v['overhead_s']['median']:.1f} ms" if "overhead_s" in v else ""
+            extra = (
+                f"  overhead median {1000 * v['overhead_s']['median']:.1f} ms" if "overhead_s" in v else ""
+            )
             print(f"{k:24s} wall median {1000 * v['wall_s']['median']:8.1f} ms{extra}")
         else:
             print(k, v)
@@ -120,10 +122,14 @@ def plot(results: dict, path: Path) -> None:
 
     keys = [k for k, v in results.items() if "wall_s" in v]
     wall = [1000 * results[k]["wall_s"]["median"] for k in keys]
-    job = [1000 * results[k].get("job_s", {"median": 0.0})["median"] for k in keys]
+    sandboxed = ["job_s" in results[k] for k in keys]
+    job = [1000 * results[k]["job_s"]["median"] if s else 0.0 for k, s in zip(keys, sandboxed, strict=True)]
+    over = [w - j if s else 0.0 for w, j, s in zip(wall, job, sandboxed, strict=True)]
+    plain = [0.0 if s else w for w, s in zip(wall, sandboxed, strict=True)]
     fig, ax = plt.subplots(figsize=(9, 4))
     ax.barh(keys, job, color="tab:green", label="solution's own time (in sandbox)")
-    ax.barh(keys, [w - j for w, j in zip(wall, job, strict=True)], left=job, color="tab:red", label="overhead")
+    ax.barh(keys, over, left=job, color="tab:red", label="sandbox overhead")
+    ax.barh(keys, plain, color="tab:gray", label="plain subprocess, no sandbox (total)")
     ax.set_xscale("symlog", linthresh=100)
     ax.set_xlabel("median wall-clock per execution (ms)")
     ax.axvline(50, color="k", ls=":", lw=1)

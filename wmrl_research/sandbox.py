@@ -10,7 +10,8 @@ What is isolated (each point has an adversarial test in ``tests/research/test_sa
   path). Nothing a job writes survives it except ``predictions.npy`` and its stdout/stderr.
 - **Other jobs**: each job has its own mount and PID namespace; it cannot see other jobs' folders
   or processes (its ``/proc`` shows only its own).
-- **Privileges**: the job runs as an unprivileged uid (``60000 + worker slot``) with no
+- **Privileges**: the job runs as an unprivileged uid (:func:`job_uid`: one per host process and
+  worker slot, so concurrent jobs never share a process limit) with no
   capabilities and ``no_new_privs``; it cannot signal the worker or the host.
 - **Process lifetime**: the job is PID 1 of its namespace, so when it ends, or is killed at the
   wall-clock timeout, the kernel kills every process it started. Workers die with the host process
@@ -24,12 +25,16 @@ What is isolated (each point has an adversarial test in ``tests/research/test_sa
   memory cgroup (``mem_mb`` + ``disk_mb`` + the worker's own 1.5 GiB: the job is OOM-killed, not
   the worker) and a pids cgroup (fork cap). Without them it falls back to the rlimits alone.
 
-What is *not* isolated: the job can read the (read-only) project code, the Python environment and
-every task's *public* data; it shares the kernel and the CPU with the host (a solution can slow
-other jobs down, within its CPU limit); a job that forks inside a warm worker inherits the worker's
-already-imported modules (it cannot change the worker's copy: the fork is copy-on-write); the
-pre-imported libraries' global state (RNGs) is whatever it was at fork time, identical for every
-job. Without bubblewrap (``bwrap`` not on PATH) :class:`Sandbox` refuses to start rather than run
+What is *not* isolated: the job can read the (read-only) project code, ``/usr``, ``/etc``, the
+Python environment and every task's *public* data; it shares the kernel (no seccomp filter: a
+kernel exploit is out of scope) and the CPUs with the host (a solution can slow other jobs down,
+within its CPU limit); the memory cgroup is per worker, shared by the job and its worker (the
+job's ``oom_score_adj`` makes it the OOM victim); only cgroup v1 controllers are detected (on a
+v2-only host the rlimits alone apply); a job forked from a warm worker inherits the worker's
+already-imported modules (copy-on-write: it cannot change the worker's copy), with global state
+such as RNGs identical for every job. The sandbox needs root on the host (it creates namespaces,
+mounts and uid switches through ``bwrap --cap-add``; the job itself never holds a capability).
+Without bubblewrap (``bwrap`` not on PATH) :class:`Sandbox` refuses to start rather than run
 unsandboxed.
 
 Two modes: ``warm=True`` (default) keeps pre-imported workers and forks per job (tens of ms of
@@ -97,6 +102,21 @@ KEEP_JOB_DIRS = 32
 _WORKER_IDS = itertools.count()  # process-wide: names each worker's cgroups uniquely
 
 
+UID_BASE = 200_000
+MAX_SLOTS = 64
+
+
+def job_uid(slot: int, pid: int | None = None) -> int:
+    """The unprivileged uid of jobs run by worker ``slot`` of host process ``pid`` (default: this one).
+
+    Distinct per host process and slot: ``RLIMIT_NPROC`` counts processes per uid, so jobs that ran
+    under a shared uid could exhaust each other's process limit.
+    """
+    if not 0 <= slot < MAX_SLOTS:
+        raise ValueError(f"worker slot must be in [0, {MAX_SLOTS}), got {slot}")
+    return UID_BASE + (((os.getpid() if pid is None else pid) % 65536) * MAX_SLOTS) + slot
+
+
 class SandboxError(RuntimeError):
     """The sandbox itself failed (not the solution): the job is ungraded."""
 
@@ -124,8 +144,8 @@ class SandboxConfig:
     cgroups: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.max_workers < 1:
-            raise ValueError(f"SandboxConfig.max_workers must be >= 1, got {self.max_workers}")
+        if not 1 <= self.max_workers <= MAX_SLOTS:
+            raise ValueError(f"SandboxConfig.max_workers must be in [1, {MAX_SLOTS}], got {self.max_workers}")
         if self.cgroups not in ("auto", "on", "off"):
             raise ValueError(f"SandboxConfig.cgroups must be auto|on|off, got {self.cgroups!r}")
         for name in ("mem_mb", "disk_mb", "nproc"):
@@ -143,10 +163,10 @@ class SandboxResult:
     """
 
     status: str
-    stdout: str
+    stdout: str  # the last TAIL_CHARS characters
     stderr: str
-    seconds: float
-    predictions_path: Path | None
+    seconds: float  # the solution's own wall-clock time, from start to exit or kill
+    predictions_path: Path | None  # kept until KEEP_JOB_DIRS later jobs, or the sandbox closes
     exit_code: int | None = None
     message: str = ""
     cpu_s: float = 0.0
@@ -189,7 +209,7 @@ class _Worker:
 
     def __init__(self, sandbox: Sandbox, slot: int) -> None:
         self.slot = slot
-        self.uid = 60000 + slot
+        self.uid = job_uid(slot)
         self.cgroups: list[Path] = []
         cfg = sandbox.config
         name = f"wmrl-sbx-{os.getpid()}-{slot}-{next(_WORKER_IDS)}"
@@ -302,6 +322,11 @@ class Sandbox:
     def __post_init__(self) -> None:
         if bwrap_path() is None:
             raise SandboxError("bubblewrap (`bwrap`) is not installed: `apt-get install -y bubblewrap`")
+        if os.geteuid() != 0:
+            # The per-job namespaces, tmpfs mounts and uid switch need real root outside the
+            # sandbox (bwrap --cap-add); an unprivileged user-namespace variant is not implemented.
+            raise SandboxError("the sandbox must run as root (it drops every job to an unprivileged uid)")
+        self._pid = os.getpid()
         self.data_root = data_root() / "public"
         self.data_root.mkdir(parents=True, exist_ok=True)
         self.hidden_root = data_root() / "hidden"
@@ -569,6 +594,6 @@ def default_sandbox(**overrides: object) -> Sandbox:
     key = tuple(sorted(overrides.items()))
     with _DEFAULT_LOCK:
         sb = _DEFAULT.get(key)
-        if sb is None or sb._closed:
+        if sb is None or sb._closed or sb._pid != os.getpid():  # a forked child needs its own
             sb = _DEFAULT[key] = Sandbox(SandboxConfig(**overrides))  # type: ignore[arg-type]
         return sb

@@ -18,11 +18,19 @@ import pytest
 
 import wmrl_research
 from wmrl_research.grading import execute_and_grade
-from wmrl_research.sandbox import Sandbox, SandboxConfig, SandboxError, cgroup_support, default_sandbox
+from wmrl_research.sandbox import (
+    MAX_SLOTS,
+    Sandbox,
+    SandboxConfig,
+    SandboxError,
+    cgroup_support,
+    default_sandbox,
+    job_uid,
+)
 from wmrl_research.tasks import FAILURE_SCORE, get_task
 
 TASK = "wine_cls"
-SANDBOX_UIDS = range(60000, 60100)
+SANDBOX_UIDS = range(job_uid(0), job_uid(MAX_SLOTS - 1) + 1)  # this test process's jobs
 
 
 def sandbox() -> Sandbox:
@@ -377,4 +385,4 @@ def test_concurrent_jobs_run_in_separate_workers():
         for th in threads:
             th.join()
         assert all(r.status == "ok" for r in results)
-        assert {r.stdout.strip() for r in results} == {"60000", "60001"}  # one uid per worker slot
+        assert {r.stdout.strip() for r in results} == {str(job_uid(0)), str(job_uid(1))}  # one uid per slot
