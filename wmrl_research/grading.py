@@ -16,6 +16,7 @@ warm sandbox (:func:`wmrl_research.sandbox.default_sandbox`), started on its fir
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from wmrl_research.sandbox import STATUSES, default_sandbox
-from wmrl_research.tasks import FAILURE_SCORE, get_task
+from wmrl_research.tasks import FAILURE_SCORE, get_task, list_tasks
 
 
 def _as_labels(pred: np.ndarray) -> np.ndarray:
@@ -146,6 +147,19 @@ def execute_and_grade(task_id: str, solution_source: str, timeout_s: float = 60.
     if result.ok and result.raw_score is not None:
         result.score = get_task(task_id).normalise(result.raw_score)
     return result
+
+
+def warm_up() -> float:
+    """Start this process's sandbox now (seconds taken). The first execution in a process otherwise
+    pays the worker's start (imports: 5-25 s on a 2-core machine); an executor whose job timeout is
+    tight can call this from its pool initializer."""
+    t0 = time.monotonic()
+    public, _ = get_task(list_tasks()[0].id).data_dirs()
+    warm = os.environ.get("WMRL_SANDBOX_WARM", "1") != "0"
+    result = default_sandbox(warm=warm).run("pass\n", public, timeout_s=30.0)
+    if result.status != "invalid":  # "pass" writes no predictions: anything else is a broken sandbox
+        raise RuntimeError(f"sandbox warm-up ran with status {result.status}: {result.message}")
+    return time.monotonic() - t0
 
 
 def reward(task_id: str, solution_source: str, timeout_s: float = 60.0) -> float:

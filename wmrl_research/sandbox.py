@@ -330,7 +330,8 @@ class Sandbox:
         self.data_root = data_root() / "public"
         self.data_root.mkdir(parents=True, exist_ok=True)
         self.hidden_root = data_root() / "hidden"
-        self.jobs_root = Path(tempfile.mkdtemp(prefix="wmrl-sbx-"))
+        _remove_stale()
+        self.jobs_root = Path(tempfile.mkdtemp(prefix=f"wmrl-sbx-{os.getpid()}-"))
         os.chmod(self.jobs_root, 0o755)
         self._ids = itertools.count()
         self._idle: list[_Worker] = []
@@ -543,6 +544,41 @@ class Sandbox:
             argv += ["--tmpfs", str(hidden)]  # labels under a mounted path: cover them
         argv += ["--chdir", "/tmp", "--setenv", "PYTHONPATH", str(_project_root())]
         return argv
+
+
+def _remove_stale() -> None:
+    """Remove the jobs folders and (empty) cgroups of sandboxes whose host process died unclean
+    (e.g. a pool worker killed at its timeout never runs ``close``)."""
+    roots = [Path(tempfile.gettempdir())] + [p for p in cgroup_support().values() if p is not None]
+    for root in roots:
+        try:
+            entries = list(root.glob("wmrl-sbx-*"))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                pid = int(entry.name.split("-")[2])
+            except (IndexError, ValueError):
+                continue
+            if pid == os.getpid() or _pid_alive(pid):
+                continue
+            if entry.parent == Path(tempfile.gettempdir()):
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                try:
+                    entry.rmdir()
+                except OSError:
+                    pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _project_root() -> Path:

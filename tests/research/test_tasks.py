@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from wmrl_research import tasks as T
-from wmrl_research.grading import METRICS, GradeResult, execute_and_grade, reward
+from wmrl_research.grading import METRICS, GradeResult, execute_and_grade, reward, warm_up
 from wmrl_research.tasks import FAILURE_SCORE, KNOBS_END, KNOBS_START, get_task, list_tasks, task_lines
 
 ALL_IDS = [t.id for t in list_tasks()]
@@ -151,6 +151,23 @@ def test_reward_is_a_picklable_module_level_job_function():
     assert fn is reward
     value = fn("wine_cls", get_task("wine_cls").baseline_source, 60.0)
     assert math.isclose(value, 0.0, abs_tol=1e-9)
+
+
+def test_jobs_run_through_the_core_executor_and_attacks_do_not_stop_the_run():
+    from wmrl.domain import Job
+    from wmrl.executors import InlineExecutor
+
+    t = get_task("wine_cls")
+    jobs = [
+        Job(fn=reward, args=(t.id, t.reference_source, 60.0)),
+        Job(fn=reward, args=(t.id, "import os\nos.kill(os.getppid(), 9)\n", 60.0)),
+        Job(fn=reward, args=(t.id, "raise SystemExit(1)\n", 60.0)),
+        Job(fn=reward, args=(t.id, t.baseline_source, 60.0)),
+    ]
+    results = InlineExecutor(max_concurrent=1, timeout_s=60.0).run(jobs)
+    assert [r.status for r in results] == ["ok"] * 4  # solution failures are graded, not errors
+    assert [r.value for r in results] == pytest.approx([1.0, FAILURE_SCORE, FAILURE_SCORE, 0.0])
+    assert warm_up() < 5.0  # the process's sandbox is already running
 
 
 def test_bad_arguments_raise_instead_of_scoring():
