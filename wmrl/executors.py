@@ -43,6 +43,10 @@ class JobResult:
         return float(self.value) if self.ok and self.value is not None else float("nan")
 
 
+def _noop() -> float:
+    return 0.0
+
+
 def _timed_call(fn, args):
     t0 = time.perf_counter()
     value = fn(*args)
@@ -148,10 +152,13 @@ class RayExecutor(Executor):
                 if address is None:
                     ray.init(num_cpus=max(int(max_concurrent * num_cpus), 1), **kwargs)
                 else:
+                    _check_reachable(address)
                     ray.init(address=address, **kwargs)
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # ray.init calls sys.exit when it gives up on a cluster
             raise ExecutorError(f"could not start or reach a Ray cluster at address={address!r}: {e}") from e
         self._remote = ray.remote(num_cpus=num_cpus, max_retries=0)(_timed_call)
+        # Start the workers now, so that a job's timeout measures the job and not a worker's start-up.
+        ray.get([self._remote.remote(_noop, ()) for _ in range(max_concurrent)])
 
     def run(self, jobs: list[Job]) -> list[JobResult]:
         ray = self._ray
@@ -187,6 +194,19 @@ class RayExecutor(Executor):
                     running.pop(ref)
                     out[i] = JobResult("timeout", error=f"cancelled after {self.timeout_s:g} s")
         return [r if r is not None else JobResult("cancelled") for r in out]
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a ``host:port`` address nothing listens on (Ray itself retries for minutes)."""
+    import socket
+
+    if address in ("auto", "local") or "://" in address or ":" not in address:
+        return
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as e:
+        raise ExecutorError(f"nothing answers at Ray address {address!r}: {e}") from e
 
 
 def make_executor(cfg: ExecutorConfig, max_concurrent: int) -> Executor:

@@ -1,0 +1,111 @@
+import os
+import threading
+import time
+
+import pytest
+
+from wmrl.config import ExecutorConfig
+from wmrl.domain import Job
+from wmrl.executors import ExecutorError, InlineExecutor, ProcessPoolExecutor, RayExecutor, make_executor
+
+
+def square(x):
+    return x * x
+
+
+def boom(x):
+    raise ValueError(f"bad input {x}")
+
+
+def sleepy(s):
+    time.sleep(s)
+    return s
+
+
+def span(s):
+    t0 = time.time()
+    time.sleep(s)
+    return t0 * 1000 + 0.0  # start time in ms; end = start + s
+
+
+def pid_job(_):
+    return float(os.getpid())
+
+
+def _jobs():
+    return [Job(square, (3,)), Job(boom, (1,)), Job(sleepy, (30,)), Job(square, (4,))]
+
+
+def _check_semantics(results):
+    assert [r.status for r in results] == ["ok", "error", "timeout", "ok"]
+    assert results[0].value == 9 and results[3].value == 16
+    assert "bad input 1" in results[1].error
+    assert results[2].reward != results[2].reward  # ungraded -> NaN
+
+
+def test_process_pool_semantics_and_kills_timeouts():
+    with ProcessPoolExecutor(max_concurrent=2, timeout_s=1.0) as ex:
+        t0 = time.time()
+        _check_semantics(ex.run(_jobs()))
+        assert time.time() - t0 < 20  # the 30 s job was killed, not waited for
+        assert ex.run([Job(square, (5,))])[0].value == 25  # the pool recovered
+
+
+def _max_overlap(starts_ms, dur_ms):
+    events = sorted([(s, 1) for s in starts_ms] + [(s + dur_ms, -1) for s in starts_ms])
+    cur = peak = 0
+    for _, d in events:
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
+def test_process_pool_respects_concurrency_cap():
+    with ProcessPoolExecutor(max_concurrent=2, timeout_s=30) as ex:
+        res = ex.run([Job(span, (0.3,)) for _ in range(6)])
+    assert all(r.ok for r in res)
+    assert _max_overlap([r.value for r in res], 300) <= 2
+
+
+def test_cancel_stops_pending_jobs():
+    with ProcessPoolExecutor(max_concurrent=1, timeout_s=60) as ex:
+        threading.Timer(0.5, ex.cancel).start()
+        t0 = time.time()
+        res = ex.run([Job(sleepy, (5,)) for _ in range(4)])
+        assert time.time() - t0 < 10
+        assert all(r.status == "cancelled" for r in res)
+
+
+def test_inline_reports_errors_without_raising():
+    res = InlineExecutor(1, 1.0).run([Job(square, (2,)), Job(boom, (2,))])
+    assert [r.status for r in res] == ["ok", "error"]
+
+
+@pytest.fixture(scope="module")
+def ray_executor():
+    import sys
+
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
+    ex = RayExecutor(max_concurrent=2, timeout_s=5.0)
+    yield ex
+    import ray
+
+    ray.shutdown()
+
+
+def test_ray_same_semantics_as_process_pool(ray_executor):
+    _check_semantics(ray_executor.run(_jobs()))
+    res = ray_executor.run([Job(span, (0.5,)) for _ in range(4)])
+    assert all(r.ok for r in res) and _max_overlap([r.value for r in res], 500) <= 2
+    assert all(r.value != os.getpid() for r in ray_executor.run([Job(pid_job, (0,))]))
+
+
+def test_unreachable_ray_cluster_is_a_clear_error():
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    with pytest.raises(ExecutorError, match="could not start or reach a Ray cluster at address='127.0.0.1:1'"):
+        make_executor(ExecutorConfig(type="ray", ray_address="127.0.0.1:1"), 1)
