@@ -296,6 +296,27 @@ np.save("predictions.npy", np.zeros(len(X), dtype=np.int64))
     assert_still_works()
 
 
+@pytest.mark.parametrize(
+    "write",
+    [
+        "np.save('predictions.npy', np.zeros(3))",  # wrong length
+        "np.save('predictions.npy', np.full(n, np.nan))",  # not finite
+        "np.save('predictions.npy', np.array(['a'] * n))",  # not numeric
+        "np.save('predictions.npy', np.array([{}] * n, dtype=object), allow_pickle=True)",  # a pickle
+        "np.save('predictions.npy', np.full(n, 0.5))",  # class labels must be integers
+        "open('predictions.npy', 'wb').write(b'not an npy file')",
+        "os.mkfifo('predictions.npy')",  # would block a naive reader
+        "os.mkdir('predictions.npy')",
+    ],
+)
+def test_invalid_predictions_are_graded_as_failures(write):
+    src = (
+        f"import os, numpy as np\nn = len(np.load(os.environ['WMRL_DATA_DIR'] + '/test.npz')['X'])\n{write}\n"
+    )
+    g = grade(src)
+    assert g.status == "invalid" and g.score == FAILURE_SCORE and g.raw_score is None, g
+
+
 def test_cannot_kill_its_parent_the_worker_or_the_host():
     sandbox().run(
         "import numpy as np\nnp.save('predictions.npy', np.zeros(1))\n", get_task(TASK).data_dirs()[0]
