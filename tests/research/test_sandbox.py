@@ -215,7 +215,7 @@ while True:
     t0 = time.monotonic()
     g = grade(src, timeout_s=3.0)
     assert g.status in ("timeout", "killed", "error") and g.score == FAILURE_SCORE
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 60
     assert not sandboxed_processes()
     assert_still_works()
 
@@ -349,7 +349,7 @@ os.kill(0, signal.SIGKILL)  # its own process group: only itself
 
 
 # --- limits, modes, errors -------------------------------------------------------------------------
-def test_cpu_time_limit_kills_a_job_that_burns_cpu_in_threads():
+def test_cpu_time_limit_kills_a_cpu_burning_job():
     cfg = SandboxConfig(warm=True, cpu_s=1, preload=("numpy",))
     with Sandbox(cfg) as sb:
         public, _ = get_task(TASK).data_dirs()
