@@ -387,6 +387,9 @@ class VLADomain:
             "success": float(np.mean([r.success.max() for r in ro])),
             "reward": float(np.mean([r.reward for r in ro])),
             "episode_length": float(np.mean([r.length for r in ro])),
+            # training cost so far (evaluation episodes not counted)
+            "sim_steps_train": float(self.sim_steps),
+            "imagined_steps_train": float(self.imagined_steps),
         }
         for t in self.tasks:
             name = t.split("/")[-1]

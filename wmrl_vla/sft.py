@@ -25,7 +25,7 @@ class SFTConfig:
     weight_decay: float = 1e-4
     # Random image shift of up to this many pixels (pad + crop): cheap augmentation that helps a
     # policy trained on few demos generalise to new object positions.
-    shift: int = 2
+    shift: int = 0
     seed: int = 0
 
 

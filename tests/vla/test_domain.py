@@ -10,12 +10,8 @@ from world_models.vla_dynamics import rollout_score
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vla")
-    cfg = load_config("vla-debug", [f"--out_dir={root / 'run'}", f"--domain.cache_dir={root / 'cache'}"])
-    domain = cfg.domain.build(cfg)
-    yield cfg, domain, root
-    domain.close()
+def built(vla_debug):
+    return vla_debug
 
 
 @pytest.fixture(scope="module")

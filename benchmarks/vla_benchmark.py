@@ -1,0 +1,181 @@
+"""VLA benchmark: `real` vs `wmrl` (and optional ablations) from the same SFT checkpoint and world
+model, same budget of GRPO steps, several seeds; plus simulator vs imagination throughput.
+
+    uv run python benchmarks/vla_benchmark.py --preset vla-tabletop --methods real wmrl --seeds 0 1 2
+    uv run python benchmarks/vla_benchmark.py --throughput-only
+
+Writes ``<out>/vla_benchmark.json`` and ``<out>/vla_benchmark.png`` (held-out success against
+wall-clock and against real simulator steps). Demos, SFT and WM come from the preset's cache, so
+every run starts from the same checkpoint. Not a test: it takes as long as the runs take.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def throughput(
+    preset: str, batch: int = 64, steps: int = 30, cache_dir: str | None = None
+) -> dict[str, float]:
+    """Steps per second at ``batch`` rollouts in lockstep: MuJoCo with rendering vs the world model,
+    both with the SFT policy acting, and both with a random actor (the environment alone)."""
+    from wmrl.config import load_config
+    from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes
+
+    over = ["--out_dir=/tmp/wmrl-vla-throughput"] + ([f"--domain.cache_dir={cache_dir}"] if cache_dir else [])
+    cfg = load_config(preset, over)
+    domain = cfg.domain.build(cfg)
+    task = cfg.domain.tasks[0]
+    pool = EnvPool(cfg.domain.image_size, max_steps=steps)
+    specs = [(task, 5000 + i) for i in range(batch)]
+    policy = domain.policy
+    a_dim = policy.cfg.action_dim
+    g = torch.Generator().manual_seed(0)
+
+    def random_actor(images, states, instr):
+        a = torch.rand(images.shape[0], a_dim, generator=g) * 2 - 1
+        return torch.zeros_like(a, dtype=torch.long), torch.zeros_like(a), a
+
+    out: dict[str, float] = {"batch": float(batch), "horizon": float(steps)}
+    run_episodes(random_actor, specs[:2], pool)  # build the envs' renderers once (warm-up)
+    for name, actor in (("random", random_actor), ("policy", policy_actor(policy, 1.0, g))):
+        t0 = time.perf_counter()
+        ro = run_episodes(actor, specs, pool)
+        out[f"sim_steps_per_s/{name}"] = sum(r.length for r in ro) / (time.perf_counter() - t0)
+    pool.close()
+    wm = domain.world_model.model
+    o = [
+        domain._initial_obs(t) for t in domain.sample_tasks(batch, "train", torch.Generator().manual_seed(0))
+    ]
+    imgs = torch.from_numpy(np.stack([x[0] for x in o]))
+    sts = torch.from_numpy(np.stack([x[1] for x in o]))
+    instr = policy.tokenizer.encode([x[2] for x in o])
+    for name, act in (
+        ("random", lambda f, s, t: torch.rand(f.shape[0], a_dim, generator=g) * 2 - 1),
+        ("policy", lambda f, s, t: policy.act(f, s, instr, 1.0, g)[2]),
+    ):
+        t0 = time.perf_counter()
+        res = wm.imagine(imgs, sts, act, steps, success_threshold=2.0)  # no early stop: full horizon
+        out[f"imagined_steps_per_s/{name}"] = float(res["mask"].sum()) / (time.perf_counter() - t0)
+    # scoring only (what predict() does for a batch): latent rollout with every member, no decoding
+    actions = torch.rand(batch, steps, a_dim, generator=g) * 2 - 1
+    t0 = time.perf_counter()
+    wm.score_actions(imgs, sts, actions, torch.ones(batch, steps))
+    out["wm_scored_steps_per_s"] = batch * steps / (time.perf_counter() - t0)
+    for k in ("random", "policy"):
+        out[f"speedup/{k}"] = out[f"imagined_steps_per_s/{k}"] / out[f"sim_steps_per_s/{k}"]
+    domain.close()
+    return out
+
+
+def run_method(preset: str, method: str, seed: int, out: Path, extra: list[str]) -> dict:
+    from wmrl.config import load_config
+    from wmrl.tracking import read_metrics
+    from wmrl.trainer import Trainer
+
+    run_dir = out / method / f"seed{seed}"
+    cfg = load_config(preset, [f"--method={method}", f"--seed={seed}", f"--out_dir={run_dir}", *extra])
+    domain = cfg.domain.build(cfg)
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg, domain)
+    trainer.logger.log(0, trainer.evaluate())  # held-out success of the SFT policy
+    trainer.train()
+    wall = time.perf_counter() - t0
+    domain.close()
+    rows = read_metrics(run_dir)
+    clock, curve = 0.0, []
+    for r in rows:
+        clock += r.get("time/step", 0.0)
+        if "eval/success" in r:
+            curve.append(
+                {
+                    "step": r["step"],
+                    "wall_clock_s": clock,
+                    "sim_steps": r.get("eval/sim_steps_train", 0.0),
+                    "real_rollouts": r.get("exec/real_total", 0.0),
+                    "success": r["eval/success"],
+                    "reward": r["eval/reward"],
+                }
+            )
+    phases = {
+        k: float(np.mean([r[k] for r in rows if k in r]))
+        for k in {k for r in rows for k in r if k.startswith("time/")}
+    }
+    return {"curve": curve, "wall_s": wall, "time_per_step": phases}
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for method, runs in results.items():
+        curves = [r["curve"] for r in runs.values()]
+        n = min(len(c) for c in curves)
+        succ = np.array([[p["success"] for p in c[:n]] for c in curves])
+        for ax, key in zip(axes, ("wall_clock_s", "sim_steps"), strict=True):
+            x = np.mean([[p[key] for p in c[:n]] for c in curves], 0)
+            ax.plot(x, succ.mean(0), marker="o", label=f"{method} (n={len(curves)})")
+            ax.fill_between(x, succ.min(0), succ.max(0), alpha=0.15)
+    axes[0].set_xlabel("training wall-clock (s)")
+    axes[1].set_xlabel("real simulator steps (training)")
+    for ax in axes:
+        ax.set_ylabel("held-out success")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="vla-tabletop")
+    p.add_argument("--methods", nargs="+", default=["real", "wmrl"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--out", default="runs/vla-benchmark")
+    p.add_argument("--throughput-only", action="store_true")
+    p.add_argument("--throughput-batch", type=int, default=64)
+    p.add_argument("overrides", nargs="*", help="extra --a.b=value overrides for every run")
+    a, extra = p.parse_known_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    extra = [*a.overrides, *extra, "--tracking.progress=false"]
+    report: dict = {"preset": a.preset, "overrides": extra}
+    report["throughput"] = throughput(a.preset, a.throughput_batch)
+    print(json.dumps(report["throughput"], indent=2))
+    if not a.throughput_only:
+        results: dict = {}
+        for m in a.methods:
+            for s in a.seeds:
+                results.setdefault(m, {})[f"seed{s}"] = run_method(a.preset, m, s, out, extra)
+                (out / "vla_benchmark.json").write_text(json.dumps({**report, "runs": results}, indent=2))
+        report["runs"] = results
+        summary = {}
+        for m, runs in results.items():
+            finals = [r["curve"][-1] for r in runs.values()]
+            summary[m] = {
+                "sft_success": float(np.mean([r["curve"][0]["success"] for r in runs.values()])),
+                "final_success": float(np.mean([f["success"] for f in finals])),
+                "final_success_per_seed": [f["success"] for f in finals],
+                "sim_steps": float(np.mean([f["sim_steps"] for f in finals])),
+                "wall_clock_s": float(np.mean([f["wall_clock_s"] for f in finals])),
+            }
+        report["summary"] = summary
+        plot(results, out / "vla_benchmark.png")
+        print(json.dumps(summary, indent=2))
+    (out / "vla_benchmark.json").write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
