@@ -456,6 +456,8 @@ class Sandbox:
         except (OSError, json.JSONDecodeError) as e:
             raise SandboxError(f"no result from the job supervisor in {job_dir}: {e}") from e
         stdout, stderr = _tail(job_dir / "stdout"), _tail(job_dir / "stderr")
+        for name in ("stdout", "stderr", "solution.py"):  # keep only what callers need on disk
+            (job_dir / name).unlink(missing_ok=True)
         preds = job_dir / PREDICTIONS_FILE
         code = int(info["exit_code"])
         if info["timed_out"]:
