@@ -1,5 +1,6 @@
 """The research Domain on real tasks, the real sandbox and the debug preset (tiny policy, small log)."""
 
+import ast
 import json
 import time
 
@@ -9,7 +10,7 @@ import torch
 from wmrl.config import ConfigError, load_config
 from wmrl.domain import RolloutBatch
 from wmrl_research.domain import EditRollout, rejected_reward
-from wmrl_research.edits import knob_edit
+from wmrl_research.edits import knob_edit, knobs_block, parse_knobs
 from wmrl_research.grading import reward
 from wmrl_research.tasks import FAILURE_SCORE, get_task
 
@@ -31,7 +32,7 @@ def built(tmp_path_factory):
 
 def manual_batch(domain, edits: list[str | None]) -> RolloutBatch:
     """A batch of hand-written edits of wine_cls (None: an edit that does not apply)."""
-    task = get_task("wine_cls")
+    task = get_task("iris_cls")
     payload = []
     for e in edits:
         if e is None:
@@ -74,10 +75,12 @@ def test_generate_applies_edits_and_keeps_log_probs(built):
 
 def test_execution_jobs_real_sandbox_and_rejections(built):
     _, domain = built
-    ref = knob_edit(get_task("wine_cls").baseline_source, {"SCALE": True, "C": 1.0})  # the reference knobs
+    task = get_task("iris_cls")
+    ref_knobs = parse_knobs(knobs_block(task.reference_source))
+    ref = knob_edit(task.baseline_source, {k: ast.literal_eval(v) for k, v in ref_knobs.items()})  # the reference
     batch = manual_batch(domain, [ref, None])
     jobs = domain.execution_jobs(batch, [0, 1])
-    assert jobs[0].fn is reward and jobs[0].args[:2] == ("wine_cls", batch.payload[0].source)
+    assert jobs[0].fn is reward and jobs[0].args[:2] == ("iris_cls", batch.payload[0].source)
     assert jobs[1].fn is rejected_reward and jobs[1].args == ()
     r = domain.execute(batch)
     assert r[0].item() == pytest.approx(1.0, abs=1e-6) and r[1].item() == FAILURE_SCORE
@@ -86,7 +89,7 @@ def test_execution_jobs_real_sandbox_and_rejections(built):
 def test_world_model_scores_rejections_exactly_and_learns_online(built):
     _, domain = built
     wm = domain.world_model
-    edits = [knob_edit(get_task("wine_cls").baseline_source, {"SCALE": True, "C": c}) for c in (0.01, 1.0)]
+    edits = [knob_edit(get_task("iris_cls").baseline_source, {"C": c}) for c in (0.01, 1.0)]
     batch = manual_batch(domain, [edits[0], None, edits[1]])
     pred = wm.predict(batch)
     assert pred.mean[1].item() == FAILURE_SCORE and pred.var[1].item() < 1e-5
