@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DEMO_REPO = "wmrl/demos"
+# Bump when the world model's or the policy's architecture changes, so stale caches are not loaded.
+WM_ARCH = 2
+POLICY_ARCH = 2
 
 
 def _key(d: dict[str, Any]) -> str:
@@ -89,7 +92,7 @@ def prepare_demos(cfg: VLAConfig) -> list[dict]:
 def prepare_policy(cfg: VLAConfig, demos: list[dict]) -> SmallVLA:
     fields = {**_demo_fields(cfg), "policy": cfg.policy, "n_bins": cfg.n_bins, "d_model": cfg.d_model,
               "n_layers": cfg.n_layers, "sft_epochs": cfg.sft_epochs, "sft_batch_size": cfg.sft_batch_size,
-              "sft_lr": cfg.sft_lr}  # fmt: skip
+              "sft_lr": cfg.sft_lr, "arch": POLICY_ARCH}  # fmt: skip
     path = Path(cfg.cache_dir) / f"sft-{_key(fields)}.pt"
     if path.exists():
         return SmallVLA.load(path)
@@ -119,7 +122,7 @@ def prepare_world_model(cfg: VLAConfig, episodes: list[dict]) -> tuple[VLADynami
     fields = {**_demo_fields(cfg), "world_model": cfg.world_model, "wm_members": cfg.wm_members,
               "wm_latent_dim": cfg.wm_latent_dim, "wm_train_steps": cfg.wm_train_steps,
               "wm_batch_size": cfg.wm_batch_size, "wm_horizon": cfg.wm_horizon, "wm_lr": cfg.wm_lr,
-              "diffusion_steps": cfg.diffusion_steps}  # fmt: skip
+              "diffusion_steps": cfg.diffusion_steps, "arch": WM_ARCH}  # fmt: skip
     path = Path(cfg.cache_dir) / f"wm-{_key(fields)}.pt"
     qpath = path.with_suffix(".json")
     if path.exists():

@@ -1,0 +1,45 @@
+"""A short WMRL run through the shared trainer improves the policy's reward in the real simulator."""
+
+import numpy as np
+import torch
+
+from wmrl.config import load_config
+from wmrl.trainer import Trainer
+from wmrl_vla.rollout import policy_actor, run_episodes
+
+
+def _real_reward(domain, specs):
+    """Mean reward of the sampling policy on fixed (task, seed) pairs, same random stream each time."""
+    actor = policy_actor(domain.policy, 1.0, torch.Generator().manual_seed(7))
+    return float(np.mean([r.reward for r in run_episodes(actor, specs, domain.pool, "train")]))
+
+
+def test_short_wmrl_run_improves_the_training_reward(vla_debug, tmp_path):
+    _, _, root = vla_debug
+    cfg = load_config(
+        "vla-debug",
+        [
+            f"--out_dir={tmp_path / 'run'}",
+            f"--domain.cache_dir={root / 'cache'}",  # reuse the session's demos, SFT and WM
+            "--grpo.steps=12",
+            "--grpo.tasks_per_step=4",
+            "--grpo.group_size=8",
+            "--grpo.lr=0.01",
+            "--anchors.fraction=0.5",
+            "--domain.temperature=2.0",  # explore: the debug SFT policy saw 3 demos for 1 epoch
+            "--domain.record_anchors=false",
+        ],
+    )
+    domain = cfg.domain.build(cfg)
+    specs = [("wmrl/ReachColor-v0", s) for s in range(100, 108) for _ in range(8)]
+    before = _real_reward(domain, specs)
+    params = [p.detach().clone() for p in domain.policy.parameters()]
+    trainer = Trainer(cfg, domain)
+    last = trainer.train()
+    after = _real_reward(domain, specs)
+    assert last["exec/real_total"] > 0 and last["anchors/fraction"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(params, domain.policy.parameters(), strict=True))
+    # measured with seeds 0, 1, 2: +0.074, +0.031, +0.065 on a start of 0.045
+    assert after > before + 0.015, (before, after)
+    assert last["wm/episodes"] > 0  # the world model was refined on anchor rollouts
+    domain.close()
