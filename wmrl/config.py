@@ -11,6 +11,7 @@ core never imports a domain package until that domain is asked for.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -298,13 +299,25 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
             raise ConfigError(f"{path} must hold a mapping of config fields, got {type(content).__name__}")
     try:
         return draccus.parse(RunConfig, config_path=path, args=list(overrides or []), exit_on_error=False)
-    except ConfigError:
-        raise
-    except (draccus.ParsingError, ValueError, TypeError, KeyError) as e:
+    except (draccus.ParsingError, argparse.ArgumentError, ValueError, TypeError, KeyError) as e:
+        cause = _root_config_error(e)
+        if cause is not None:
+            raise cause from None
         where = f" (preset {path})" if path else ""
         raise ConfigError(f"invalid configuration{where}: {e}") from None
     except SystemExit as e:  # argparse exits on unknown flags even with exit_on_error=False
         raise ConfigError(f"invalid command-line overrides {overrides}: see the message above") from e
+
+
+def _root_config_error(e: BaseException | None) -> ConfigError | None:
+    """The ConfigError a dataclass raised, if draccus wrapped one while instantiating it."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, ConfigError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def to_dict(cfg: Any) -> dict:

@@ -1,0 +1,55 @@
+import pytest
+
+from wmrl.config import METHODS, ConfigError, load_config, presets
+
+
+def test_defaults_and_cli_overrides():
+    cfg = load_config(None, ["--grpo.group_size=4", "--anchors.fraction=0.5", "--method=mix"])
+    assert cfg.grpo.group_size == 4 and cfg.anchors.fraction == 0.5 and cfg.method == "mix"
+    assert cfg.domain.type if hasattr(cfg.domain, "type") else True
+    assert type(cfg.domain).__name__ == "ToyConfig"
+
+
+def test_preset_then_overrides_win():
+    cfg = load_config("toy", ["--grpo.steps=3", "--domain.noise=0.5"])
+    assert cfg.grpo.steps == 3 and cfg.domain.noise == 0.5
+    assert cfg.grpo.advantage == "dr_grpo"  # from the preset
+    assert cfg.compare.methods == list(METHODS)
+
+
+def test_unknown_method_quotes_value_and_choices():
+    with pytest.raises(ConfigError, match=r"method='reinforce' is not one of real, wm, mix"):
+        load_config(None, ["--method=reinforce"])
+
+
+def test_invalid_values_are_quoted():
+    with pytest.raises(ConfigError, match=r"grpo.group_size=1 must be >= 2"):
+        load_config(None, ["--grpo.group_size=1"])
+    with pytest.raises(ConfigError, match=r"denoise.w_target=5.0 must lie in \[1, denoise.w_max=4.0\]"):
+        load_config(None, ["--denoise.w_target=5"])
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(ConfigError, match="unknown preset 'nope'; known presets: .*toy"):
+        load_config("nope")
+    assert "toy" in presets()
+
+
+def test_malformed_yaml_names_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grpo: {group_size: [1, 2\n")
+    with pytest.raises(ConfigError, match="malformed YAML in .*bad.yaml"):
+        load_config(bad)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(listy)
+
+
+def test_unknown_field_and_domain_are_errors(tmp_path):
+    y = tmp_path / "x.yaml"
+    y.write_text("grpo:\n  group_sise: 8\n")
+    with pytest.raises(ConfigError, match="group_sise"):
+        load_config(y)
+    with pytest.raises(ConfigError, match="nosuchdomain"):
+        load_config(None, ["--domain.type=nosuchdomain"])

@@ -1,0 +1,118 @@
+"""The trainer over the toy domain: metrics, run-directory safety, kill-and-resume equality."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from wmrl.anchors import choose_anchor_groups, n_anchor_groups
+from wmrl.config import AnchorConfig, load_config
+from wmrl.experiment import train_run
+from wmrl.tracking import CHECKPOINT, RunDirError, read_metrics
+from wmrl.trainer import Trainer
+
+FAST = ["--executor.type=inline", "--tracking.wandb=disabled", "--tracking.progress=false", "--grpo.optimizer=sgd",
+        "--grpo.lr=20", "--grpo.tasks_per_step=8", "--debias.warmup_pairs=16", "--denoise.warmup_obs=4"]
+
+
+def _cfg(tmp_path, *extra):
+    return load_config(None, [*FAST, f"--out_dir={tmp_path}", *extra])
+
+
+def test_anchor_selection_fraction_minimum_and_reproducibility():
+    cfg = AnchorConfig(fraction=0.25, min_groups=1)
+    assert n_anchor_groups(16, "wmrl", cfg) == 4 and n_anchor_groups(2, "mix", cfg) == 1
+    assert n_anchor_groups(16, "real", cfg) == 16 and n_anchor_groups(16, "wm", cfg) == 0
+    a = choose_anchor_groups(16, "wmrl", cfg, seed=3, step=7)
+    assert a.sum() == 4 and torch.equal(a, choose_anchor_groups(16, "wmrl", cfg, seed=3, step=7))
+    picks = {tuple(choose_anchor_groups(16, "wmrl", cfg, seed=3, step=s).tolist()) for s in range(20)}
+    assert len(picks) > 10  # a different random subset at each step
+
+
+def test_one_step_logs_every_metric_and_moves_the_policy(tmp_path):
+    cfg = _cfg(tmp_path, "--method=wmrl", "--grpo.steps=6")
+    domain = cfg.domain.build(cfg)
+    before = domain.policy.theta.detach().clone()
+    last = Trainer(cfg, domain).train()
+    assert not torch.equal(before, domain.policy.theta.detach())
+    for key in ["reward/mean", "adv/abs_mean", "loss/clip_frac", "loss/approx_kl", "wm/residual_before",
+                "wm/residual_after", "denoise/s2", "denoise/w", "anchors/fraction", "exec/real_total",
+                "time/generate", "time/wm", "time/execute", "time/update", "update_error", "eval/true_reward"]:
+        assert key in last, key
+    assert last["anchors/fraction"] == 0.25 and last["exec/real_total"] == 6 * 2 * 8
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows[-1]["denoise/w"] > 1.0  # c fixed after 4 observations, residual > 0
+
+
+def test_real_and_wm_execute_all_or_nothing(tmp_path):
+    real = train_run(_cfg(tmp_path / "r", "--method=real", "--grpo.steps=2"))
+    wm = train_run(_cfg(tmp_path / "w", "--method=wm", "--grpo.steps=2"))
+    assert real["exec/real_total"] == 2 * 8 * 8 and wm["exec/real_total"] == 0
+
+
+def test_existing_run_dir_is_never_overwritten(tmp_path):
+    train_run(_cfg(tmp_path, "--grpo.steps=2"))
+    before = (tmp_path / "metrics.jsonl").read_text()
+    with pytest.raises(RunDirError, match="already holds a run; pass --resume"):
+        train_run(_cfg(tmp_path, "--grpo.steps=2"))
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_checkpoint_that_does_not_match_the_config_is_refused(tmp_path):
+    train_run(_cfg(tmp_path, "--grpo.steps=2"))
+    cfg = _cfg(tmp_path, "--grpo.steps=4", "--grpo.group_size=4")
+    with pytest.raises(RunDirError, match=r"does not match the config: grpo.group_size: checkpoint 8 vs config 4"):
+        Trainer(cfg, cfg.domain.build(cfg), resume=True)
+    with pytest.raises(RunDirError, match="holds no checkpoint"):
+        train_run(_cfg(tmp_path / "empty"), resume=True)
+
+
+def test_wandb_offline_writes_a_local_run(tmp_path):
+    cfg = load_config(None, [*FAST, f"--out_dir={tmp_path}", "--tracking.wandb=offline", "--grpo.steps=2"])
+    train_run(cfg)
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def _run_cli(args, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "wmrl.cli", *args], env=env, **kw)
+
+
+def test_killed_run_resumes_to_the_same_state(tmp_path):
+    preset = tmp_path / "toy-short.yaml"
+    preset.write_text("domain: {type: toy, exec_cost_s: 0.01}\nmethod: wmrl\n")
+    common = ["run", str(preset), *FAST, "--grpo.steps=30", "--tracking.checkpoint_every=5", "--tracking.eval_every=0"]
+    # Uninterrupted reference.
+    ref = tmp_path / "ref"
+    assert _run_cli([*common, "--out-dir", str(ref)]).wait(timeout=300) == 0
+    # A run killed part-way (SIGKILL, no chance to clean up), then resumed.
+    run = tmp_path / "run"
+    proc = _run_cli([*common, "--out-dir", str(run)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(read_metrics(run)) < 12:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    n_before = len(read_metrics(run))
+    assert 12 <= n_before < 30, "the kill must land part-way"
+    assert _run_cli(["run", "--resume", str(run)]).wait(timeout=300) == 0
+
+    a = torch.load(ref / CHECKPOINT, weights_only=False)
+    b = torch.load(run / CHECKPOINT, weights_only=False)
+    assert a["step"] == b["step"] == 30
+    assert torch.equal(a["policy"]["theta"], b["policy"]["theta"])
+    assert a["debiaser"] == b["debiaser"] and a["denoiser"] == b["denoiser"]
+    assert a["real_executions"] == b["real_executions"]
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, 31))
+    ref_rows = read_metrics(ref)
+    assert [r["reward/mean"] for r in rows] == [r["reward/mean"] for r in ref_rows]
+    orphans = run / "metrics.orphaned.jsonl"  # rows logged after the last checkpoint are kept aside
+    assert n_before % 5 == 0 or (orphans.exists() and json.loads(orphans.read_text().splitlines()[0])["step"] > 5)
