@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from wmrl.domain import Domain
 
 OWN_TASKS_DEFAULT = ["wmrl/ReachColor-v0", "wmrl/PushColor-v0", "wmrl/PressButton-v0"]
-POLICIES = ("small_vla",)
+POLICIES = ("small_vla", "lerobot_act")
 WORLD_MODELS = ("deterministic", "diffusion")
 
 
@@ -35,7 +35,9 @@ class VLAConfig(DomainConfig):
     demo_seed: int = 0
     # Where demos, SFT and WM checkpoints are cached (shared across runs and methods).
     cache_dir: str = "runs/cache/vla"
-    # Policy: "small_vla" (discretised action tokens, trained from scratch).
+    # Policy: "small_vla" (discretised action tokens, trained from scratch) | "lerobot_act" (lerobot's
+    # ACT, random init, with a learnable Gaussian head: see wmrl_vla.lerobot_bridge). d_model and
+    # n_layers size either.
     policy: str = "small_vla"
     n_bins: int = 21
     d_model: int = 64

@@ -89,11 +89,13 @@ def prepare_demos(cfg: VLAConfig) -> list[dict]:
     return load_episodes(root, DEMO_REPO)
 
 
-def prepare_policy(cfg: VLAConfig, demos: list[dict]) -> SmallVLA:
+def prepare_policy(cfg: VLAConfig, demos: list[dict]):
     fields = {**_demo_fields(cfg), "policy": cfg.policy, "n_bins": cfg.n_bins, "d_model": cfg.d_model,
               "n_layers": cfg.n_layers, "sft_epochs": cfg.sft_epochs, "sft_batch_size": cfg.sft_batch_size,
               "sft_lr": cfg.sft_lr, "arch": POLICY_ARCH}  # fmt: skip
     path = Path(cfg.cache_dir) / f"sft-{_key(fields)}.pt"
+    if cfg.policy == "lerobot_act":
+        return _prepare_act(cfg, demos, path, fields)
     if path.exists():
         return SmallVLA.load(path)
     state_dim, action_dim = _dims(cfg.tasks)
@@ -114,6 +116,28 @@ def prepare_policy(cfg: VLAConfig, demos: list[dict]) -> SmallVLA:
     path.parent.mkdir(parents=True, exist_ok=True)
     policy.save(path)
     path.with_suffix(".json").write_text(json.dumps({**hist, "seconds": time.perf_counter() - t0, **fields}))
+    return policy
+
+
+def _prepare_act(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict):
+    """lerobot ACT with a Gaussian head (see :mod:`wmrl_vla.lerobot_bridge`), cloned by max-likelihood."""
+    from wmrl_vla.lerobot_bridge import ACTBridgeConfig, ACTGaussianPolicy, sft_gaussian
+
+    if path.exists():
+        return ACTGaussianPolicy.load(path)
+    state_dim, action_dim = _dims(cfg.tasks)
+    torch.manual_seed(cfg.demo_seed)
+    policy = ACTGaussianPolicy(
+        ACTBridgeConfig(image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, dim_model=cfg.d_model,
+                        n_encoder_layers=cfg.n_layers)
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    nll = sft_gaussian(policy, demos, cfg.sft_epochs, cfg.sft_batch_size, cfg.sft_lr, cfg.demo_seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    policy.save(path)
+    path.with_suffix(".json").write_text(
+        json.dumps({"nll": nll, "seconds": time.perf_counter() - t0, **fields})
+    )
     return policy
 
 

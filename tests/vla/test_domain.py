@@ -123,3 +123,21 @@ def test_bad_inputs(built):
         VLAConfig(world_model="gan")
     with pytest.raises(ConfigError):
         load_config("vla-debug", ["--domain.world_model=gan"])
+
+
+def test_lerobot_act_policy_through_the_domain(built, tmp_path):
+    """policy=lerobot_act: same domain, continuous Gaussian actions, log-probs recomputed exactly."""
+    cfg, _, root = built
+    over = [f"--out_dir={tmp_path}", f"--domain.cache_dir={root / 'cache'}", "--domain.policy=lerobot_act"]
+    act_cfg = load_config("vla-debug", over)
+    domain = act_cfg.domain.build(act_cfg)
+    from wmrl_vla.lerobot_bridge import ACTGaussianPolicy
+
+    assert isinstance(domain.policy, ACTGaussianPolicy)
+    tasks = domain.sample_tasks(2, "train", torch.Generator().manual_seed(1))
+    batch = domain.generate(tasks, 2, torch.tensor([True, False]))
+    lp = domain.policy.log_probs(batch)
+    m = batch.mask.bool()
+    assert torch.allclose(lp[m], batch.logprobs[m], atol=1e-4)
+    assert batch.payload[0]["kind"] == "sim" and batch.payload[2]["kind"] == "imagined"
+    domain.close()
