@@ -133,7 +133,21 @@ def load_lm(name: str, tokenizer=None, cache_dir: Path | None = None, seed: int 
         ) from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    _fix_byte_level_decoder(tok)
     return model, tok
+
+
+def _fix_byte_level_decoder(tok) -> None:
+    """Tokenizers converted from GGUF can lack the byte-level decoder, so decoding yields 'Ġ'/'Ċ'
+    instead of spaces/newlines; restore it where the pre-tokenizer is byte-level."""
+    probe = "a b\nc"
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None or tok.decode(tok(probe, add_special_tokens=False)["input_ids"]) == probe:
+        return
+    from tokenizers import decoders
+
+    if "ByteLevel" in repr(backend.pre_tokenizer):
+        backend.decoder = decoders.ByteLevel()
 
 
 def add_lora(model: nn.Module, r: int = 8, alpha: int = 16) -> nn.Module:

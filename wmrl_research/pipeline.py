@@ -210,7 +210,7 @@ def pretrain_world_model(
     """Fit on the log minus a random holdout, measure on the holdout, then add the holdout."""
     path = (
         cache
-        / f"wm-{cfg.world_model}-{_key([cfg.wm_members, cfg.wm_dim, cfg.wm_lm_samples, cfg.wm_batch_size, cfg.wm_lr, cfg.wm_pretrain_steps, cfg.wm_holdout])}.pt"
+        / f"wm-{cfg.world_model}-{_key([cfg.wm_members, cfg.wm_dim, cfg.wm_lm_samples, cfg.wm_batch_size, cfg.wm_lr, cfg.wm_pretrain_steps, cfg.wm_holdout, 2])}.pt"
     )
     info_path = path.with_suffix(".json")
     if path.exists() and info_path.exists():
@@ -235,8 +235,14 @@ def pretrain_world_model(
         t1 = time.perf_counter()
         mean, var = wm.predict([e.task_text for e in hold], [e.solution_text for e in hold])
         info["predict_per_s"] = len(hold) / (time.perf_counter() - t1)
-        info["holdout"] = outcome_metrics(mean, var, torch.tensor([e.reward for e in hold]))
+        y = torch.tensor([e.reward for e in hold])
+        info["holdout"] = outcome_metrics(mean, var, y)
         _say(cfg, f"WM held-out: {json.dumps({k: round(v, 3) for k, v in info['holdout'].items()})}")
+        if hasattr(wm, "calibrate_variance"):
+            # Fitted and measured on the same holdout: an in-sample check of the variance scale.
+            info["var_scale"] = wm.calibrate_variance(hold)
+            m2, v2 = wm.predict([e.task_text for e in hold], [e.solution_text for e in hold])
+            info["holdout_var_scaled"] = outcome_metrics(m2, v2, y)
         wm.update(hold, max(1, cfg.wm_pretrain_steps // 10))
     torch.save(wm.state_dict_full(), path)
     info_path.write_text(json.dumps(info, indent=2))

@@ -269,6 +269,8 @@ class EncoderOutcomeModel(_ReplayTrainer):
                 _EncoderMember(len(tokenizer), dim, layers, heads, max_len) for _ in range(members)
             )
         self.boot = torch.empty(members, 0)  # [K, n_examples] bootstrap weights
+        # Post-hoc variance scale (fitted on held-out executions by `calibrate_variance`).
+        self.var_scale = 1.0
 
     def _add(self, examples: Sequence[OutcomeExample]) -> list[int]:
         w = torch.poisson(torch.ones(self.n_members, len(examples)), generator=self.gen)
@@ -311,19 +313,35 @@ class EncoderOutcomeModel(_ReplayTrainer):
             ids, mask = self._encode(task_texts[i : i + batch_size], solution_texts[i : i + batch_size])
             p = self._member_preds(ids, mask)  # [K, B]
             means.append(p.mean(0))
-            vars_.append(
-                (p.var(0, unbiased=False) if p.shape[0] > 1 else torch.zeros_like(p[0])) + self.var_floor
-            )
+            spread = p.var(0, unbiased=False) if p.shape[0] > 1 else torch.zeros_like(p[0])
+            vars_.append(self.var_scale * spread + self.var_floor)
         if not means:
             return torch.zeros(0), torch.zeros(0)
         return torch.cat(means), torch.cat(vars_)
 
+    def calibrate_variance(self, examples: Sequence[OutcomeExample], max_scale: float = 100.0) -> float:
+        """Scale the ensemble spread so that the mean squared error on ``examples`` (held-out
+        executions) equals the mean predicted variance; returns the new scale."""
+        self.var_scale = 1.0
+        mean, var = self.predict([e.task_text for e in examples], [e.solution_text for e in examples])
+        y = torch.tensor([e.reward for e in examples])
+        spread = (var - self.var_floor).clamp(min=1e-8)
+        excess = ((mean - y).pow(2) - self.var_floor).clamp(min=0)
+        self.var_scale = float((excess.mean() / spread.mean()).clamp(1.0 / max_scale, max_scale))
+        return self.var_scale
+
     def state_dict_full(self) -> dict[str, Any]:
-        return {"params": self.state_dict(), "boot": self.boot, **self.extra_state()}
+        return {
+            "params": self.state_dict(),
+            "boot": self.boot,
+            "var_scale": self.var_scale,
+            **self.extra_state(),
+        }
 
     def load_state_dict_full(self, state: dict[str, Any]) -> None:
         self.load_state_dict(state["params"])
         self.boot = state["boot"]
+        self.var_scale = float(state.get("var_scale", 1.0))
         self.load_extra_state(state)
 
 

@@ -95,6 +95,12 @@ def test_encoder_ensemble_learns_ranks_and_refines_online(tokenizer):
     after = outcome_metrics(mean, var, y_test)
     assert after["spearman"] > 0.7 and after["mae"] < before["mae"]
     assert mean.shape == var.shape == (6,) and (var >= wm.var_floor).all() and var.max() > wm.var_floor
+    # variance recalibration: mean predicted variance matches the mean squared error on the holdout
+    scale = wm.calibrate_variance(test)
+    m2, v2 = wm.predict([e.task_text for e in test], [e.solution_text for e in test])
+    torch.testing.assert_close(m2, mean)
+    excess = ((m2 - y_test).pow(2) - wm.var_floor).clamp(min=0).mean()
+    assert scale > 0 and float((v2 - wm.var_floor).mean()) == pytest.approx(float(excess), rel=1e-3, abs=1e-6)
     # online refinement on the held-out executions reduces their error
     wm.update(test, steps=40)
     refined = outcome_metrics(
