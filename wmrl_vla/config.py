@@ -53,6 +53,8 @@ class VLAConfig(DomainConfig):
     world_model: str = "deterministic"
     wm_members: int = 3
     wm_latent_dim: int = 128
+    # Real rollouts of the SFT policy per task added to the WM's pretraining data (demos never fail).
+    wm_policy_rollouts_per_task: int = 16
     wm_train_steps: int = 1500
     wm_batch_size: int = 32
     # Open-loop training window (steps).

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DEMO_REPO = "wmrl/demos"
+ROLLOUT_REPO = "wmrl/sft_rollouts"
+ROLLOUT_SEED0 = 500_000
 # Bump when the world model's or the policy's architecture changes, so stale caches are not loaded.
 WM_ARCH = 2
 POLICY_ARCH = 2
@@ -89,10 +91,14 @@ def prepare_demos(cfg: VLAConfig) -> list[dict]:
     return load_episodes(root, DEMO_REPO)
 
 
-def prepare_policy(cfg: VLAConfig, demos: list[dict]):
-    fields = {**_demo_fields(cfg), "policy": cfg.policy, "n_bins": cfg.n_bins, "d_model": cfg.d_model,
+def _policy_fields(cfg: VLAConfig) -> dict[str, Any]:
+    return {**_demo_fields(cfg), "policy": cfg.policy, "n_bins": cfg.n_bins, "d_model": cfg.d_model,
               "n_layers": cfg.n_layers, "sft_epochs": cfg.sft_epochs, "sft_batch_size": cfg.sft_batch_size,
               "sft_lr": cfg.sft_lr, "arch": POLICY_ARCH}  # fmt: skip
+
+
+def prepare_policy(cfg: VLAConfig, demos: list[dict]):
+    fields = _policy_fields(cfg)
     path = Path(cfg.cache_dir) / f"sft-{_key(fields)}.pt"
     if cfg.policy == "lerobot_act":
         return _prepare_act(cfg, demos, path, fields)
@@ -141,9 +147,53 @@ def _prepare_act(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict):
     return policy
 
 
+def _rollout_fields(cfg: VLAConfig) -> dict[str, Any]:
+    return {**_policy_fields(cfg), "wm_policy_rollouts_per_task": cfg.wm_policy_rollouts_per_task,
+            "temperature": cfg.temperature}  # fmt: skip
+
+
+def prepare_policy_rollouts(cfg: VLAConfig, policy) -> list[dict]:
+    """Real rollouts of the SFT policy (successes *and* failures) for world-model pretraining, recorded
+    once as a LeRobot dataset. Expert demos alone never fail, so a WM trained on them alone cannot
+    tell a failing trajectory from a succeeding one."""
+    from wmrl_vla.data import append_episodes, load_episodes
+    from wmrl_vla.domain import to_frames
+    from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes
+
+    n = cfg.wm_policy_rollouts_per_task
+    if n <= 0:
+        return []
+    root = Path(cfg.cache_dir) / f"rollouts-{_key(_rollout_fields(cfg))}"
+    if not (root / "wmrl_done").exists():
+        if root.exists():
+            import shutil
+
+            shutil.rmtree(root)
+        pool = EnvPool(cfg.image_size, cfg.max_steps)
+        actor = policy_actor(policy, cfg.temperature, torch.Generator().manual_seed(cfg.demo_seed))
+        specs = [(t, ROLLOUT_SEED0 + k) for t in cfg.tasks for k in range(n)]
+        t0 = time.perf_counter()
+        ro = run_episodes(actor, specs, pool, "train")
+        pool.close()
+        append_episodes(
+            root, ROLLOUT_REPO, [to_frames(r) for r in ro], [r.task_id for r in ro], [r.seed for r in ro]
+        )
+        (root / "wmrl_done").write_text(
+            json.dumps(
+                {
+                    "seconds": time.perf_counter() - t0,
+                    "sim_steps": int(sum(r.length for r in ro)),
+                    "success": float(np.mean([r.success.max() for r in ro])),
+                    "reward": float(np.mean([r.reward for r in ro])),
+                }
+            )
+        )
+    return load_episodes(root, ROLLOUT_REPO)
+
+
 def prepare_world_model(cfg: VLAConfig, episodes: list[dict]) -> tuple[VLADynamics, dict[str, float]]:
-    """Pretrain (once) the world model on the demos; quality measured on held-out demo episodes."""
-    fields = {**_demo_fields(cfg), "world_model": cfg.world_model, "wm_members": cfg.wm_members,
+    """Pretrain (once) the world model on demos + SFT-policy rollouts; quality on held-out episodes."""
+    fields = {**_rollout_fields(cfg), "world_model": cfg.world_model, "wm_members": cfg.wm_members,
               "wm_latent_dim": cfg.wm_latent_dim, "wm_train_steps": cfg.wm_train_steps,
               "wm_batch_size": cfg.wm_batch_size, "wm_horizon": cfg.wm_horizon, "wm_lr": cfg.wm_lr,
               "diffusion_steps": cfg.diffusion_steps, "arch": WM_ARCH}  # fmt: skip
@@ -180,7 +230,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
     torch.set_num_threads(run.torch_threads)
     records = prepare_demos(cfg)
     policy = prepare_policy(cfg, records)
-    episodes = episodes_from_records(records)
+    episodes = episodes_from_records(records) + episodes_from_records(prepare_policy_rollouts(cfg, policy))
     model, quality = prepare_world_model(cfg, episodes)
     out = Path(run.out_dir)
     if quality:
