@@ -77,7 +77,8 @@ def test_execution_jobs_real_sandbox_and_rejections(built):
     _, domain = built
     task = get_task("iris_cls")
     ref_knobs = parse_knobs(knobs_block(task.reference_source))
-    ref = knob_edit(task.baseline_source, {k: ast.literal_eval(v) for k, v in ref_knobs.items()})  # the reference
+    # the reference solution, written as an edit of the baseline
+    ref = knob_edit(task.baseline_source, {k: ast.literal_eval(v) for k, v in ref_knobs.items()})
     batch = manual_batch(domain, [ref, None])
     jobs = domain.execution_jobs(batch, [0, 1])
     assert jobs[0].fn is reward and jobs[0].args[:2] == ("iris_cls", batch.payload[0].source)
