@@ -44,9 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("preset", nargs="?", help="preset name or YAML file (see the list below)")
     run.add_argument("--out-dir", help="run directory (default: runs/<preset>)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
-    tasks = sub.add_parser("tasks", help="print every registered task id of a domain, one per line")
+    tasks = sub.add_parser(
+        "tasks", help="print every registered task id of a domain, one per line", epilog=_epilog(), formatter_class=fmt
+    )
     tasks.add_argument("domain", help=f"one of: {', '.join(load_domains())}")
-    sub.add_parser("presets", help="print the named presets")
+    sub.add_parser("presets", help="print the named presets", epilog=_epilog(), formatter_class=fmt)
     return parser
 
 

@@ -6,7 +6,7 @@ from wmrl.config import METHODS
 
 
 def test_help_lists_methods_and_presets():
-    for args in (["--help"], ["run", "--help"]):
+    for args in (["--help"], ["run", "--help"], ["tasks", "--help"], ["presets", "--help"]):
         out = subprocess.run([sys.executable, "-m", "wmrl.cli", *args], capture_output=True, text=True)
         assert out.returncode == 0
         assert all(m in out.stdout for m in METHODS) and "toy" in out.stdout
