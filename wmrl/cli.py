@@ -1,9 +1,9 @@
 """`wmrl ...`: thin entry points over the library.
 
-    wmrl run PRESET [--out-dir DIR] [--grpo.group_size=8 --anchors.fraction=0.25 ...]
-    wmrl run --resume RUN_DIR
-    wmrl tasks DOMAIN
-    wmrl presets
+wmrl run PRESET [--out-dir DIR] [--grpo.group_size=8 --anchors.fraction=0.25 ...]
+wmrl run --resume RUN_DIR
+wmrl tasks DOMAIN
+wmrl presets
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out-dir", help="run directory (default: runs/<preset>)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
     tasks = sub.add_parser(
-        "tasks", help="print every registered task id of a domain, one per line", epilog=_epilog(), formatter_class=fmt
+        "tasks",
+        help="print every registered task id of a domain, one per line",
+        epilog=_epilog(),
+        formatter_class=fmt,
     )
     tasks.add_argument("domain", help=f"one of: {', '.join(load_domains())}")
     sub.add_parser("presets", help="print the named presets", epilog=_epilog(), formatter_class=fmt)

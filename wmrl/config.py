@@ -73,7 +73,10 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
 
     def __post_init__(self) -> None:
-        _check(self.group_size >= 2, f"grpo.group_size={self.group_size} must be >= 2 (advantages are within-group)")
+        _check(
+            self.group_size >= 2,
+            f"grpo.group_size={self.group_size} must be >= 2 (advantages are within-group)",
+        )
         _check(self.tasks_per_step >= 1, f"grpo.tasks_per_step={self.tasks_per_step} must be >= 1")
         _check(self.steps >= 0, f"grpo.steps={self.steps} must be >= 0")
         _check(self.lr > 0, f"grpo.lr={self.lr} must be > 0")
@@ -144,7 +147,9 @@ class DenoiseConfig:
             f"denoise.w_target={self.w_target} must lie in [1, denoise.w_max={self.w_max}]",
         )
         _check(self.var_floor > 0, f"denoise.var_floor={self.var_floor} must be > 0")
-        _check(self.sample_weight_max >= 1, f"denoise.sample_weight_max={self.sample_weight_max} must be >= 1")
+        _check(
+            self.sample_weight_max >= 1, f"denoise.sample_weight_max={self.sample_weight_max} must be >= 1"
+        )
 
 
 @dataclass

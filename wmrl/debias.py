@@ -37,7 +37,7 @@ class OnlineDebiaser:
     def observe(self, r_hat: torch.Tensor, r: torch.Tensor) -> bool:
         """Add anchor pairs (``[M]`` each; non-finite entries are ignored). Returns True if it refitted."""
         ok = torch.isfinite(r_hat) & torch.isfinite(r)
-        for a, b in zip(r_hat[ok].tolist(), r[ok].tolist()):
+        for a, b in zip(r_hat[ok].tolist(), r[ok].tolist(), strict=False):
             self.pairs.append((a, b))
         n_new = int(ok.sum())
         self.seen += n_new

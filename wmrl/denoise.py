@@ -40,7 +40,7 @@ def anchor_weight(s2: float, c: float, w_max: float) -> float:
 def sample_weights(var: torch.Tensor, var_floor: float, w_max: float) -> torch.Tensor:
     """Per-sample inverse-variance weights within the WM stream, ``[N]``.
 
-        u_i = 1 / (var_i + var_floor),   w_i = clip(u_i / mean(u), 1 / w_max, w_max)
+    u_i = 1 / (var_i + var_floor),   w_i = clip(u_i / mean(u), 1 / w_max, w_max)
     """
     u = 1.0 / (var.clamp(min=0) + var_floor)
     return (u / u.mean()).clamp(1.0 / w_max, w_max)

@@ -49,7 +49,9 @@ class RolloutBatch:
                     f"expected tokens' shape {tuple(self.tokens.shape)}"
                 )
         if self.group_ids.shape != (n,):
-            raise ValueError(f"RolloutBatch.group_ids has shape {tuple(self.group_ids.shape)}, expected ({n},)")
+            raise ValueError(
+                f"RolloutBatch.group_ids has shape {tuple(self.group_ids.shape)}, expected ({n},)"
+            )
         if self.payload and len(self.payload) != n:
             raise ValueError(f"RolloutBatch.payload has {len(self.payload)} records for {n} rollouts")
 

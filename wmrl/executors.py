@@ -104,13 +104,19 @@ class ProcessPoolExecutor(Executor):
         from pebble import ProcessPool
 
         try:
-            self._pool = ProcessPool(max_workers=max_concurrent, context=multiprocessing.get_context(start_method))
+            self._pool = ProcessPool(
+                max_workers=max_concurrent, context=multiprocessing.get_context(start_method)
+            )
         except Exception as e:
-            raise ExecutorError(f"could not start a local process pool of {max_concurrent} workers: {e}") from e
+            raise ExecutorError(
+                f"could not start a local process pool of {max_concurrent} workers: {e}"
+            ) from e
 
     def run(self, jobs: list[Job]) -> list[JobResult]:
         self._cancel.clear()
-        futures = [self._pool.schedule(_timed_call, args=(j.fn, j.args), timeout=self.timeout_s) for j in jobs]
+        futures = [
+            self._pool.schedule(_timed_call, args=(j.fn, j.args), timeout=self.timeout_s) for j in jobs
+        ]
         out: list[JobResult] = []
         for fut in futures:
             while True:
@@ -141,7 +147,9 @@ class RayExecutor(Executor):
     ``max_concurrent`` tasks are in flight; a task past its timeout is force-cancelled (its worker
     process is killed)."""
 
-    def __init__(self, max_concurrent: int, timeout_s: float, address: str | None = None, num_cpus: float = 1.0):
+    def __init__(
+        self, max_concurrent: int, timeout_s: float, address: str | None = None, num_cpus: float = 1.0
+    ):
         super().__init__(max_concurrent, timeout_s)
         import ray
 

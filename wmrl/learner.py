@@ -41,7 +41,11 @@ def group_advantages(
     dev = torch.where(graded, r - mean[group_ids], torch.zeros_like(r))
     var = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_ids, dev**2) / count.clamp(min=1)
     denom = var.sqrt()[group_ids] + std_eps
-    adv = dev if kind == "dr_grpo" else torch.where(denom > 0, dev / denom.clamp(min=1e-30), torch.zeros_like(dev))
+    adv = (
+        dev
+        if kind == "dr_grpo"
+        else torch.where(denom > 0, dev / denom.clamp(min=1e-30), torch.zeros_like(dev))
+    )
     used = graded & (count[group_ids] >= 2)
     adv = torch.where(used, adv, torch.zeros_like(adv))
     return adv.to(rewards.dtype), used
@@ -109,7 +113,11 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: str) -> torch.Te
 
 
 def policy_gradient(
-    policy: torch.nn.Module, batch: RolloutBatch, advantages: torch.Tensor, used: torch.Tensor, cfg: GRPOConfig
+    policy: torch.nn.Module,
+    batch: RolloutBatch,
+    advantages: torch.Tensor,
+    used: torch.Tensor,
+    cfg: GRPOConfig,
 ) -> torch.Tensor:
     """The flattened gradient of the clipped loss at the current parameters (ratio = 1), ``[P]``.
 
@@ -121,7 +129,9 @@ def policy_gradient(
     logp = policy.log_probs(sub)
     loss, _ = clipped_policy_loss(logp, logp.detach(), advantages[keep], sub.mask, cfg.clip_eps, cfg.loss_agg)
     grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)])
+    return torch.cat(
+        [(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params, strict=False)]
+    )
 
 
 def grpo_update(
@@ -168,12 +178,16 @@ def grpo_update(
             if cfg.max_grad_norm > 0:
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             else:
-                grad_norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None))
+                grad_norm = torch.sqrt(
+                    sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None)
+                )
             optimizer.step()
             for k, v in {"loss": loss.detach(), "grad_norm": grad_norm, **stats}.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
             n_steps += 1
-    return {f"loss/{k}": v / max(n_steps, 1) for k, v in sums.items()} | {"loss/optimizer_steps": float(n_steps)}
+    return {f"loss/{k}": v / max(n_steps, 1) for k, v in sums.items()} | {
+        "loss/optimizer_steps": float(n_steps)
+    }
 
 
 def make_optimizer(params: list[torch.nn.Parameter], cfg: GRPOConfig) -> torch.optim.Optimizer:

@@ -55,7 +55,9 @@ class ToyConfig(DomainConfig):
         if not 0 <= self.rank_error_frac <= 1:
             raise ConfigError(f"domain.rank_error_frac={self.rank_error_frac} must lie in [0, 1]")
         if self.bias_strength < 0 or self.noise < 0:
-            raise ConfigError(f"domain.bias_strength={self.bias_strength} and domain.noise={self.noise} must be >= 0")
+            raise ConfigError(
+                f"domain.bias_strength={self.bias_strength} and domain.noise={self.noise} must be >= 0"
+            )
 
     def build(self, run: RunConfig) -> ToyDomain:
         return ToyDomain(self, seed=run.seed)
@@ -206,4 +208,3 @@ class ToyDomain:
     def load_state_dict(self, state: dict) -> None:
         self.sample_gen.set_state(state["sample_gen"])
         self.wm_gen.set_state(state["wm_gen"])
-

@@ -154,10 +154,17 @@ class Trainer:
         weights = torch.ones_like(adv)
         if cfg.uses_anchor_weight:
             weights = torch.where(is_anchor, torch.full_like(adv, self.denoiser.w), weights)
-        if cfg.denoise.sample_weights and cfg.uses_anchor_weight and pred is not None and pred.var is not None:
+        if (
+            cfg.denoise.sample_weights
+            and cfg.uses_anchor_weight
+            and pred is not None
+            and pred.var is not None
+        ):
             wm_rows = ~is_anchor & torch.isfinite(pred.var)
             if wm_rows.any():
-                sw = sample_weights(pred.var[wm_rows].float(), cfg.denoise.var_floor, cfg.denoise.sample_weight_max)
+                sw = sample_weights(
+                    pred.var[wm_rows].float(), cfg.denoise.var_floor, cfg.denoise.sample_weight_max
+                )
                 weights[wm_rows] = sw
         adv = adv * normalise_weights(weights, used)
 
@@ -168,7 +175,9 @@ class Trainer:
         with timed("update"):
             self.policy.train()
             metrics.update(
-                grpo_update(self.policy, self.optimizer, batch, adv, used, cfg.grpo, self.reference, self.update_gen)
+                grpo_update(
+                    self.policy, self.optimizer, batch, adv, used, cfg.grpo, self.reference, self.update_gen
+                )
             )
 
         if method not in ("real", "wm") and anchor_rows.numel():

@@ -31,8 +31,10 @@ def test_errors_are_one_clear_line_and_exit_2(capsys, tmp_path):
 
 def test_run_single_and_resume_finished_run(tmp_path, capsys):
     preset = tmp_path / "p.yaml"
-    preset.write_text("domain: {type: toy}\nexecutor: {type: inline}\ntracking: {wandb: disabled, progress: false}\n"
-                      "grpo: {steps: 3, tasks_per_step: 4}\n")
+    preset.write_text(
+        "domain: {type: toy}\nexecutor: {type: inline}\ntracking: {wandb: disabled, progress: false}\n"
+        "grpo: {steps: 3, tasks_per_step: 4}\n"
+    )
     out = tmp_path / "run"
     assert main(["run", str(preset), "--out-dir", str(out), "--method=mix"]) == 0
     assert (out / "summary.json").exists() and (out / "config.yaml").exists()

@@ -107,5 +107,7 @@ def test_unreachable_ray_cluster_is_a_clear_error():
 
     if ray.is_initialized():
         ray.shutdown()
-    with pytest.raises(ExecutorError, match="could not start or reach a Ray cluster at address='127.0.0.1:1'"):
+    with pytest.raises(
+        ExecutorError, match="could not start or reach a Ray cluster at address='127.0.0.1:1'"
+    ):
         make_executor(ExecutorConfig(type="ray", ray_address="127.0.0.1:1"), 1)

@@ -58,8 +58,8 @@ def _loop_loss(logp, old, adv, mask, eps, agg):
                 continue
             rho = math.exp(logp[i, t] - old[i, t])
             a = float(adv[i])
-            l = -min(rho * a, max(min(rho, 1 + eps), 1 - eps) * a)
-            s, c = s + l, c + 1
+            term = -min(rho * a, max(min(rho, 1 + eps), 1 - eps) * a)
+            s, c = s + term, c + 1
         total, count = total + s, count + c
         if c:
             per_seq.append(s / c)
@@ -93,7 +93,9 @@ def test_kl_term_is_k3_and_zero_at_reference():
 
 def test_aggregate_rejects_unknown():
     with pytest.raises(ValueError, match="unknown loss aggregation"):
-        clipped_policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), 0.2, "sum")
+        clipped_policy_loss(
+            torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), 0.2, "sum"
+        )
     assert aggregate(torch.ones(2, 2), torch.tensor([[1.0, 0.0], [0.0, 0.0]]), "seq_mean").item() == 1.0
 
 
@@ -110,7 +112,9 @@ def _batch(policy):
     ctx = torch.arange(4).repeat_interleave(4)
     tokens = torch.tensor([0, 1, 2, 0] * 4).unsqueeze(-1)
     with torch.no_grad():
-        lp = policy.log_probs(RolloutBatch(tokens, tokens.float(), torch.ones(16, 1), ctx, list(range(4)), extras={"ctx": ctx}))
+        lp = policy.log_probs(
+            RolloutBatch(tokens, tokens.float(), torch.ones(16, 1), ctx, list(range(4)), extras={"ctx": ctx})
+        )
     return RolloutBatch(tokens, lp, torch.ones(16, 1), ctx, list(range(4)), extras={"ctx": ctx})
 
 

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,8 +16,16 @@ from wmrl.experiment import train_run
 from wmrl.tracking import CHECKPOINT, RunDirError, read_metrics
 from wmrl.trainer import Trainer
 
-FAST = ["--executor.type=inline", "--tracking.wandb=disabled", "--tracking.progress=false", "--grpo.optimizer=sgd",
-        "--grpo.lr=20", "--grpo.tasks_per_step=8", "--debias.warmup_pairs=16", "--denoise.warmup_obs=4"]
+FAST = [
+    "--executor.type=inline",
+    "--tracking.wandb=disabled",
+    "--tracking.progress=false",
+    "--grpo.optimizer=sgd",
+    "--grpo.lr=20",
+    "--grpo.tasks_per_step=8",
+    "--debias.warmup_pairs=16",
+    "--denoise.warmup_obs=4",
+]
 
 
 def _cfg(tmp_path, *extra):
@@ -41,9 +48,24 @@ def test_one_step_logs_every_metric_and_moves_the_policy(tmp_path):
     before = domain.policy.theta.detach().clone()
     last = Trainer(cfg, domain).train()
     assert not torch.equal(before, domain.policy.theta.detach())
-    for key in ["reward/mean", "adv/abs_mean", "loss/clip_frac", "loss/approx_kl", "wm/residual_before",
-                "wm/residual_after", "denoise/s2", "denoise/w", "anchors/fraction", "exec/real_total",
-                "time/generate", "time/wm", "time/execute", "time/update", "update_error", "eval/true_reward"]:
+    for key in [
+        "reward/mean",
+        "adv/abs_mean",
+        "loss/clip_frac",
+        "loss/approx_kl",
+        "wm/residual_before",
+        "wm/residual_after",
+        "denoise/s2",
+        "denoise/w",
+        "anchors/fraction",
+        "exec/real_total",
+        "time/generate",
+        "time/wm",
+        "time/execute",
+        "time/update",
+        "update_error",
+        "eval/true_reward",
+    ]:
         assert key in last, key
     assert last["anchors/fraction"] == 0.25 and last["exec/real_total"] == 6 * 2 * 8
     rows = read_metrics(tmp_path)
@@ -68,7 +90,9 @@ def test_existing_run_dir_is_never_overwritten(tmp_path):
 def test_checkpoint_that_does_not_match_the_config_is_refused(tmp_path):
     train_run(_cfg(tmp_path, "--grpo.steps=2"))
     cfg = _cfg(tmp_path, "--grpo.steps=4", "--grpo.group_size=4")
-    with pytest.raises(RunDirError, match=r"does not match the config: grpo.group_size: checkpoint 8 vs config 4"):
+    with pytest.raises(
+        RunDirError, match=r"does not match the config: grpo.group_size: checkpoint 8 vs config 4"
+    ):
         Trainer(cfg, cfg.domain.build(cfg), resume=True)
     with pytest.raises(RunDirError, match="holds no checkpoint"):
         train_run(_cfg(tmp_path / "empty"), resume=True)
@@ -88,7 +112,14 @@ def _run_cli(args, **kw):
 def test_killed_run_resumes_to_the_same_state(tmp_path):
     preset = tmp_path / "toy-short.yaml"
     preset.write_text("domain: {type: toy, exec_cost_s: 0.01}\nmethod: wmrl\n")
-    common = ["run", str(preset), *FAST, "--grpo.steps=30", "--tracking.checkpoint_every=5", "--tracking.eval_every=0"]
+    common = [
+        "run",
+        str(preset),
+        *FAST,
+        "--grpo.steps=30",
+        "--tracking.checkpoint_every=5",
+        "--tracking.eval_every=0",
+    ]
     # Uninterrupted reference.
     ref = tmp_path / "ref"
     assert _run_cli([*common, "--out-dir", str(ref)]).wait(timeout=300) == 0
@@ -115,4 +146,6 @@ def test_killed_run_resumes_to_the_same_state(tmp_path):
     ref_rows = read_metrics(ref)
     assert [r["reward/mean"] for r in rows] == [r["reward/mean"] for r in ref_rows]
     orphans = run / "metrics.orphaned.jsonl"  # rows logged after the last checkpoint are kept aside
-    assert n_before % 5 == 0 or (orphans.exists() and json.loads(orphans.read_text().splitlines()[0])["step"] > 5)
+    assert n_before % 5 == 0 or (
+        orphans.exists() and json.loads(orphans.read_text().splitlines()[0])["step"] > 5
+    )
