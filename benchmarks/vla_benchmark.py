@@ -88,7 +88,8 @@ def run_method(preset: str, method: str, seed: int, out: Path, extra: list[str])
     domain = cfg.domain.build(cfg)
     t0 = time.perf_counter()
     trainer = Trainer(cfg, domain)
-    trainer.logger.log(0, trainer.evaluate())  # held-out success of the SFT policy
+    if cfg.tracking.eval_every <= 0:  # the trainer evaluates the SFT policy itself when eval_every > 0
+        trainer.logger.log(0, trainer.evaluate())
     trainer.train()
     wall = time.perf_counter() - t0
     domain.close()
