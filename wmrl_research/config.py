@@ -45,6 +45,9 @@ class ResearchConfig(DomainConfig):
     train_tasks: list[str] | None = None
     # SFT warm start on valid edits generated from each train task's knob space.
     sft_steps: int = 300
+    # Also SFT on valid edits of the held-out tasks' knob spaces. Format only: no execution and no
+    # score of a held-out task is ever seen, but their prompts are; off keeps held-out tasks unseen.
+    sft_include_heldout: bool = False
     sft_batch_size: int = 16
     sft_lr: float = 3e-3
     # Sampling.

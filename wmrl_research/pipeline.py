@@ -62,7 +62,7 @@ def _policy_fields(cfg: ResearchConfig, run: RunConfig, train: list[Any]) -> dic
         "tiny": (cfg.tiny_hidden, cfg.tiny_layers, cfg.vocab_size),
         "lora": (cfg.lora, cfg.lora_rank),
         "mode": (cfg.edit_mode, cfg.prompt_style),
-        "sft": (cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr),
+        "sft": (cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr) + ((True,) if cfg.sft_include_heldout else ()),
         "tasks": [t.id for t in train],
         "seed": run.seed,
         "v": 1,
@@ -102,14 +102,15 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], all_task
         return policy, json.loads(info_path.read_text())
     info: dict[str, Any] = {"params": policy.n_params(), "trainable_params": policy.n_params(True)}
     if cfg.sft_steps > 0:
+        sft_tasks = train + (list_tasks("heldout") if cfg.sft_include_heldout else [])
         t0 = time.perf_counter()
         _say(
             cfg,
-            f"SFT: {cfg.sft_steps} steps on {len(train)} tasks ({info['trainable_params']} trainable params)",
+            f"SFT: {cfg.sft_steps} steps on {len(sft_tasks)} tasks ({info['trainable_params']} trainable params)",
         )
         losses = run_sft(
             policy,
-            train,
+            sft_tasks,
             SFTConfig(
                 cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr, seed=run.seed, prompt_style=cfg.prompt_style
             ),
