@@ -531,15 +531,25 @@ class Sandbox:
             elif p.is_dir():
                 argv += ["--ro-bind", str(p), str(p)]
         made: set[Path] = {Path("/"), Path("/usr"), Path("/etc"), Path("/tmp")}
-        for src in _python_roots():
+
+        def bind_ro(src: Path) -> list[str]:
+            out = []
             for parent in reversed(src.parents):
                 if parent not in made:
-                    argv += ["--perms", "0755", "--dir", str(parent)]
+                    out += ["--perms", "0755", "--dir", str(parent)]
                     made.add(parent)
-            argv += ["--ro-bind", str(src), str(src)]
             made.add(src)
+            return [*out, "--ro-bind", str(src), str(src)]
+
+        tmp = Path("/tmp")
+        roots = _python_roots()
+        for src in (r for r in roots if tmp not in r.parents):
+            argv += bind_ro(src)
         argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "0755", "--tmpfs", "/tmp"]
         argv += ["--perms", "0755", "--dir", "/tmp/work", "--perms", "0755", "--dir", "/tmp/jobs"]
+        # A project or venv that lives under /tmp (a CI clone, say) is bound in after /tmp's tmpfs.
+        for src in (r for r in roots if tmp in r.parents):
+            argv += bind_ro(src)
         argv += ["--ro-bind", str(self.data_root), "/tmp/data", "--bind", str(self.jobs_root), "/tmp/jobs"]
         hidden = self.hidden_root.resolve()
         if any(hidden == r or r in hidden.parents for r in _python_roots()):
@@ -599,7 +609,7 @@ def _python_roots() -> tuple[Path, ...]:
     cands += [Path(p) for p in sys.path if p and Path(p).is_dir()]
     roots: list[Path] = []
     for c in sorted({c.resolve() for c in cands if c.exists()}, key=lambda p: len(p.parts)):
-        if str(c).startswith(("/usr", "/etc", "/proc", "/tmp", "/dev", "/sys")) or c == Path("/"):
+        if str(c).startswith(("/usr", "/etc", "/proc", "/dev", "/sys")) or c in (Path("/"), Path("/tmp")):
             continue
         if not any(r == c or r in c.parents for r in roots):
             roots.append(c)
