@@ -61,7 +61,7 @@ def run_one(preset: str, method: str, seed: int, out: Path, overrides: list[str]
             {
                 "step": r["step"],
                 "wall_s": r.get("time/elapsed", float("nan")),
-                "real_total": r.get("exec/real_total", float("nan")),
+                "real_total": r.get("exec/real_total", 0.0),  # the step-0 evaluation precedes any
                 "score": r["eval/score_mean"],
             }
             for r in evals
@@ -95,9 +95,10 @@ def plot(results: list[dict], path: Path) -> None:
     }
     for res in results:
         wall = cumulative_wall(res["rows"])
-        xs_w = [wall.get(c["step"], float("nan")) for c in res["curve"]]
-        xs_e = [c["real_total"] for c in res["curve"]]
-        ys = [c["score"] for c in res["curve"]]
+        curve = [c for c in res["curve"] if c["step"] > 0]
+        xs_w = [wall.get(c["step"], float("nan")) for c in curve]
+        xs_e = [c["real_total"] for c in curve]
+        ys = [c["score"] for c in curve]
         label = f"{res['method']} s{res['seed']}"
         c = colors.get(res["method"], None)
         axes[0].plot([0.0, *xs_w], [res["sft_score"], *ys], marker="o", color=c, label=label, alpha=0.8)
@@ -114,6 +115,12 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def replot(out: Path) -> None:
+    """Redraw the plot from an existing JSON."""
+    data = json.loads((out / "research_benchmark.json").read_text())
+    plot(data["runs"], out / "research_benchmark.png")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="research-tiny")
@@ -121,9 +128,15 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--out", default="runs/bench-research")
+    ap.add_argument(
+        "--replot", action="store_true", help="only redraw the plot from <out>/research_benchmark.json"
+    )
     ap.add_argument("overrides", nargs="*", help="extra --a.b=value config overrides")
     args = ap.parse_args()
     out = Path(args.out)
+    if args.replot:
+        replot(out)
+        return
     out.mkdir(parents=True, exist_ok=True)
     overrides = [f"--tracking.eval_every={args.eval_every}", "--tracking.wandb=disabled", *args.overrides]
     results = []
