@@ -3,33 +3,11 @@ import threading
 import time
 
 import pytest
+from executor_jobs import boom, pid_job, sleepy, span, square
 
 from wmrl.config import ExecutorConfig
 from wmrl.domain import Job
 from wmrl.executors import ExecutorError, InlineExecutor, ProcessPoolExecutor, RayExecutor, make_executor
-
-
-def square(x):
-    return x * x
-
-
-def boom(x):
-    raise ValueError(f"bad input {x}")
-
-
-def sleepy(s):
-    time.sleep(s)
-    return s
-
-
-def span(s):
-    t0 = time.time()
-    time.sleep(s)
-    return t0 * 1000 + 0.0  # start time in ms; end = start + s
-
-
-def pid_job(_):
-    return float(os.getpid())
 
 
 def _jobs():
@@ -83,11 +61,10 @@ def test_inline_reports_errors_without_raising():
 
 @pytest.fixture(scope="module")
 def ray_executor():
-    import sys
-
+    import executor_jobs
     from ray import cloudpickle
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
+    cloudpickle.register_pickle_by_value(executor_jobs)  # Ray workers do not see the tests' sys.path
     ex = RayExecutor(max_concurrent=2, timeout_s=5.0)
     yield ex
     import ray
