@@ -172,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
                 "sft_success": float(np.mean([r["curve"][0]["success"] for r in runs.values()])),
                 "final_success": float(np.mean([f["success"] for f in finals])),
                 "final_success_per_seed": [f["success"] for f in finals],
+                "sft_reward": float(np.mean([r["curve"][0]["reward"] for r in runs.values()])),
+                "final_reward": float(np.mean([f["reward"] for f in finals])),
                 "sim_steps": float(np.mean([f["sim_steps"] for f in finals])),
                 "wall_clock_s": float(np.mean([f["wall_clock_s"] for f in finals])),
             }
