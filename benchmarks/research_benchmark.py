@@ -132,13 +132,18 @@ def main() -> None:
         "--replot", action="store_true", help="only redraw the plot from <out>/research_benchmark.json"
     )
     ap.add_argument("overrides", nargs="*", help="extra --a.b=value config overrides")
-    args = ap.parse_args()
+    args, extra = ap.parse_known_args()  # --a.b=value overrides pass through to the run config
     out = Path(args.out)
     if args.replot:
         replot(out)
         return
     out.mkdir(parents=True, exist_ok=True)
-    overrides = [f"--tracking.eval_every={args.eval_every}", "--tracking.wandb=disabled", *args.overrides]
+    overrides = [
+        f"--tracking.eval_every={args.eval_every}",
+        "--tracking.wandb=disabled",
+        *args.overrides,
+        *extra,
+    ]
     results = []
     for seed in args.seeds:
         for method in args.methods:
