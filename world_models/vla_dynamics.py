@@ -596,7 +596,9 @@ def evaluate_dynamics(
     out["success_auc"] = _auc(mean.numpy(), label)
     out["score_mae"] = float((mean - real).abs().mean())
     out["score_corr"] = (
-        float(np.corrcoef(mean.numpy(), real.numpy())[0, 1]) if real.std() > 0 else float("nan")
+        float(np.corrcoef(mean.numpy(), real.numpy())[0, 1])
+        if len(real) > 1 and float(real.std()) > 0
+        else float("nan")
     )
     if scores.shape[0] > 1:
         from scipy.stats import spearmanr
