@@ -116,26 +116,28 @@ def run_method(preset: str, method: str, seed: int, out: Path, extra: list[str])
 
 
 def plot(results: dict, path: Path) -> None:
+    """Held-out success (top) and reward (bottom) against wall-clock and against real sim steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex="col")
     for method, runs in results.items():
         curves = [r["curve"] for r in runs.values()]
         n = min(len(c) for c in curves)
-        succ = np.array([[p["success"] for p in c[:n]] for c in curves])
-        for ax, key in zip(axes, ("wall_clock_s", "sim_steps"), strict=True):
-            x = np.mean([[p[key] for p in c[:n]] for c in curves], 0)
-            ax.plot(x, succ.mean(0), marker="o", label=f"{method} (n={len(curves)})")
-            ax.fill_between(x, succ.min(0), succ.max(0), alpha=0.15)
-    axes[0].set_xlabel("training wall-clock (s)")
-    axes[1].set_xlabel("real simulator steps (training)")
-    for ax in axes:
-        ax.set_ylabel("held-out success")
-        ax.grid(alpha=0.3)
-        ax.legend()
+        for row, metric in enumerate(("success", "reward")):
+            y = np.array([[p[metric] for p in c[:n]] for c in curves])
+            for col, key in enumerate(("wall_clock_s", "sim_steps")):
+                ax = axes[row, col]
+                x = np.mean([[p[key] for p in c[:n]] for c in curves], 0)
+                ax.plot(x, y.mean(0), marker="o", label=f"{method} (n={len(curves)})")
+                ax.fill_between(x, y.min(0), y.max(0), alpha=0.15)
+                ax.set_ylabel(f"held-out {metric}")
+                ax.grid(alpha=0.3)
+                ax.legend()
+    axes[1, 0].set_xlabel("training wall-clock (s)")
+    axes[1, 1].set_xlabel("real simulator steps (training)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -148,9 +150,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="runs/vla-benchmark")
     p.add_argument("--throughput-only", action="store_true")
     p.add_argument("--throughput-batch", type=int, default=64)
+    p.add_argument("--plot-only", metavar="JSON", help="redraw the plot of an existing vla_benchmark.json")
     p.add_argument("overrides", nargs="*", help="extra --a.b=value overrides for every run")
     a, extra = p.parse_known_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if a.plot_only:
+        src = Path(a.plot_only)
+        plot(json.loads(src.read_text())["runs"], src.with_suffix(".png"))
+        return
     torch.set_num_threads(1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
