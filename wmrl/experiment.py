@@ -121,7 +121,6 @@ def plot_comparison(out: Path, methods: list[str], seeds: list[int], metric: str
     for ax in (ax1, ax2):
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
-    ax2.set_xscale("symlog")
     ax1.legend()
     fig.tight_layout()
     path = out / "comparison.png"
