@@ -43,7 +43,7 @@ def run_summary(run_dir: Path, threshold: float | None, metric: str) -> dict[str
         "optimum": final[-1].get("eval/optimum", math.nan) if final else math.nan,
         "wm_residual_before": _mean_key(rows, "wm/residual_before"),
         "wm_residual_after": _mean_key(rows, "wm/residual_after"),
-        "wall_clock_s": sum(r.get("time/step", 0.0) for r in rows),
+        "wall_clock_s": rows[-1].get("time/elapsed", math.nan) if rows else 0.0,
     }
 
 

@@ -63,6 +63,7 @@ class Trainer:
         self.update_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.step = 0
         self.real_executions = 0
+        self.elapsed = 0.0  # training wall-clock so far, seconds (carried across resumes)
         self.executor: Executor | None = None
         if resume:
             self._restore()
@@ -75,6 +76,7 @@ class Trainer:
         return {
             "step": self.step,
             "real_executions": self.real_executions,
+            "elapsed": self.elapsed,
             "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "reference": None if self.reference is None else self.reference.state_dict(),
@@ -91,6 +93,7 @@ class Trainer:
     def _restore(self) -> None:
         state = load_checkpoint(self.run_dir, self.cfg)
         self.step, self.real_executions = state["step"], state["real_executions"]
+        self.elapsed = state.get("elapsed", 0.0)
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.reference is not None and state["reference"] is not None:
@@ -201,9 +204,11 @@ class Trainer:
                 "denoise/s2": float("nan") if self.denoiser.s2 is None else self.denoiser.s2,
                 "debias/fitted": float(self.debiaser.fitted),
                 **times,
-                "time/step": time.perf_counter() - t_step,
             }
         )
+        step_time = time.perf_counter() - t_step
+        self.elapsed += step_time
+        metrics.update({"time/step": step_time, "time/elapsed": self.elapsed})
         return metrics
 
     def _execute(self, jobs):

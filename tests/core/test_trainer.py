@@ -60,6 +60,7 @@ def test_one_step_logs_every_metric_and_moves_the_policy(tmp_path):
         "anchors/fraction",
         "exec/real_total",
         "time/generate",
+        "time/elapsed",
         "time/wm",
         "time/execute",
         "time/update",
