@@ -158,6 +158,11 @@ class Domain(Protocol):
         """
         ...
 
+    def step_metrics(self) -> dict[str, float]:
+        """Domain counters the trainer logs after every step as ``domain/<name>`` (e.g. real
+        simulator steps so far); ``{}`` when there are none."""
+        ...
+
     def state_dict(self) -> dict[str, Any]:
         """Everything besides policy and optimizer that a resumed run needs (WM weights, RNG, ...)."""
         ...

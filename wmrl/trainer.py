@@ -206,6 +206,9 @@ class Trainer:
                 **times,
             }
         )
+        step_metrics = getattr(self.domain, "step_metrics", None)  # optional part of the protocol
+        if step_metrics is not None:
+            metrics.update({f"domain/{k}": float(v) for k, v in step_metrics().items()})
         step_time = time.perf_counter() - t_step
         self.elapsed += step_time
         metrics.update({"time/step": step_time, "time/elapsed": self.elapsed})

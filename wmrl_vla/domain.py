@@ -403,6 +403,10 @@ class VLADomain:
         self.n_evals += 1
         return out
 
+    def step_metrics(self) -> dict[str, float]:
+        """Real simulator steps taken by training rollouts so far (logged as ``domain/sim_steps``)."""
+        return {"sim_steps": float(self.sim_steps)}
+
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         return {
