@@ -183,9 +183,10 @@ class Trainer:
                 )
             )
 
-        if method not in ("real", "wm") and anchor_rows.numel():
+        graded = anchor_rows[torch.isfinite(r_true[anchor_rows])]  # an ungraded rollout teaches nothing
+        if method not in ("real", "wm") and graded.numel():
             with timed("wm_update"):
-                wm_metrics = self.domain.world_model.update(batch, anchor_rows, r_true[anchor_rows])
+                wm_metrics = self.domain.world_model.update(batch, graded, r_true[graded])
             metrics.update({f"wm/{k}": v for k, v in (wm_metrics or {}).items()})
 
         self.step += 1
