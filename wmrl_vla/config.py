@@ -46,6 +46,16 @@ class VLAConfig(DomainConfig):
     sft_epochs: int = 20
     sft_batch_size: int = 64
     sft_lr: float = 1e-3
+    # Random image shift (pixels) and weight of the auxiliary "where does the demo's hand end up"
+    # loss on the image encoder's keypoint token (see wmrl_vla.sft.SFTConfig).
+    sft_shift: int = 0
+    sft_aux_goal: float = 0.0
+    # DAgger after behaviour cloning: rounds of (roll out the policy greedily on training seeds and
+    # combinations, label every visited frame with the scripted expert's action, fine-tune on demos
+    # + all relabelled frames for dagger_epochs). 0 = plain behaviour cloning.
+    dagger_rounds: int = 0
+    dagger_episodes_per_task: int = 20
+    dagger_epochs: int = 6
     # Sampling temperature of the policy during RL rollouts, and at evaluation.
     temperature: float = 1.0
     eval_temperature: float = 1.0
@@ -87,6 +97,11 @@ class VLAConfig(DomainConfig):
             raise ConfigError(f"domain.image_size={self.image_size} must be a multiple of 16")
         if self.demos_per_task < 1:
             raise ConfigError(f"domain.demos_per_task={self.demos_per_task} must be >= 1")
+        if self.dagger_rounds < 0 or self.dagger_episodes_per_task < 1 or self.dagger_epochs < 1:
+            raise ConfigError(
+                f"domain.dagger_rounds={self.dagger_rounds} must be >= 0, dagger_episodes_per_task="
+                f"{self.dagger_episodes_per_task} and dagger_epochs={self.dagger_epochs} >= 1"
+            )
         if self.wm_members < 1:
             raise ConfigError(f"domain.wm_members={self.wm_members} must be >= 1")
         if self.temperature <= 0 or self.eval_temperature < 0:

@@ -38,7 +38,7 @@ ROLLOUT_REPO = "wmrl/sft_rollouts"
 ROLLOUT_SEED0 = 500_000
 # Bump when the world model's or the policy's architecture changes, so stale caches are not loaded.
 WM_ARCH = 2
-POLICY_ARCH = 2
+POLICY_ARCH = 3
 
 
 def _key(d: dict[str, Any]) -> str:
@@ -92,9 +92,15 @@ def prepare_demos(cfg: VLAConfig) -> list[dict]:
 
 
 def _policy_fields(cfg: VLAConfig) -> dict[str, Any]:
-    return {**_demo_fields(cfg), "policy": cfg.policy, "n_bins": cfg.n_bins, "d_model": cfg.d_model,
+    fields = {**_demo_fields(cfg), "policy": cfg.policy, "n_bins": cfg.n_bins, "d_model": cfg.d_model,
               "n_layers": cfg.n_layers, "sft_epochs": cfg.sft_epochs, "sft_batch_size": cfg.sft_batch_size,
               "sft_lr": cfg.sft_lr, "arch": POLICY_ARCH}  # fmt: skip
+    if cfg.policy == "small_vla":  # only non-default extras, which keeps the keys of plain-BC caches
+        fields.update({k: getattr(cfg, k) for k in ("sft_shift", "sft_aux_goal") if getattr(cfg, k)})
+    if cfg.dagger_rounds > 0 and cfg.policy == "small_vla":
+        fields.update(dagger_rounds=cfg.dagger_rounds, dagger_episodes_per_task=cfg.dagger_episodes_per_task,
+                      dagger_epochs=cfg.dagger_epochs)  # fmt: skip
+    return fields
 
 
 def prepare_policy(cfg: VLAConfig, demos: list[dict]):
@@ -116,13 +122,99 @@ def prepare_policy(cfg: VLAConfig, demos: list[dict]):
     hist = sft(
         policy,
         demos,
-        SFTConfig(epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr, seed=cfg.demo_seed),
+        SFTConfig(
+            epochs=cfg.sft_epochs,
+            batch_size=cfg.sft_batch_size,
+            lr=cfg.sft_lr,
+            seed=cfg.demo_seed,
+            shift=cfg.sft_shift,
+            aux_goal=cfg.sft_aux_goal,
+        ),  # fmt: skip
         progress=cfg.progress,
     )
+    relabelled: list[dict] = []
+    for r in range(cfg.dagger_rounds):
+        new = dagger_records(policy, cfg.tasks, cfg.dagger_episodes_per_task, cfg.image_size,
+                             DAGGER_SEED0 + 1000 * r, max_steps=cfg.max_steps)  # fmt: skip
+        hist.setdefault("dagger_success", []).append(float(mean_success(new)))
+        relabelled += new
+        h = sft(
+            policy,
+            list(demos) + relabelled,
+            SFTConfig(epochs=cfg.dagger_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr / 2,
+                      seed=cfg.demo_seed + 1 + r),
+            progress=cfg.progress,
+        )  # fmt: skip
+        hist.setdefault("dagger_accuracy", []).append(h["accuracy"][-1])
     path.parent.mkdir(parents=True, exist_ok=True)
     policy.save(path)
     path.with_suffix(".json").write_text(json.dumps({**hist, "seconds": time.perf_counter() - t0, **fields}))
     return policy
+
+
+DAGGER_SEED0 = 900_000
+
+
+@torch.no_grad()
+def dagger_records(
+    policy: SmallVLA,
+    tasks: list[str],
+    episodes_per_task: int,
+    image_size: int,
+    seed0: int,
+    temperature: float = 0.0,
+    max_steps: int | None = None,
+) -> list[dict]:
+    """DAgger (Ross et al. 2011): roll out ``policy`` in the simulator ("train" combinations) and label
+    every visited frame with the scripted expert's action from that state. Behaviour cloning on the
+    expert's own states alone compounds small errors (the policy overshoots, then never saw how to
+    come back); these records teach the recovery. Records are LeRobot-style, like the demos."""
+    import sims
+
+    out = []
+    gen = torch.Generator().manual_seed(seed0)
+    for task in tasks:
+        kwargs = {"split": "train"} if max_steps is None else {"split": "train", "max_steps": max_steps}
+        env = sims.make(task, image_size=image_size, **kwargs)
+        ex = sims.expert(task)
+        try:
+            for k in range(episodes_per_task):
+                ex.reset()
+                o, info = env.reset(seed=seed0 + k)
+                instr = policy.tokenizer.encode([info["instruction"]])
+                imgs, sts, acts, prog, succ = [], [], [], [], []
+                while True:
+                    label = np.clip(np.asarray(ex.act(o, info, env), dtype=np.float32), -1, 1)
+                    img = np.asarray(o["image"])
+                    _, _, a = policy.act(
+                        torch.from_numpy(img.transpose(2, 0, 1)[None].copy()),
+                        torch.from_numpy(np.asarray(o["state"], np.float32)[None]),
+                        instr,
+                        temperature=temperature,
+                        generator=gen,
+                    )
+                    imgs.append(img)
+                    sts.append(np.asarray(o["state"], np.float32))
+                    acts.append(label)
+                    o, r, term, trunc, info = env.step(a[0].numpy().astype(np.float32))
+                    prog.append(float(r))
+                    succ.append(bool(info["success"]))
+                    if term or trunc:
+                        break
+                out.append(
+                    {
+                        "observation.image": np.stack(imgs),
+                        "observation.state": np.stack(sts),
+                        "action": np.stack(acts),
+                        "next.reward": np.array(prog, np.float32),
+                        "next.success": np.array(succ),
+                        "instruction": info["instruction"],
+                        "task": info["instruction"],
+                    }
+                )
+        finally:
+            env.close()
+    return out
 
 
 def _prepare_act(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict):

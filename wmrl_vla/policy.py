@@ -14,6 +14,7 @@ token per (step, action dimension): a rollout of ``T`` steps has ``T * A`` token
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 PAD_ID = 0
+KP_SCALE_INIT = 10.0
 
 
 class InstructionTokenizer:
@@ -125,6 +127,11 @@ class FiLMEncoder(nn.Module):
         self.channels = channels
         self.to_patches = nn.Conv2d(c3, d, 4, stride=4)  # H/16
         self.keypoints = nn.Sequential(nn.Linear(2 * c3, d), nn.GELU(), nn.Linear(d, d))
+        # Learnable inverse temperature of the spatial softmax (log scale). At 1 the softmax over
+        # small post-GELU activations is nearly uniform, every keypoint sits at the image centre and
+        # the policy learns to ignore the image (measured: shuffling the frames left its accuracy on
+        # the demos unchanged); a sharp softmax makes the keypoints track the objects.
+        self.log_kp_scale = nn.Parameter(torch.tensor(math.log(KP_SCALE_INIT)))
 
     def forward(self, images: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = images.float() / 127.5 - 1.0  # [B, 3, H, W] in [-1, 1]
@@ -138,7 +145,9 @@ class FiLMEncoder(nn.Module):
             x = F.gelu(conv(x) * (1 + gamma[:, :, None, None]) + beta[:, :, None, None])
         patches = self.to_patches(x).flatten(2).transpose(1, 2)  # [B, P, d]
         _, c, fh, fw = x.shape
-        attn = torch.softmax(x.flatten(2), dim=-1).view(b, c, fh, fw)  # [B, C, h, w]
+        attn = torch.softmax(x.flatten(2) * self.log_kp_scale.exp(), dim=-1).view(
+            b, c, fh, fw
+        )  # [B, C, h, w]
         ky = (attn.sum(3) * torch.linspace(-1, 1, fh, device=x.device)).sum(-1)  # [B, C]
         kx = (attn.sum(2) * torch.linspace(-1, 1, fw, device=x.device)).sum(-1)  # [B, C]
         return patches, self.keypoints(torch.cat([kx, ky], -1)).unsqueeze(1)

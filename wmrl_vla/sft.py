@@ -29,6 +29,10 @@ class SFTConfig:
     # Probability of zeroing a sample's proprioception during training, so the policy must also read
     # the hand from the image instead of replaying a trajectory from the state alone.
     state_dropout: float = 0.0
+    # Weight of an auxiliary loss: from the image encoder's keypoint token (instruction-conditioned),
+    # regress where the demo's hand ends up (its last recorded position, i.e. the named object). The
+    # label is free from the demos, and it makes the image pathway localise the target.
+    aux_goal: float = 0.0
     seed: int = 0
 
 
@@ -47,11 +51,12 @@ def flatten_demos(records: Sequence[dict], policy: SmallVLA) -> dict[str, torch.
         raise ValueError("no demonstrations to train on")
     from world_models.vla_dynamics import episodes_from_records
 
-    imgs, sts, instr, bins = [], [], [], []
+    imgs, sts, instr, bins, goals = [], [], [], [], []
     for r, e in zip(records, episodes_from_records(records), strict=True):
         t = len(e["actions"])
         imgs.append(e["images"][:t])
         sts.append(e["states"][:t])
+        goals.append(np.repeat(e["states"][t - 1 : t, :2], t, axis=0))
         instr.append(policy.tokenizer.encode([_instruction(r)]).expand(t, -1))
         bins.append(actions_to_bins(torch.from_numpy(e["actions"]), policy.cfg.n_bins))
     return {
@@ -59,6 +64,7 @@ def flatten_demos(records: Sequence[dict], policy: SmallVLA) -> dict[str, torch.
         "states": torch.from_numpy(np.concatenate(sts)),
         "instr": torch.cat(instr),
         "bins": torch.cat(bins),
+        "goal": torch.from_numpy(np.concatenate(goals)).float(),  # [N, 2] the episode's last hand xy
     }
 
 
@@ -92,7 +98,16 @@ def sft(
     data = flatten_demos(records, policy)
     n = data["bins"].shape[0]
     g = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    params = list(policy.parameters())
+    feats: list[torch.Tensor] = []
+    hook = None
+    if cfg.aux_goal > 0:
+        d = policy.cfg.d_model
+        aux_head = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 2))
+        params += list(aux_head.parameters())
+        hook = policy.image_enc.register_forward_hook(lambda m, i, o: feats.append(o[1][:, 0]))
+        g_mean, g_std = data["goal"].mean(0), data["goal"].std(0).clamp(min=1e-3)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_total = cfg.epochs * max(1, (n + cfg.batch_size - 1) // cfg.batch_size)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps_total, pct_start=0.1)
     hist: dict[str, list[float]] = {"loss": [], "accuracy": []}
@@ -109,9 +124,14 @@ def sft(
             logits = policy(random_shift(data["images"][j], cfg.shift, g), states, data["instr"][j])
             target = data["bins"][j]
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+            total = loss
+            if hook is not None:
+                pred = aux_head(feats.pop())
+                feats.clear()
+                total = loss + cfg.aux_goal * F.mse_loss(pred, (data["goal"][j] - g_mean) / g_std)
             opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+            total.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
             tot += float(loss.detach()) * len(j)
@@ -122,6 +142,8 @@ def sft(
         hist["loss"].append(tot / n)
         hist["accuracy"].append(correct / count)
     bar.close()
+    if hook is not None:
+        hook.remove()
     policy.eval()
     return hist
 

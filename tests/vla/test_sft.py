@@ -49,3 +49,27 @@ def test_random_shift_moves_pixels_but_keeps_shape():
     assert out.shape == img.shape and out.dtype == torch.uint8
     assert (out == 255).sum() >= 3  # the bright pixel survives somewhere in each image
     assert torch.equal(random_shift(img, 0, torch.Generator()), img)
+
+
+def test_sft_aux_goal_trains_and_leaves_no_hook(demos):
+    pol = _policy()
+    hist = sft(pol, demos, SFTConfig(epochs=2, batch_size=16, shift=2, aux_goal=1.0), progress=False)
+    assert np.isfinite(hist["loss"]).all()
+    assert not pol.image_enc._forward_hooks
+    data = flatten_demos(demos, pol)
+    last = np.asarray(demos[0]["observation.state"])[-1, :2]
+    assert np.allclose(data["goal"][0].numpy(), last)
+
+
+def test_dagger_records_label_policy_states_with_the_expert():
+    from wmrl_vla.pipeline import dagger_records
+
+    recs = dagger_records(_policy(), ["wmrl/ReachColor-v0"], 2, 32, seed0=7, max_steps=6)
+    assert len(recs) == 2
+    for r in recs:
+        t = len(r["action"])
+        assert 1 <= t <= 6
+        assert r["observation.image"].shape == (t, 32, 32, 3)
+        assert r["observation.state"].shape == (t, 7) and len(r["next.success"]) == t
+        assert np.abs(r["action"]).max() <= 1.0 and isinstance(r["instruction"], str)
+    assert np.isfinite(flatten_demos(recs, _policy())["bins"].numpy()).all()
