@@ -37,8 +37,7 @@ class OnlineDebiaser:
     def observe(self, r_hat: torch.Tensor, r: torch.Tensor) -> bool:
         """Add anchor pairs (``[M]`` each; non-finite entries are ignored). Returns True if it refitted."""
         ok = torch.isfinite(r_hat) & torch.isfinite(r)
-        for a, b in zip(r_hat[ok].tolist(), r[ok].tolist(), strict=False):
-            self.pairs.append((a, b))
+        self.pairs.extend(zip(r_hat[ok].tolist(), r[ok].tolist(), strict=True))
         n_new = int(ok.sum())
         self.seen += n_new
         self.since_fit += n_new

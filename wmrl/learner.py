@@ -130,7 +130,7 @@ def policy_gradient(
     loss, _ = clipped_policy_loss(logp, logp.detach(), advantages[keep], sub.mask, cfg.clip_eps, cfg.loss_agg)
     grads = torch.autograd.grad(loss, params, allow_unused=True)
     return torch.cat(
-        [(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params, strict=False)]
+        [(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params, strict=True)]
     )
 
 
