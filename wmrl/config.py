@@ -239,6 +239,9 @@ class RunConfig:
     out_dir: str = "runs/latest"
     # Torch intra-op threads per process (1 is fastest for small models on a few cores).
     torch_threads: int = 1
+    # Refine the WM on a step's anchors in a thread while the policy updates (the two are
+    # independent). For bit-exact reruns both must draw randomness from their own generators.
+    overlap_wm_update: bool = True
     device: str = "cpu"
     domain: DomainConfig = field(default_factory=_default_domain)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)

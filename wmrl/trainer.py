@@ -175,19 +175,27 @@ class Trainer:
         if oracle is not None:
             metrics.update(self._update_error(batch, adv, used, oracle))
 
-        with timed("update"):
-            self.policy.train()
-            metrics.update(
-                grpo_update(
-                    self.policy, self.optimizer, batch, adv, used, cfg.grpo, self.reference, self.update_gen
-                )
-            )
-
+        # The WM's refinement on this step's anchors does not depend on the policy update, so by
+        # default it runs in a thread beside it (torch releases the GIL inside its kernels).
         graded = anchor_rows[torch.isfinite(r_true[anchor_rows])]  # an ungraded rollout teaches nothing
-        if method not in ("real", "wm") and graded.numel():
+        refine_wm = method not in ("real", "wm") and graded.numel() > 0
+
+        def wm_update() -> dict[str, float]:
             with timed("wm_update"):
-                wm_metrics = self.domain.world_model.update(batch, graded, r_true[graded])
-            metrics.update({f"wm/{k}": v for k, v in (wm_metrics or {}).items()})
+                return self.domain.world_model.update(batch, graded, r_true[graded]) or {}
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            wm_future = pool.submit(wm_update) if refine_wm and cfg.overlap_wm_update else None
+            with timed("update"):
+                self.policy.train()
+                metrics.update(
+                    grpo_update(
+                        self.policy, self.optimizer, batch, adv, used, cfg.grpo, self.reference, self.update_gen
+                    )
+                )
+            if refine_wm:
+                wm_metrics = wm_future.result() if wm_future is not None else wm_update()
+                metrics.update({f"wm/{k}": v for k, v in wm_metrics.items()})
 
         self.step += 1
         n_groups = batch.n_groups

@@ -150,3 +150,34 @@ def test_killed_run_resumes_to_the_same_state(tmp_path):
     assert n_before % 5 == 0 or (
         orphans.exists() and json.loads(orphans.read_text().splitlines()[0])["step"] > 5
     )
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_wm_update_runs_beside_the_policy_update_only_when_asked(tmp_path, monkeypatch, overlap):
+    """Each side waits for the other to start: both see each other only if they run concurrently."""
+    import threading
+
+    import wmrl.trainer as trainer_mod
+
+    cfg = _cfg(tmp_path, "--method=wmrl", "--grpo.steps=1", f"--overlap_wm_update={overlap}")
+    domain = cfg.domain.build(cfg)
+    policy_started, wm_started = threading.Event(), threading.Event()
+    seen: dict[str, bool] = {}
+    patience = 10.0 if overlap else 0.2
+    real_update = trainer_mod.grpo_update
+
+    def policy_update(*args, **kwargs):
+        policy_started.set()
+        seen["policy saw wm"] = wm_started.wait(patience)
+        return real_update(*args, **kwargs)
+
+    def wm_update(batch, indices, rewards):
+        wm_started.set()
+        seen["wm saw policy"] = policy_started.wait(patience)
+        return {"probe": 1.0}
+
+    monkeypatch.setattr(trainer_mod, "grpo_update", policy_update)
+    monkeypatch.setattr(domain.world_model, "update", wm_update)
+    last = Trainer(cfg, domain).train()
+    assert last["wm/probe"] == 1.0 and "time/wm_update" in last and "time/update" in last
+    assert seen == {"policy saw wm": overlap, "wm saw policy": True}
