@@ -50,6 +50,11 @@ class ResearchConfig(DomainConfig):
     sft_include_heldout: bool = False
     sft_batch_size: int = 16
     sft_lr: float = 3e-3
+    # Fraction of each SFT batch drawn from synthetic tasks (random knobs blocks in the tasks' format,
+    # `edits.synthetic_task`): teaches the copy-and-modify edit format rather than the train tasks'
+    # lines, so edits of never-seen tasks apply. The tiny tokenizer also trains on synthetic text
+    # (never on held-out text unless sft_include_heldout).
+    sft_synthetic: float = 0.0
     # Sampling.
     max_new_tokens: int = 96
     max_prompt_tokens: int = 512
@@ -112,6 +117,8 @@ class ResearchConfig(DomainConfig):
             raise ConfigError(f"domain.log_samples_per_task={self.log_samples_per_task} must be >= 1")
         if self.sandbox_timeout_s <= 0:
             raise ConfigError(f"domain.sandbox_timeout_s={self.sandbox_timeout_s} must be > 0")
+        if not 0 <= self.sft_synthetic <= 1:
+            raise ConfigError(f"domain.sft_synthetic={self.sft_synthetic} must lie in [0, 1]")
         if self.eval_samples_per_task < 1:
             raise ConfigError(f"domain.eval_samples_per_task={self.eval_samples_per_task} must be >= 1")
         if self.policy == "tiny" and self.lora:

@@ -214,3 +214,167 @@ def sample_knob_edit(
     k = rng.randint(1, min(max_changes, len(names)))
     chosen = sorted(rng.sample(names, k), key=names.index)
     return knob_edit(source, {n: rng.choice(options[n]) for n in chosen}, start, end)
+
+
+def randomise_knobs(
+    source: str,
+    knob_space: Mapping[str, Sequence[Any]],
+    rng: random.Random,
+    p: float = 0.5,
+    start: str | None = None,
+    end: str | None = None,
+) -> str:
+    """``source`` with each knob (independently, with probability ``p``) set to a random value of its
+    space: another starting point of the same task, so SFT cannot memorise the current values."""
+    current = parse_knobs(knobs_block(source, start, end))
+    changes = {
+        k: rng.choice(list(vs)) for k, vs in knob_space.items() if k in current and vs and rng.random() < p
+    }
+    changes = {k: v for k, v in changes.items() if format_value(v) != current[k]}
+    if not changes:
+        return source
+    res = apply_edits(source, knob_edit(source, changes, start, end), "knobs", start, end)
+    return res.source if res.ok else source
+
+
+# --------------------------------------------------------------------------------------------------
+# Synthetic knobs blocks: SFT data that teaches the edit format, not the training tasks' lines
+
+_NAME_PARTS = (
+    "MODEL METHOD MODE KIND TYPE LR LEARNING RATE ALPHA BETA GAMMA LAMBDA C EPS TOL MAX MIN N NUM "
+    "DEPTH WIDTH HIDDEN UNITS LAYERS HEADS CHANNELS KERNEL STRIDE POOL DROPOUT DECAY WEIGHT EPOCHS "
+    "STEPS ITER BATCH SIZE SCALE NORM CLIP WARMUP MOMENTUM OPTIMIZER LOSS SEED SPLIT FOLDS NEIGHBORS "
+    "ESTIMATORS LEAVES TREES FEATURES LAGS SEASON WINDOW HORIZON DEGREE POLY LOG TARGET CLASS "
+    "THRESHOLD SMOOTH TEMPERATURE PENALTY SOLVER KERNEL GRID BINS RANK RATIO FRACTION SAMPLES "
+    "EMBED DIM ACTIVATION SCHEDULE RELATIVE BALANCE AUGMENT"
+).split()
+_WORDS = (
+    "ridge lasso knn forest hgb svm logreg mlp cnn rnn gru lstm sgd adam adamw rmsprop relu gelu "
+    "tanh linear rbf poly naive drift seasonal mean median mode constant balanced auto sqrt log2 "
+    "uniform distance cosine step none l1 l2 elasticnet gini entropy huber squared absolute quantile "
+    "standard minmax robust lbfgs saga newton adagrad exp plateau onecycle"
+).split()
+_KINDS = (
+    "tabular-classification tabular-regression ts-forecasting ts-classification image-classification "
+    "sequence-classification imbalanced-classification text-classification anomaly-detection ranking"
+).split()
+_METRICS = (("accuracy", 1), ("f1", 1), ("macro_f1", 1), ("auc", 1), ("r2", 1), ("rmse", -1),
+            ("mae", -1), ("log_loss", -1), ("mape", -1))  # fmt: skip
+_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _random_name(rng: random.Random, taken: set[str]) -> str:
+    while True:
+        if rng.random() < 0.2:  # an unfamiliar identifier, so that copying (not recall) is learnt
+            name = "".join(rng.choice(_LETTERS) for _ in range(rng.randint(1, 6)))
+        else:
+            name = "_".join(rng.choice(_NAME_PARTS) for _ in range(rng.choice((1, 1, 2, 2, 3))))
+        if rng.random() < 0.1:
+            name += str(rng.randint(0, 9))
+        # no name may end another one: ``SAMPLES = 1`` would then occur twice after some edits
+        if not any(a.endswith(b) for t in taken for a, b in ((name, t), (t, name))):
+            taken.add(name)
+            return name
+
+
+def _random_choices(rng: random.Random) -> list[Any]:
+    """2..6 distinct candidate values of one type, as a task's knob space lists them."""
+    kind = rng.choice(("int", "int", "float", "float", "str", "str", "bool", "opt"))
+    n = rng.randint(2, 6)
+    if kind == "int":
+        pool = sorted(
+            {
+                rng.choice(
+                    (
+                        1,
+                        2,
+                        3,
+                        4,
+                        5,
+                        6,
+                        8,
+                        10,
+                        11,
+                        12,
+                        15,
+                        16,
+                        20,
+                        24,
+                        30,
+                        32,
+                        40,
+                        50,
+                        64,
+                        100,
+                        128,
+                        200,
+                        256,
+                        500,
+                        1000,
+                    )
+                )
+                for _ in range(3 * n)
+            }  # fmt: skip
+        )
+        return pool[:n] if rng.random() < 0.5 else sorted(rng.sample(pool, min(n, len(pool))))
+    if kind == "float":
+        mant = (1.0, 2.0, 3.0, 5.0)
+        pool = sorted({rng.choice(mant) * 10.0 ** rng.randint(-5, 3) for _ in range(3 * n)})
+        pool = [float(f"{v:.6g}") for v in pool]
+        if rng.random() < 0.3:
+            pool = sorted({round(rng.choice((0.0, 0.1, 0.2, 0.25, 0.3, 0.5, 0.7, 0.9, 0.95, 0.99)), 2)
+                           for _ in range(3 * n)})  # fmt: skip
+        return pool[:n] if rng.random() < 0.5 else sorted(rng.sample(pool, min(n, len(pool))))
+    if kind == "str":
+        return rng.sample(_WORDS, n)
+    if kind == "bool":
+        return [False, True] if rng.random() < 0.7 else [True, False]
+    inner = _random_choices(rng)
+    return [None, *[v for v in inner if v is not None and not isinstance(v, bool)]][: max(2, n)]
+
+
+@dataclass(frozen=True)
+class SyntheticTask:
+    """A made-up task with a random knobs block, in the real tasks' format (prompt and edits only;
+    it cannot run). ``baseline_source`` has the knobs markers; every knob's value is in its space."""
+
+    id: str
+    kind: str
+    metric: str
+    direction: int
+    knob_space: dict[str, list[Any]]
+    baseline_source: str
+    description: str = "A synthetic task (edit-format practice only)."
+    split: str = "synthetic"
+
+
+def synthetic_task(
+    rng: random.Random,
+    min_knobs: int = 2,
+    max_knobs: int = 10,
+    start: str | None = None,
+    end: str | None = None,
+) -> SyntheticTask:
+    """A random task whose knobs block looks like the real ones: ``NAME = value  # comment`` lines
+    (random upper-case identifiers; int, float, string, bool or optional values) and a knob space of
+    2-6 candidates per knob that holds the current value."""
+    start, end = _markers(start, end)
+    taken: set[str] = set()
+    space: dict[str, list[Any]] = {}
+    lines = []
+    for _ in range(rng.randint(min_knobs, max_knobs)):
+        name = _random_name(rng, taken)
+        choices = _random_choices(rng)
+        space[name] = choices
+        value = rng.choice(choices)
+        comment = " ".join(rng.sample(_WORDS, rng.randint(1, 4)))
+        lines.append(f"{name} = {format_value(value)}" + (f"  # {comment}" if rng.random() < 0.8 else ""))
+    words = rng.sample(_WORDS, 2)
+    metric, direction = rng.choice(_METRICS)
+    tid = f"{words[0]}_{words[1]}_{rng.choice(('cls', 'reg', 'forecast', 'synth', 'cnn', 'rnn'))}"
+    body = "\n".join(lines)
+    source = (
+        f'"""{tid}: synthetic solution."""\n\nimport numpy as np\n\n{start}\n{body}\n{end}\n\n\n'
+        'def main():\n    print(np.zeros(1))\n\n\nif __name__ == "__main__":\n    main()\n'
+    )
+    return SyntheticTask(tid, rng.choice(_KINDS), metric, direction, space, source)

@@ -22,7 +22,7 @@ import torch
 from wmrl.executors import make_executor
 from wmrl_research.agent import ResearchPolicy, add_lora, build_prompt, build_tokenizer, load_lm
 from wmrl_research.domain import ResearchDomain, ResearchWorldModel, solution_text, task_text, to_example
-from wmrl_research.edits import sample_knob_edit
+from wmrl_research.edits import sample_knob_edit, synthetic_task
 from wmrl_research.sft import SFTConfig, edit_validity, run_sft
 from wmrl_research.tasks import FAILURE_SCORE, list_tasks
 from world_models.outcome import EncoderOutcomeModel, ExecutionLog, LMOutcomeModel, outcome_metrics
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 WM_ANSWER_TEMPLATE = " runs: yes; valid: no; quality: 0 1 2 3 4 5 6 7 8 9"
+SYNTHETIC_TOKENIZER_TASKS = 400
 
 
 def _key(d: dict[str, Any]) -> str:
@@ -62,20 +63,23 @@ def _policy_fields(cfg: ResearchConfig, run: RunConfig, train: list[Any]) -> dic
         "tiny": (cfg.tiny_hidden, cfg.tiny_layers, cfg.vocab_size),
         "lora": (cfg.lora, cfg.lora_rank),
         "mode": (cfg.edit_mode, cfg.prompt_style),
-        "sft": (cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr) + ((True,) if cfg.sft_include_heldout else ()),
+        "sft": (cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr)
+        + ((True,) if cfg.sft_include_heldout else ())
+        + ((("synthetic", cfg.sft_synthetic),) if cfg.sft_synthetic else ()),
         "tasks": [t.id for t in train],
         "seed": run.seed,
-        "v": 1,
+        "v": 2,  # 2: the tokenizer never reads held-out text
     }
 
 
-def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], all_tasks: list[Any], cache: Path):
+def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout: list[Any], cache: Path):
     """The policy after SFT (cached ``policy.pt``), and the SFT edit-validity figures."""
     tokenizer = None
     if cfg.policy == "tiny":
         rng = random.Random(run.seed)
         corpus: list[str] = []
-        for t in all_tasks:
+        # Never held-out text (unless SFT sees those tasks anyway): the tokenizer is part of the policy.
+        for t in train + (heldout if cfg.sft_include_heldout else []):
             corpus += [build_prompt(t, t.baseline_source, "knobs", "short")] * 4
             corpus += [
                 build_prompt(t, t.baseline_source, "knobs"),
@@ -83,6 +87,13 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], all_task
             ]
             corpus += [sample_knob_edit(t.baseline_source, t.knob_space, rng) for _ in range(20)]
             corpus += [f"Task: {task_text(t)}\nSolution:\n{solution_text(t, t.baseline_source)}\nOutcome:"]
+        if cfg.sft_synthetic > 0:
+            for _ in range(SYNTHETIC_TOKENIZER_TASKS):
+                s = synthetic_task(rng)
+                corpus += [
+                    build_prompt(s, s.baseline_source, "knobs", "short"),
+                    sample_knob_edit(s.baseline_source, s.knob_space, rng),
+                ]
         corpus += [WM_ANSWER_TEMPLATE] * 8
         tokenizer = build_tokenizer(corpus, cfg.vocab_size, cache / "tokenizer")
     model, tokenizer = load_lm(
@@ -102,17 +113,24 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], all_task
         return policy, json.loads(info_path.read_text())
     info: dict[str, Any] = {"params": policy.n_params(), "trainable_params": policy.n_params(True)}
     if cfg.sft_steps > 0:
-        sft_tasks = train + (list_tasks("heldout") if cfg.sft_include_heldout else [])
+        sft_tasks = train + (heldout if cfg.sft_include_heldout else [])
         t0 = time.perf_counter()
         _say(
             cfg,
-            f"SFT: {cfg.sft_steps} steps on {len(sft_tasks)} tasks ({info['trainable_params']} trainable params)",
+            f"SFT: {cfg.sft_steps} steps on {len(sft_tasks)} tasks"
+            + (f" + {cfg.sft_synthetic:.0%} synthetic" if cfg.sft_synthetic else "")
+            + f" ({info['trainable_params']} trainable params)",
         )
         losses = run_sft(
             policy,
             sft_tasks,
             SFTConfig(
-                cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr, seed=run.seed, prompt_style=cfg.prompt_style
+                cfg.sft_steps,
+                cfg.sft_batch_size,
+                cfg.sft_lr,
+                seed=run.seed,
+                prompt_style=cfg.prompt_style,
+                synthetic_fraction=cfg.sft_synthetic,
             ),
         )
         info.update(
@@ -124,9 +142,7 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], all_task
         )
     gen = torch.Generator().manual_seed(run.seed + 7)
     info["validity_train"] = edit_validity(policy, train, 8, gen, cfg.edit_mode, cfg.prompt_style)
-    info["validity_heldout"] = edit_validity(
-        policy, list_tasks("heldout"), 8, gen, cfg.edit_mode, cfg.prompt_style
-    )
+    info["validity_heldout"] = edit_validity(policy, heldout, 8, gen, cfg.edit_mode, cfg.prompt_style)
     _say(cfg, f"SFT edits apply: train {info['validity_train']['apply_fraction']:.2f}, "
          f"held-out {info['validity_heldout']['apply_fraction']:.2f}")  # fmt: skip
     torch.save(policy.state_dict(), path)
@@ -257,7 +273,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     cache = Path(cfg.cache_dir) / _key(_policy_fields(cfg, run, train))
     cache.mkdir(parents=True, exist_ok=True)
     (cache / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
-    policy, sft_info = build_policy(cfg, run, train, all_tasks, cache)
+    policy, sft_info = build_policy(cfg, run, train, heldout, cache)
     executor = make_executor(run.executor, run.anchors.max_concurrent)
     log_path = (
         cache / f"execution_log-{_key([cfg.log_samples_per_task, cfg.max_new_tokens, cfg.temperature])}.jsonl"

@@ -3,6 +3,11 @@
 The targets are random knobs-mode edits (1..``max_changes`` knobs set to another candidate value),
 so after SFT the policy writes well-formed, applicable edits and spreads its choices over the knob
 space; GRPO then learns which choices score well.
+
+With ``synthetic_fraction > 0`` that fraction of each batch comes from synthetic tasks (random knobs
+blocks in the same format, :func:`wmrl_research.edits.synthetic_task`), drawn fresh every step: a
+small policy then learns to copy a knob line of its prompt and rewrite its value, instead of
+memorising the training tasks' lines, and its edits of tasks it has never seen apply.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 import torch
 
 from wmrl_research.agent import ResearchPolicy, build_prompt, encode_prompts, sequence_nll
-from wmrl_research.edits import apply_edits, sample_knob_edit
+from wmrl_research.edits import apply_edits, sample_knob_edit, synthetic_task
 
 
 @dataclass
@@ -26,19 +31,31 @@ class SFTConfig:
     max_changes: int = 2
     seed: int = 0
     prompt_style: str = "full"
+    synthetic_fraction: float = 0.0
 
 
 def sft_examples(
-    tasks: Sequence[Any], n: int, rng: random.Random, max_changes: int = 2, style: str = "full"
+    tasks: Sequence[Any],
+    n: int,
+    rng: random.Random,
+    max_changes: int = 2,
+    style: str = "full",
+    synthetic_fraction: float = 0.0,
 ) -> list[tuple[str, str]]:
-    """``n`` (prompt, completion) pairs drawn uniformly over ``tasks``, prompts in knobs mode."""
-    if not tasks:
+    """``n`` (prompt, completion) pairs, prompts in knobs mode: each one, with probability
+    ``synthetic_fraction``, from a fresh synthetic task, else from a task of ``tasks`` (uniformly)."""
+    if not tasks and synthetic_fraction < 1:
         raise ValueError("SFT needs at least one task")
     prompts = {t.id: build_prompt(t, t.baseline_source, "knobs", style) for t in tasks}
     out = []
     for _ in range(n):
-        t = rng.choice(list(tasks))
-        out.append((prompts[t.id], sample_knob_edit(t.baseline_source, t.knob_space, rng, max_changes)))
+        if synthetic_fraction > 0 and rng.random() < synthetic_fraction:
+            t = synthetic_task(rng)
+            prompt = build_prompt(t, t.baseline_source, "knobs", style)
+        else:
+            t = rng.choice(list(tasks))
+            prompt = prompts[t.id]
+        out.append((prompt, sample_knob_edit(t.baseline_source, t.knob_space, rng, max_changes)))
     return out
 
 
@@ -53,7 +70,9 @@ def run_sft(policy: ResearchPolicy, tasks: Sequence[Any], cfg: SFTConfig) -> lis
     policy.train()
     losses = []
     for _ in range(cfg.steps):
-        pairs = sft_examples(tasks, cfg.batch_size, rng, cfg.max_changes, cfg.prompt_style)
+        pairs = sft_examples(
+            tasks, cfg.batch_size, rng, cfg.max_changes, cfg.prompt_style, cfg.synthetic_fraction
+        )
         loss = sequence_nll(policy, [p for p, _ in pairs], [c for _, c in pairs])
         opt.zero_grad()
         loss.backward()

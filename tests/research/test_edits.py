@@ -7,11 +7,14 @@ from wmrl_research.edits import (
     Edit,
     EditError,
     apply_edits,
+    format_value,
     knob_edit,
     knobs_block,
     parse_edits,
     parse_knobs,
+    randomise_knobs,
     sample_knob_edit,
+    synthetic_task,
 )
 
 KW = {"start": START, "end": END}
@@ -100,3 +103,38 @@ def test_knob_edit_and_sampled_edits_always_apply():
     assert seen == {"MODEL", "ALPHA", "SCALE"}
     with pytest.raises(KeyError, match="not in the knobs block"):
         knob_edit(SOURCE, {"DEPTH": 3}, **KW)
+
+
+def test_synthetic_tasks_look_like_tasks_and_every_sampled_edit_applies():
+    from wmrl_research.agent import build_prompt
+
+    rng = random.Random(0)
+    names = set()
+    for _ in range(300):
+        t = synthetic_task(rng)
+        knobs = parse_knobs(knobs_block(t.baseline_source))
+        assert 2 <= len(knobs) <= 10 and list(knobs) == list(t.knob_space)
+        names |= set(knobs)
+        for k, v in knobs.items():  # the current value is one of the candidates, in the same notation
+            assert v in {format_value(c) for c in t.knob_space[k]}
+        assert build_prompt(t, t.baseline_source, "knobs", "short").endswith("Edit:\n")
+        for _ in range(3):
+            res = apply_edits(
+                t.baseline_source, sample_knob_edit(t.baseline_source, t.knob_space, rng), "knobs"
+            )
+            assert res.ok and res.source != t.baseline_source
+    assert len(names) > 200  # varied identifiers, not a fixed list
+
+
+def test_randomise_knobs_moves_the_starting_point_within_the_space():
+    task = FakeTask()
+    rng = random.Random(1)
+    seen = set()
+    for _ in range(30):
+        src = randomise_knobs(task.baseline_source, task.knob_space, rng, p=0.5)
+        knobs = parse_knobs(knobs_block(src))
+        assert src.replace(knobs_block(src), "") == SOURCE.replace(knobs_block(SOURCE), "")
+        for k, v in knobs.items():
+            assert k not in task.knob_space or v in {format_value(c) for c in task.knob_space[k]}
+        seen.add(tuple(knobs.values()))
+    assert len(seen) > 3
