@@ -23,6 +23,7 @@ import numpy as np
 from gymnasium import spaces
 
 from sims import _gl  # noqa: F401  (selects the GL backend before mujoco is imported)
+from sims.replay import ReplayState
 from sims.specs import DMC_TASKS, dmc_task_id
 
 
@@ -43,7 +44,7 @@ def task_id_of(name: str) -> str:
     return dmc_task_id(name)
 
 
-class DMCEnv(gym.Env):
+class DMCEnv(ReplayState, gym.Env):
     """A dm_control suite task as a Gymnasium env with image + flattened-state observations."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 25}
@@ -180,28 +181,6 @@ class DMCEnv(gym.Env):
 
     def render(self) -> np.ndarray:
         return self._image()
-
-    def get_sim_state(self) -> dict[str, Any]:
-        """The episode so far as (seed, actions): the simulation is deterministic, so replaying them
-        from ``reset(seed)`` restores it exactly (MetaWorld and the suite keep state outside MuJoCo's
-        arrays, which a snapshot of qpos/qvel would miss)."""
-        return {
-            "task_id": self.task_id,
-            "seed": self._episode_seed,
-            "actions": np.array(self._actions, dtype=np.float64).reshape(-1, self.action_space.shape[0]),
-        }
-
-    def set_sim_state(self, state: dict[str, Any]) -> None:
-        """Restore a state from ``get_sim_state`` by replaying its actions (without rendering)."""
-        if state["task_id"] != self.task_id:
-            raise ValueError(f"state of {state['task_id']!r} given to {self.task_id!r}")
-        render, self.render_images = self.render_images, False
-        try:
-            self.reset(seed=int(state["seed"]))
-            for a in state["actions"]:
-                self.step(a)
-        finally:
-            self.render_images = render
 
     def close(self) -> None:
         if self._renderer is not None:
