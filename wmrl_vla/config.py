@@ -42,6 +42,9 @@ class VLAConfig(DomainConfig):
     n_bins: int = 21
     d_model: int = 64
     n_layers: int = 2
+    # SmallVLA's full-resolution target locator (wmrl_vla.policy.TargetLocator), trained by the
+    # sft_aux_goal loss on labels from the simulator.
+    locator: bool = True
     # Behaviour cloning.
     sft_epochs: int = 20
     sft_batch_size: int = 64

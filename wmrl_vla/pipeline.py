@@ -38,7 +38,7 @@ ROLLOUT_REPO = "wmrl/sft_rollouts"
 ROLLOUT_SEED0 = 500_000
 # Bump when the world model's or the policy's architecture changes, so stale caches are not loaded.
 WM_ARCH = 2
-POLICY_ARCH = 3
+POLICY_ARCH = 4
 
 
 def _key(d: dict[str, Any]) -> str:
@@ -97,6 +97,8 @@ def _policy_fields(cfg: VLAConfig) -> dict[str, Any]:
               "sft_lr": cfg.sft_lr, "arch": POLICY_ARCH}  # fmt: skip
     if cfg.policy == "small_vla":  # only non-default extras, which keeps the keys of plain-BC caches
         fields.update({k: getattr(cfg, k) for k in ("sft_shift", "sft_aux_goal") if getattr(cfg, k)})
+        if not cfg.locator:
+            fields["locator"] = False
     if cfg.dagger_rounds > 0 and cfg.policy == "small_vla":
         fields.update(dagger_rounds=cfg.dagger_rounds, dagger_episodes_per_task=cfg.dagger_episodes_per_task,
                       dagger_epochs=cfg.dagger_epochs)  # fmt: skip
@@ -115,10 +117,12 @@ def prepare_policy(cfg: VLAConfig, demos: list[dict]):
     policy = SmallVLA(
         SmallVLAConfig(
             image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, n_bins=cfg.n_bins,
-            d_model=cfg.d_model, n_layers=cfg.n_layers,
+            d_model=cfg.d_model, n_layers=cfg.n_layers, locator=cfg.locator,
         )
     )  # fmt: skip
     t0 = time.perf_counter()
+    if cfg.locator and cfg.sft_aux_goal > 0:
+        demos = label_goals(list(demos))  # the demos are recorded with split "all"
     hist = sft(
         policy,
         demos,
@@ -142,7 +146,7 @@ def prepare_policy(cfg: VLAConfig, demos: list[dict]):
             policy,
             list(demos) + relabelled,
             SFTConfig(epochs=cfg.dagger_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr / 2,
-                      seed=cfg.demo_seed + 1 + r),
+                      seed=cfg.demo_seed + 1 + r, aux_goal=cfg.sft_aux_goal if cfg.locator else 0.0),
             progress=cfg.progress,
         )  # fmt: skip
         hist.setdefault("dagger_accuracy", []).append(h["accuracy"][-1])
@@ -153,6 +157,53 @@ def prepare_policy(cfg: VLAConfig, demos: list[dict]):
 
 
 DAGGER_SEED0 = 900_000
+
+
+def target_labels(env) -> tuple[np.ndarray, np.ndarray] | None:
+    """Auxiliary SFT labels of an env's current episode, from the simulator: the named object's table
+    xy (the first entry of the task's ``privileged()``: the target disc, the button cap, the puck,
+    the cube) and where the env's camera sees it (image x, y in [-1, 1]^2, y down; pinhole model of
+    the MuJoCo camera). None for envs without our tabletop interface (no labels: SFT falls back to
+    the demo's last hand position)."""
+    import math
+
+    u = getattr(env, "unwrapped", env)
+    try:
+        target = np.asarray(next(iter(u.privileged().values())), dtype=float)[:3]
+        cam = u.model.camera(u.camera).id
+        pos, mat = u.data.cam_xpos[cam], u.data.cam_xmat[cam].reshape(3, 3)  # columns: camera axes
+        tan = math.tan(math.radians(float(u.model.cam_fovy[cam])) / 2)
+    except (AttributeError, KeyError, StopIteration):
+        return None
+    d = target - pos
+    depth = -float(d @ mat[:, 2])  # the camera looks along its -z axis
+    px = np.array([d @ mat[:, 0] / depth / tan, -(d @ mat[:, 1]) / depth / tan], dtype=np.float32)
+    return target[:2].astype(np.float32), px
+
+
+def label_goals(records: list[dict], split: str = "all") -> list[dict]:
+    """Add ``goal`` / ``goal_px`` (see :func:`target_labels`) to records that know their task id and
+    reset seed (as :func:`wmrl_vla.data.load_episodes` returns them), by resetting the task's env
+    without rendering. Records recorded with ``split`` (the demos: "all")."""
+    import sims
+
+    envs: dict[str, Any] = {}
+    out = []
+    try:
+        for r in records:
+            task, seed = r.get("task_id"), r.get("seed", -1)
+            if task is None or seed is None or int(seed) < 0:
+                out.append(r)
+                continue
+            if task not in envs:
+                envs[task] = sims.make(task, render=False, split=split)
+            envs[task].reset(seed=int(seed))
+            lab = target_labels(envs[task])
+            out.append(r if lab is None else {**r, "goal": lab[0], "goal_px": lab[1]})
+    finally:
+        for e in envs.values():
+            e.close()
+    return out
 
 
 @torch.no_grad()
@@ -181,6 +232,7 @@ def dagger_records(
             for k in range(episodes_per_task):
                 ex.reset()
                 o, info = env.reset(seed=seed0 + k)
+                lab = target_labels(env)
                 instr = policy.tokenizer.encode([info["instruction"]])
                 imgs, sts, acts, prog, succ = [], [], [], [], []
                 while True:
@@ -201,17 +253,18 @@ def dagger_records(
                     succ.append(bool(info["success"]))
                     if term or trunc:
                         break
-                out.append(
-                    {
-                        "observation.image": np.stack(imgs),
-                        "observation.state": np.stack(sts),
-                        "action": np.stack(acts),
-                        "next.reward": np.array(prog, np.float32),
-                        "next.success": np.array(succ),
-                        "instruction": info["instruction"],
-                        "task": info["instruction"],
-                    }
-                )
+                rec = {
+                    "observation.image": np.stack(imgs),
+                    "observation.state": np.stack(sts),
+                    "action": np.stack(acts),
+                    "next.reward": np.array(prog, np.float32),
+                    "next.success": np.array(succ),
+                    "instruction": info["instruction"],
+                    "task": info["instruction"],
+                }
+                if lab is not None:
+                    rec.update(goal=lab[0], goal_px=lab[1])
+                out.append(rec)
         finally:
             env.close()
     return out

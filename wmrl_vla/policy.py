@@ -74,6 +74,11 @@ class SmallVLAConfig:
     vocab_size: int = 512
     max_words: int = 16
     dropout: float = 0.0
+    # Full-resolution target locator (see :class:`TargetLocator`): its estimate of the named
+    # object's table xy, and that minus the hand's xy (the first two proprioception dims in every
+    # sims task), join the proprioception token's input.
+    locator: bool = True
+    locator_channels: int = 16
 
     def __post_init__(self) -> None:
         if self.image_size % 16 != 0:
@@ -153,6 +158,46 @@ class FiLMEncoder(nn.Module):
         return patches, self.keypoints(torch.cat([kx, ky], -1)).unsqueeze(1)
 
 
+# Unit of the locator's table-coordinate output (metres): its head predicts xy / LOC_UNIT.
+LOC_UNIT = 0.1
+# Scale of "goal - hand" in the proprioception token's input: the scripted experts' actions saturate
+# once the hand is a few centimetres from its target (one step moves the hand up to 3 cm).
+OFFSET_SCALE = 30.0
+
+
+class TargetLocator(nn.Module):
+    """Where is the named object? An instruction-conditioned attention map over every pixel.
+
+    Per-pixel features (two 1x1 convolutions: colour, not context) are scored against a query from
+    the instruction; a softmax over all ``H * W`` pixels gives the expected image coordinates of the
+    named object (a keypoint in [-1, 1]^2, full resolution: in a 64x64 frame of the tabletop scene a
+    pixel row spans ~1.5 cm of table depth, so a 16x16 map cannot place an object within the 3 cm a
+    task needs) and a small MLP maps them to table xy (units of ``LOC_UNIT`` metres). Trained by the
+    auxiliary losses of :func:`wmrl_vla.sft.sft` (the target's pixel and table position, labels
+    from the simulator at training time only); the policy sees only its outputs.
+    """
+
+    def __init__(self, cond_dim: int, channels: int = 16) -> None:
+        super().__init__()
+        self.pixels = nn.Sequential(nn.Conv2d(3, channels, 1), nn.GELU(), nn.Conv2d(channels, channels, 1), nn.GELU())
+        self.query = nn.Linear(cond_dim, channels)
+        self.log_scale = nn.Parameter(torch.tensor(0.0))
+        self.to_xy = nn.Sequential(nn.Linear(2, 64), nn.GELU(), nn.Linear(64, 2))
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``x`` ``[B, 3, H, W]`` in [-1, 1], ``cond`` ``[B, c]`` -> ``logits`` ``[B, H*W]`` (the
+        attention map before its softmax), ``keypoint`` ``[B, 2]`` (image x, y in [-1, 1]) and
+        ``xy`` ``[B, 2]`` (table position / LOC_UNIT)."""
+        b, _, h, w = x.shape
+        feats = self.pixels(x)  # [B, c, H, W]
+        logits = (feats * self.query(cond)[:, :, None, None]).sum(1).flatten(1) * self.log_scale.exp()
+        attn = torch.softmax(logits, -1).view(b, h, w)
+        ky = (attn.sum(2) * torch.linspace(-1, 1, h, device=x.device)).sum(-1)
+        kx = (attn.sum(1) * torch.linspace(-1, 1, w, device=x.device)).sum(-1)
+        kp = torch.stack([kx, ky], -1)
+        return {"logits": logits, "keypoint": kp, "xy": self.to_xy(kp)}
+
+
 class SmallVLA(nn.Module):
     """Image + instruction + proprioception -> per-dimension action-bin logits."""
 
@@ -166,7 +211,9 @@ class SmallVLA(nn.Module):
         self.patch_pos = nn.Parameter(torch.randn(1, n_patches, d) * 0.02)
         self.word_emb = nn.Embedding(cfg.vocab_size, d, padding_idx=PAD_ID)
         self.word_pos = nn.Parameter(torch.randn(1, cfg.max_words, d) * 0.02)
-        self.state_proj = nn.Sequential(nn.Linear(cfg.state_dim, d), nn.GELU(), nn.Linear(d, d))
+        self.locator = TargetLocator(d, cfg.locator_channels) if cfg.locator else None
+        state_in = cfg.state_dim + (4 if cfg.locator else 0)
+        self.state_proj = nn.Sequential(nn.Linear(state_in, d), nn.GELU(), nn.Linear(d, d))
         self.queries = nn.Parameter(torch.randn(1, cfg.action_dim, d) * 0.02)
         self.type_emb = nn.Parameter(torch.randn(4, d) * 0.02)  # patch, word, state, query
         layer = nn.TransformerEncoderLayer(
@@ -194,7 +241,12 @@ class SmallVLA(nn.Module):
         patches, keypoint = self.image_enc(images, sentence)
         patches = torch.cat([patches + self.patch_pos, keypoint], 1) + t[0]  # [B, P+1, d]
         words = word_vecs + self.word_pos[:, : instr.shape[1]] + t[1]  # [B, L, d]
-        state = self.state_proj(states.float()).unsqueeze(1) + t[2]  # [B, 1, d]
+        states = states.float()
+        if self.locator is not None:
+            loc = self.locator(images.float() / 127.5 - 1.0, sentence)
+            goal = loc["xy"] * LOC_UNIT  # [B, 2] metres
+            states = torch.cat([states, goal / LOC_UNIT, (goal - states[:, :2]) * OFFSET_SCALE], -1)
+        state = self.state_proj(states).unsqueeze(1) + t[2]  # [B, 1, d]
         queries = self.queries.expand(b, -1, -1) + t[3]  # [B, A, d]
         x = torch.cat([patches, words, state, queries], dim=1)  # [B, P+L+1+A, d]
         pad = torch.cat(
@@ -290,6 +342,7 @@ class SmallVLA(nn.Module):
     @classmethod
     def load(cls, path) -> SmallVLA:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        model = cls(SmallVLAConfig(**ckpt["config"]))
+        # checkpoints from before the locator existed have none
+        model = cls(SmallVLAConfig(**{"locator": False, **ckpt["config"]}))
         model.load_state_dict(ckpt["state_dict"])
         return model

@@ -7,6 +7,7 @@ dataset on disk; :func:`sft` is the library function the VLA domain calls.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from wmrl_vla.policy import SmallVLA, SmallVLAConfig, actions_to_bins
+from wmrl_vla.policy import LOC_UNIT, SmallVLA, SmallVLAConfig, actions_to_bins
 
 
 @dataclass
@@ -29,9 +30,11 @@ class SFTConfig:
     # Probability of zeroing a sample's proprioception during training, so the policy must also read
     # the hand from the image instead of replaying a trajectory from the state alone.
     state_dropout: float = 0.0
-    # Weight of an auxiliary loss: from the image encoder's keypoint token (instruction-conditioned),
-    # regress where the demo's hand ends up (its last recorded position, i.e. the named object). The
-    # label is free from the demos, and it makes the image pathway localise the target.
+    # Weight of the auxiliary localisation loss. With the policy's TargetLocator: cross-entropy of its
+    # attention map against the named object's pixel + squared error of its table-xy estimate (in
+    # LOC_UNIT), labels ``goal`` / ``goal_px`` of each record (from the simulator, see
+    # wmrl_vla.pipeline.label_goals; without them the demo's last hand xy, no pixel term). Without a
+    # locator: regress the goal from the image encoder's keypoint token through a small head.
     aux_goal: float = 0.0
     seed: int = 0
 
@@ -51,12 +54,15 @@ def flatten_demos(records: Sequence[dict], policy: SmallVLA) -> dict[str, torch.
         raise ValueError("no demonstrations to train on")
     from world_models.vla_dynamics import episodes_from_records
 
-    imgs, sts, instr, bins, goals = [], [], [], [], []
+    imgs, sts, instr, bins, goals, pxs = [], [], [], [], [], []
     for r, e in zip(records, episodes_from_records(records), strict=True):
         t = len(e["actions"])
         imgs.append(e["images"][:t])
         sts.append(e["states"][:t])
-        goals.append(np.repeat(e["states"][t - 1 : t, :2], t, axis=0))
+        goal = np.asarray(r["goal"], np.float32) if "goal" in r else e["states"][t - 1, :2]
+        goals.append(np.broadcast_to(goal.reshape(-1, 2)[:t], (t, 2)))
+        px = np.asarray(r["goal_px"], np.float32) if "goal_px" in r else np.full(2, np.nan, np.float32)
+        pxs.append(np.broadcast_to(px.reshape(-1, 2)[:t], (t, 2)))
         instr.append(policy.tokenizer.encode([_instruction(r)]).expand(t, -1))
         bins.append(actions_to_bins(torch.from_numpy(e["actions"]), policy.cfg.n_bins))
     return {
@@ -64,8 +70,25 @@ def flatten_demos(records: Sequence[dict], policy: SmallVLA) -> dict[str, torch.
         "states": torch.from_numpy(np.concatenate(sts)),
         "instr": torch.cat(instr),
         "bins": torch.cat(bins),
-        "goal": torch.from_numpy(np.concatenate(goals)).float(),  # [N, 2] the episode's last hand xy
+        # [N, 2] the named object's table xy (else the episode's last hand xy) and its image position
+        # in [-1, 1]^2 (NaN when unknown)
+        "goal": torch.from_numpy(np.concatenate(goals)).float(),
+        "goal_px": torch.from_numpy(np.concatenate(pxs)).float(),
     }
+
+
+def locator_loss(loc: dict[str, torch.Tensor], goal: torch.Tensor, goal_px: torch.Tensor) -> torch.Tensor:
+    """Auxiliary loss of a :class:`~wmrl_vla.policy.TargetLocator` output: squared error of its table
+    xy (in ``LOC_UNIT``) + cross-entropy of its attention map against the goal's pixel (rows whose
+    ``goal_px`` is known)."""
+    loss = F.mse_loss(loc["xy"], goal / LOC_UNIT)
+    known = torch.isfinite(goal_px).all(-1)
+    if known.any():
+        n = loc["logits"].shape[-1]
+        side = math.isqrt(n)
+        uv = ((goal_px[known] + 1) / 2 * side - 0.5).round().long().clamp(0, side - 1)  # [K, 2] col, row
+        loss = loss + F.cross_entropy(loc["logits"][known], uv[:, 1] * side + uv[:, 0])
+    return loss
 
 
 def random_shift(images: torch.Tensor, pad: int, generator: torch.Generator) -> torch.Tensor:
@@ -101,7 +124,10 @@ def sft(
     params = list(policy.parameters())
     feats: list[torch.Tensor] = []
     hook = None
-    if cfg.aux_goal > 0:
+    use_locator = cfg.aux_goal > 0 and getattr(policy, "locator", None) is not None
+    if use_locator:
+        hook = policy.locator.register_forward_hook(lambda m, i, o: feats.append(o))
+    elif cfg.aux_goal > 0:
         d = policy.cfg.d_model
         aux_head = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 2))
         params += list(aux_head.parameters())
@@ -115,7 +141,7 @@ def sft(
     bar = tqdm(total=steps_total, desc="SFT", disable=not progress)
     for _ in range(cfg.epochs):
         perm = torch.randperm(n, generator=g)
-        tot, correct, count = 0.0, 0, 0
+        tot, correct, count, gerr = 0.0, 0, 0, 0.0
         for s in range(0, n, cfg.batch_size):
             j = perm[s : s + cfg.batch_size]
             states = data["states"][j]
@@ -125,7 +151,12 @@ def sft(
             target = data["bins"][j]
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
             total = loss
-            if hook is not None:
+            if use_locator:
+                loc = feats.pop()
+                feats.clear()
+                total = loss + cfg.aux_goal * locator_loss(loc, data["goal"][j], data["goal_px"][j])
+                gerr += float((loc["xy"].detach() * LOC_UNIT - data["goal"][j]).norm(dim=-1).sum())
+            elif hook is not None:
                 pred = aux_head(feats.pop())
                 feats.clear()
                 total = loss + cfg.aux_goal * F.mse_loss(pred, (data["goal"][j] - g_mean) / g_std)
@@ -141,6 +172,8 @@ def sft(
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
         hist["loss"].append(tot / n)
         hist["accuracy"].append(correct / count)
+        if use_locator:  # mean distance (m) of the locator's table xy from the goal label
+            hist.setdefault("goal_error", []).append(gerr / n)
     bar.close()
     if hook is not None:
         hook.remove()

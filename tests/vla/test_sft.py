@@ -73,3 +73,42 @@ def test_dagger_records_label_policy_states_with_the_expert():
         assert r["observation.state"].shape == (t, 7) and len(r["next.success"]) == t
         assert np.abs(r["action"]).max() <= 1.0 and isinstance(r["instruction"], str)
     assert np.isfinite(flatten_demos(recs, _policy())["bins"].numpy()).all()
+
+
+def test_target_labels_point_at_the_named_object():
+    import sims
+    from sims.own.base import PALETTE
+    from wmrl_vla.pipeline import label_goals, target_labels
+
+    env = sims.make("wmrl/ReachColor-v0", image_size=64)
+    try:
+        for seed in range(3):
+            obs, info = env.reset(seed=seed)
+            xy, px = target_labels(env)
+            assert np.allclose(xy, env.unwrapped.privileged()["goal"][:2])
+            col, row = np.clip(np.round((px + 1) / 2 * 64 - 0.5).astype(int), 0, 63)
+            patch = obs["image"][max(row - 1, 0) : row + 2, max(col - 1, 0) : col + 2].reshape(-1, 3) / 255.0
+            colour = next(c for c in PALETTE if f" {c} " in f" {info['instruction']} ")
+            # some pixel within one of the label is (shaded) the named colour, far from the others
+            dist = {c: np.abs(patch - np.array(v)).sum(-1).min() for c, v in PALETTE.items()}
+            assert min(dist, key=dist.get) == colour, (seed, info["instruction"], dist)
+    finally:
+        env.close()
+    recs = label_goals([{"task_id": "wmrl/ReachColor-v0", "seed": 1}, {"task_id": None}])
+    env = sims.make("wmrl/ReachColor-v0", render=False)
+    env.reset(seed=1)
+    assert np.allclose(recs[0]["goal"], env.unwrapped.privileged()["goal"][:2]) and "goal" not in recs[1]
+    env.close()
+
+
+def test_sft_trains_the_locator_on_goal_labels(demos):
+    from wmrl_vla.pipeline import label_goals
+
+    recs = label_goals([{**d, "task_id": "wmrl/ReachColor-v0", "seed": s} for s, d in enumerate(demos)], split="train")
+    pol = _policy()
+    assert pol.locator is not None
+    data = flatten_demos(recs, pol)
+    assert torch.isfinite(data["goal_px"]).all() and data["goal_px"].abs().max() <= 1
+    hist = sft(pol, recs, SFTConfig(epochs=12, batch_size=16, lr=3e-3, aux_goal=1.0), progress=False)
+    assert hist["goal_error"][-1] < 0.7 * hist["goal_error"][0]
+    assert not pol.locator._forward_hooks
