@@ -3,6 +3,7 @@ model, same budget of GRPO steps, several seeds; plus simulator vs imagination t
 
     uv run python benchmarks/vla_benchmark.py --preset vla-tabletop --methods real wmrl --seeds 0 1 2
     uv run python benchmarks/vla_benchmark.py --throughput-only
+    uv run python benchmarks/vla_benchmark.py --sft-only --eval-episodes 40   # SFT stage + its success
 
 Writes ``<out>/vla_benchmark.json`` and ``<out>/vla_benchmark.png`` (held-out success against
 wall-clock and against real simulator steps). Demos, SFT and WM come from the preset's cache, so
@@ -78,6 +79,36 @@ def throughput(
     return out
 
 
+def sft_eval(preset: str, episodes: int, extra: list[str], temperatures=(0.0, 1.0)) -> dict:
+    """Build (or load from the cache) the preset's SFT policy and measure its held-out success as
+    ``VLADomain.evaluate`` does: ``episodes`` per task, seeds ``EVAL_SEEDS[0] + 7919 k``, "test"
+    instruction/colour combinations, at each sampling temperature (0 = greedy)."""
+    from wmrl.config import load_config
+    from wmrl_vla.domain import EVAL_SEEDS
+    from wmrl_vla.pipeline import _key, _policy_fields, prepare_demos, prepare_policy
+    from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes
+
+    cfg = load_config(preset, extra).domain
+    cfg.progress = False
+    path = Path(cfg.cache_dir) / f"sft-{_key(_policy_fields(cfg))}.json"
+    cached = path.exists()
+    policy = prepare_policy(cfg, prepare_demos(cfg))
+    hist = json.loads(path.read_text())
+    out: dict = {"checkpoint": str(path.with_suffix(".pt")), "cached": cached, "sft_seconds": hist["seconds"],
+                 "episodes_per_task": episodes, "train_token_accuracy": hist["accuracy"][-1]}  # fmt: skip
+    pool = EnvPool(cfg.image_size, cfg.max_steps)
+    specs = [(t, EVAL_SEEDS[0] + 7919 * k) for t in cfg.tasks for k in range(episodes)]
+    for temp in temperatures:
+        ro = run_episodes(policy_actor(policy, temp, torch.Generator().manual_seed(12345)), specs, pool, "test")
+        res = {"success": float(np.mean([r.success.max() for r in ro])),
+               "reward": float(np.mean([r.reward for r in ro]))}  # fmt: skip
+        for t in cfg.tasks:
+            res[f"success/{t.split('/')[-1]}"] = float(np.mean([r.success.max() for r in ro if r.task_id == t]))
+        out[f"T={temp:g}"] = res
+    pool.close()
+    return out
+
+
 def run_method(preset: str, method: str, seed: int, out: Path, extra: list[str]) -> dict:
     from wmrl.config import load_config
     from wmrl.tracking import read_metrics
@@ -149,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", default="runs/vla-benchmark")
     p.add_argument("--throughput-only", action="store_true")
+    p.add_argument("--sft-only", action="store_true", help="only the SFT stage and its held-out success")
+    p.add_argument("--eval-episodes", type=int, default=40, help="held-out episodes per task (--sft-only)")
     p.add_argument("--throughput-batch", type=int, default=64)
     p.add_argument("--plot-only", metavar="JSON", help="redraw the plot of an existing vla_benchmark.json")
     p.add_argument("overrides", nargs="*", help="extra --a.b=value overrides for every run")
@@ -161,6 +194,12 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.sft_only:
+        res = {"preset": a.preset, "overrides": [*a.overrides, *extra],
+               **sft_eval(a.preset, a.eval_episodes, [*a.overrides, *extra])}  # fmt: skip
+        print(json.dumps(res, indent=2))
+        (out / "vla_sft.json").write_text(json.dumps(res, indent=2))
+        return
     extra = [*a.overrides, *extra, "--tracking.progress=false"]
     report: dict = {"preset": a.preset, "overrides": extra}
     report["throughput"] = throughput(a.preset, a.throughput_batch)
