@@ -99,11 +99,15 @@ def sft_eval(preset: str, episodes: int, extra: list[str], temperatures=(0.0, 1.
     pool = EnvPool(cfg.image_size, cfg.max_steps)
     specs = [(t, EVAL_SEEDS[0] + 7919 * k) for t in cfg.tasks for k in range(episodes)]
     for temp in temperatures:
-        ro = run_episodes(policy_actor(policy, temp, torch.Generator().manual_seed(12345)), specs, pool, "test")
+        ro = run_episodes(
+            policy_actor(policy, temp, torch.Generator().manual_seed(12345)), specs, pool, "test"
+        )
         res = {"success": float(np.mean([r.success.max() for r in ro])),
                "reward": float(np.mean([r.reward for r in ro]))}  # fmt: skip
         for t in cfg.tasks:
-            res[f"success/{t.split('/')[-1]}"] = float(np.mean([r.success.max() for r in ro if r.task_id == t]))
+            res[f"success/{t.split('/')[-1]}"] = float(
+                np.mean([r.success.max() for r in ro if r.task_id == t])
+            )
         out[f"T={temp:g}"] = res
     pool.close()
     return out

@@ -179,7 +179,9 @@ class TargetLocator(nn.Module):
 
     def __init__(self, cond_dim: int, channels: int = 16) -> None:
         super().__init__()
-        self.pixels = nn.Sequential(nn.Conv2d(3, channels, 1), nn.GELU(), nn.Conv2d(channels, channels, 1), nn.GELU())
+        self.pixels = nn.Sequential(
+            nn.Conv2d(3, channels, 1), nn.GELU(), nn.Conv2d(channels, channels, 1), nn.GELU()
+        )
         self.query = nn.Linear(cond_dim, channels)
         self.log_scale = nn.Parameter(torch.tensor(0.0))
         self.to_xy = nn.Sequential(nn.Linear(2, 64), nn.GELU(), nn.Linear(64, 2))

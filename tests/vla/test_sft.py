@@ -104,7 +104,9 @@ def test_target_labels_point_at_the_named_object():
 def test_sft_trains_the_locator_on_goal_labels(demos):
     from wmrl_vla.pipeline import label_goals
 
-    recs = label_goals([{**d, "task_id": "wmrl/ReachColor-v0", "seed": s} for s, d in enumerate(demos)], split="train")
+    recs = label_goals(
+        [{**d, "task_id": "wmrl/ReachColor-v0", "seed": s} for s, d in enumerate(demos)], split="train"
+    )
     pol = _policy()
     assert pol.locator is not None
     data = flatten_demos(recs, pol)
