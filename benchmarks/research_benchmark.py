@@ -131,6 +131,13 @@ def main() -> None:
     ap.add_argument(
         "--replot", action="store_true", help="only redraw the plot from <out>/research_benchmark.json"
     )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="DIR",
+        help="only combine the research_benchmark.json of these output folders (e.g. one per seed, "
+        "run in parallel) into <out>",
+    )
     ap.add_argument("overrides", nargs="*", help="extra --a.b=value config overrides")
     args, extra = ap.parse_known_args()  # --a.b=value overrides pass through to the run config
     out = Path(args.out)
@@ -138,6 +145,14 @@ def main() -> None:
         replot(out)
         return
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        results = [
+            r
+            for d in args.merge
+            for r in json.loads((Path(d) / "research_benchmark.json").read_text())["runs"]
+        ]
+        write(results, sorted({r["method"] for r in results}, key=[r["method"] for r in results].index), out)
+        return
     overrides = [
         f"--tracking.eval_every={args.eval_every}",
         "--tracking.wandb=disabled",
@@ -155,8 +170,13 @@ def main() -> None:
                 flush=True,
             )
             results.append(res)
-    summary = {}
-    for m in args.methods:
+    write(results, args.methods, out)
+
+
+def write(results: list[dict], methods: list[str], out: Path) -> None:
+    """The summary (per method: means over seeds; per seed: SFT and final held-out score), JSON, plot."""
+    summary: dict = {}
+    for m in methods:
         rs = [r for r in results if r["method"] == m]
         summary[m] = {
             "final_score_mean": statistics.mean(r["final_score"] for r in rs),
@@ -169,6 +189,24 @@ def main() -> None:
             },
         }
     summary["sft_score"] = results[0]["sft_score"]
+    summary["per_seed"] = {
+        str(seed): {
+            "sft_score": next(r["sft_score"] for r in results if r["seed"] == seed),
+            "sft_validity": {
+                k: next(r for r in results if r["seed"] == seed)["build_info"]["sft"][f"validity_{k}"][
+                    "apply_fraction"
+                ]
+                for k in ("train", "heldout")
+            },
+            # SFT policy on held-out tasks (real execution): edits that apply and run
+            "sft_heldout_runnable": next(r for r in results if r["seed"] == seed)["build_info"]["sft_eval"][
+                "runnable_frac"
+            ],
+            **{r["method"]: r["final_score"] for r in results if r["seed"] == seed},
+        }
+        for seed in sorted({r["seed"] for r in results})
+    }
+    summary["sft_score_mean"] = statistics.mean(v["sft_score"] for v in summary["per_seed"].values())
     path = out / "research_benchmark.json"
     path.write_text(json.dumps({"summary": summary, "runs": results}, indent=2, default=float))
     plot(results, out / "research_benchmark.png")

@@ -39,17 +39,42 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Tokenizer and models
 
 
-def build_tokenizer(corpus: Sequence[str], vocab_size: int = 1024, path: Path | None = None):
-    """A byte-level BPE tokenizer trained on ``corpus`` (cached under ``path`` when given)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+# Pre-tokens of the "knobs" scheme: a knob name fused with its " =", then space-led words.
+KNOB_PRETOKENS = r"[A-Za-z_][A-Za-z0-9_]* =| ?[^\s]+|\s+(?!\S)|\s+"
+PRETOKENIZERS = ("knobs", "bytelevel")
+
+
+def build_tokenizer(
+    corpus: Sequence[str], vocab_size: int = 1024, path: Path | None = None, pretokenizer: str = "bytelevel"
+):
+    """A byte-level BPE tokenizer trained on ``corpus`` (cached under ``path`` when given).
+
+    ``pretokenizer="knobs"`` splits text into ``NAME =`` pieces (the name fused with its equals
+    sign) and space-led words (`` 0.01``, `` "adam"``) before BPE, so a knob's value follows one
+    token that names the knob. Copying the current value of a knob line into a SEARCH text is then
+    a one-token lookup (find the earlier ``NAME =``, copy what followed), which a two-layer model
+    learns and applies to lines it has never seen; with GPT-2-style pre-tokens the same lookup needs
+    two tokens of context (``NAME``, `` =``). ``"bytelevel"``: the GPT-2 pre-tokenizer.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    if pretokenizer not in PRETOKENIZERS:
+        raise ValueError(f"pretokenizer {pretokenizer!r} is not one of {', '.join(PRETOKENIZERS)}")
     if path is not None and (path / "tokenizer.json").exists():
         return PreTrainedTokenizerFast.from_pretrained(str(path))
     if not corpus:
         raise ValueError("cannot train a tokenizer on an empty corpus")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if pretokenizer == "knobs":
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(KNOB_PRETOKENS), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

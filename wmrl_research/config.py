@@ -32,6 +32,9 @@ class ResearchConfig(DomainConfig):
     tiny_hidden: int = 128
     tiny_layers: int = 2
     vocab_size: int = 1024
+    # Tiny tokenizer pre-tokens: "knobs" (`NAME =` fused, then space-led words: copying a knob's
+    # current value is a one-token lookup, see agent.build_tokenizer) or "bytelevel" (GPT-2's).
+    pretokenizer: str = "bytelevel"
     # LoRA adapters (peft) on every linear layer; only the adapters train (SFT and RL).
     lora: bool = False
     lora_rank: int = 8
@@ -55,6 +58,9 @@ class ResearchConfig(DomainConfig):
     # lines, so edits of never-seen tasks apply. The tiny tokenizer also trains on synthetic text
     # (never on held-out text unless sft_include_heldout).
     sft_synthetic: float = 0.0
+    # Fraction of the train tasks' SFT examples that start from a random point of the task's knob
+    # space (not its baseline): the current values must then be read from the prompt, not recalled.
+    sft_randomise: float = 0.0
     # Sampling.
     max_new_tokens: int = 96
     max_prompt_tokens: int = 512
@@ -117,8 +123,11 @@ class ResearchConfig(DomainConfig):
             raise ConfigError(f"domain.log_samples_per_task={self.log_samples_per_task} must be >= 1")
         if self.sandbox_timeout_s <= 0:
             raise ConfigError(f"domain.sandbox_timeout_s={self.sandbox_timeout_s} must be > 0")
-        if not 0 <= self.sft_synthetic <= 1:
-            raise ConfigError(f"domain.sft_synthetic={self.sft_synthetic} must lie in [0, 1]")
+        if self.pretokenizer not in ("knobs", "bytelevel"):
+            raise ConfigError(f"domain.pretokenizer={self.pretokenizer!r} is not one of knobs, bytelevel")
+        for name in ("sft_synthetic", "sft_randomise"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"domain.{name}={getattr(self, name)} must lie in [0, 1]")
         if self.eval_samples_per_task < 1:
             raise ConfigError(f"domain.eval_samples_per_task={self.eval_samples_per_task} must be >= 1")
         if self.policy == "tiny" and self.lora:

@@ -60,12 +60,14 @@ def select_tasks(cfg: ResearchConfig) -> tuple[list[Any], list[Any]]:
 def _policy_fields(cfg: ResearchConfig, run: RunConfig, train: list[Any]) -> dict[str, Any]:
     return {
         "policy": cfg.policy,
-        "tiny": (cfg.tiny_hidden, cfg.tiny_layers, cfg.vocab_size),
+        "tiny": (cfg.tiny_hidden, cfg.tiny_layers, cfg.vocab_size)
+        + ((cfg.pretokenizer,) if cfg.pretokenizer != "bytelevel" else ()),
         "lora": (cfg.lora, cfg.lora_rank),
         "mode": (cfg.edit_mode, cfg.prompt_style),
         "sft": (cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr)
         + ((True,) if cfg.sft_include_heldout else ())
-        + ((("synthetic", cfg.sft_synthetic),) if cfg.sft_synthetic else ()),
+        + ((("synthetic", cfg.sft_synthetic),) if cfg.sft_synthetic else ())
+        + ((("randomise", cfg.sft_randomise),) if cfg.sft_randomise else ()),
         "tasks": [t.id for t in train],
         "seed": run.seed,
         "v": 2,  # 2: the tokenizer never reads held-out text
@@ -95,7 +97,7 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
                     sample_knob_edit(s.baseline_source, s.knob_space, rng),
                 ]
         corpus += [WM_ANSWER_TEMPLATE] * 8
-        tokenizer = build_tokenizer(corpus, cfg.vocab_size, cache / "tokenizer")
+        tokenizer = build_tokenizer(corpus, cfg.vocab_size, cache / "tokenizer", cfg.pretokenizer)
     model, tokenizer = load_lm(
         cfg.policy,
         tokenizer,
@@ -131,6 +133,7 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
                 seed=run.seed,
                 prompt_style=cfg.prompt_style,
                 synthetic_fraction=cfg.sft_synthetic,
+                randomise_fraction=cfg.sft_randomise,
             ),
         )
         info.update(

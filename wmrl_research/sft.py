@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from wmrl_research.agent import ResearchPolicy, build_prompt, encode_prompts, sequence_nll
-from wmrl_research.edits import apply_edits, sample_knob_edit, synthetic_task
+from wmrl_research.edits import apply_edits, randomise_knobs, sample_knob_edit, synthetic_task
 
 
 @dataclass
@@ -32,6 +32,7 @@ class SFTConfig:
     seed: int = 0
     prompt_style: str = "full"
     synthetic_fraction: float = 0.0
+    randomise_fraction: float = 0.0
 
 
 def sft_examples(
@@ -41,9 +42,12 @@ def sft_examples(
     max_changes: int = 2,
     style: str = "full",
     synthetic_fraction: float = 0.0,
+    randomise_fraction: float = 0.0,
 ) -> list[tuple[str, str]]:
     """``n`` (prompt, completion) pairs, prompts in knobs mode: each one, with probability
-    ``synthetic_fraction``, from a fresh synthetic task, else from a task of ``tasks`` (uniformly)."""
+    ``synthetic_fraction``, from a fresh synthetic task, else from a task of ``tasks`` (uniformly),
+    whose knobs are, with probability ``randomise_fraction``, first moved to a random point of its
+    knob space (:func:`~wmrl_research.edits.randomise_knobs`; the edit then starts from there)."""
     if not tasks and synthetic_fraction < 1:
         raise ValueError("SFT needs at least one task")
     prompts = {t.id: build_prompt(t, t.baseline_source, "knobs", style) for t in tasks}
@@ -54,6 +58,15 @@ def sft_examples(
             prompt = build_prompt(t, t.baseline_source, "knobs", style)
         else:
             t = rng.choice(list(tasks))
+            if randomise_fraction > 0 and rng.random() < randomise_fraction:
+                src = randomise_knobs(t.baseline_source, t.knob_space, rng)
+                out.append(
+                    (
+                        build_prompt(t, src, "knobs", style),
+                        sample_knob_edit(src, t.knob_space, rng, max_changes),
+                    )
+                )
+                continue
             prompt = prompts[t.id]
         out.append((prompt, sample_knob_edit(t.baseline_source, t.knob_space, rng, max_changes)))
     return out
@@ -71,7 +84,13 @@ def run_sft(policy: ResearchPolicy, tasks: Sequence[Any], cfg: SFTConfig) -> lis
     losses = []
     for _ in range(cfg.steps):
         pairs = sft_examples(
-            tasks, cfg.batch_size, rng, cfg.max_changes, cfg.prompt_style, cfg.synthetic_fraction
+            tasks,
+            cfg.batch_size,
+            rng,
+            cfg.max_changes,
+            cfg.prompt_style,
+            cfg.synthetic_fraction,
+            cfg.randomise_fraction,
         )
         loss = sequence_nll(policy, [p for p, _ in pairs], [c for _, c in pairs])
         opt.zero_grad()

@@ -41,6 +41,19 @@ def test_tokenizer_round_trips_and_is_cached(tokenizer, tmp_path_factory):
     assert ids[0, -2] == tokenizer.bos_token_id or ids[0, -3] == tokenizer.bos_token_id
 
 
+def test_knobs_pretokenizer_fuses_a_knob_name_with_its_equals_sign():
+    t, rng = FakeTask(), random.Random(0)
+    corpus = [t.description, t.baseline_source, build_prompt(t, t.baseline_source, "knobs", "short")]
+    corpus += [sample_knob_edit(t.baseline_source, t.knob_space, rng) for _ in range(40)]
+    tok = build_tokenizer(corpus, vocab_size=400, pretokenizer="knobs")
+    for text in (t.baseline_source, corpus[-1], 'UNSEEN_NAME = "x"  # a | b\n\n  x'):
+        assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+    pieces = tok.convert_ids_to_tokens(tok('MODEL = "ridge"', add_special_tokens=False)["input_ids"])
+    assert pieces[0] == "MODEL\u0120=" and len(pieces) == 2  # "MODEL =" then ' "ridge"'
+    with pytest.raises(ValueError, match="pretokenizer"):
+        build_tokenizer(corpus, vocab_size=400, pretokenizer="words")
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampler_log_probs_equal_direct_computation(tokenizer, temperature):
     torch.manual_seed(0)
