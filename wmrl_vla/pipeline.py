@@ -51,6 +51,7 @@ def _demo_fields(cfg: VLAConfig) -> dict[str, Any]:
         "image_size": cfg.image_size,
         "demos_per_task": cfg.demos_per_task,
         "demo_seed": cfg.demo_seed,
+        **({"demo_split": cfg.demo_split} if cfg.demo_split != "all" else {}),
         "max_steps": cfg.max_steps,
     }
 
@@ -86,6 +87,7 @@ def prepare_demos(cfg: VLAConfig) -> list[dict]:
             cfg.image_size,
             cfg.demo_seed,
             max_steps=cfg.max_steps,
+            split=cfg.demo_split,
         )
         (root / "wmrl_done").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
     return load_episodes(root, DEMO_REPO)
@@ -122,7 +124,7 @@ def prepare_policy(cfg: VLAConfig, demos: list[dict]):
     )  # fmt: skip
     t0 = time.perf_counter()
     if cfg.locator and cfg.sft_aux_goal > 0:
-        demos = label_goals(list(demos))  # the demos are recorded with split "all"
+        demos = label_goals(list(demos), split=cfg.demo_split)
     hist = sft(
         policy,
         demos,
@@ -184,7 +186,7 @@ def target_labels(env) -> tuple[np.ndarray, np.ndarray] | None:
 def label_goals(records: list[dict], split: str = "all") -> list[dict]:
     """Add ``goal`` / ``goal_px`` (see :func:`target_labels`) to records that know their task id and
     reset seed (as :func:`wmrl_vla.data.load_episodes` returns them), by resetting the task's env
-    without rendering. Records recorded with ``split`` (the demos: "all")."""
+    without rendering in ``split`` (the one they were recorded with)."""
     import sims
 
     envs: dict[str, Any] = {}
