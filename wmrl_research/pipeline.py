@@ -144,6 +144,7 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
             }
         )
     gen = torch.Generator().manual_seed(run.seed + 7)
+    info["temperature"] = policy.temperature  # of the validity samples below
     info["validity_train"] = edit_validity(policy, train, 8, gen, cfg.edit_mode, cfg.prompt_style)
     info["validity_heldout"] = edit_validity(policy, heldout, 8, gen, cfg.edit_mode, cfg.prompt_style)
     _say(cfg, f"SFT edits apply: train {info['validity_train']['apply_fraction']:.2f}, "
