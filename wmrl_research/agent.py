@@ -419,11 +419,15 @@ class ResearchPolicy(nn.Module):
         """``[N, T]`` log-probs of ``tokens`` after left-padded prompts (differentiable), at the
         policy's temperature unless ``temperature`` is given."""
         dev = next(self.model.parameters()).device
-        p = prompt_ids.shape[1]
         ids = torch.cat([prompt_ids, tokens], 1).to(dev)
         attn = torch.cat([prompt_mask.long(), torch.ones_like(tokens, dtype=torch.long)], 1).to(dev)
-        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=_positions(attn)).logits
-        logits = self._scale(logits[:, p - 1 : -1], temperature)  # [N, T, V]: position p-1+t predicts token t
+        # only the last T + 1 positions' logits: a [N, P + T, V] tensor would dominate memory for a
+        # real vocabulary (SmolLM2: 49k) and a whole solution in the prompt
+        t = tokens.shape[1]
+        logits = self.model(
+            input_ids=ids, attention_mask=attn, position_ids=_positions(attn), logits_to_keep=t + 1
+        ).logits
+        logits = self._scale(logits[:, :-1], temperature)  # [N, T, V]: position p-1+t predicts token t
         return torch.log_softmax(logits, -1).gather(-1, tokens.to(dev)[..., None]).squeeze(-1)
 
     def log_probs(self, batch: RolloutBatch) -> torch.Tensor:
