@@ -55,20 +55,14 @@ def sft_examples(
     for _ in range(n):
         if synthetic_fraction > 0 and rng.random() < synthetic_fraction:
             t = synthetic_task(rng)
-            prompt = build_prompt(t, t.baseline_source, "knobs", style)
+            src, prompt = t.baseline_source, build_prompt(t, t.baseline_source, "knobs", style)
         else:
             t = rng.choice(list(tasks))
+            src, prompt = t.baseline_source, prompts[t.id]
             if randomise_fraction > 0 and rng.random() < randomise_fraction:
-                src = randomise_knobs(t.baseline_source, t.knob_space, rng)
-                out.append(
-                    (
-                        build_prompt(t, src, "knobs", style),
-                        sample_knob_edit(src, t.knob_space, rng, max_changes),
-                    )
-                )
-                continue
-            prompt = prompts[t.id]
-        out.append((prompt, sample_knob_edit(t.baseline_source, t.knob_space, rng, max_changes)))
+                src = randomise_knobs(src, t.knob_space, rng)
+                prompt = build_prompt(t, src, "knobs", style)
+        out.append((prompt, sample_knob_edit(src, t.knob_space, rng, max_changes)))
     return out
 
 

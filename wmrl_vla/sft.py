@@ -27,9 +27,6 @@ class SFTConfig:
     # Random image shift of up to this many pixels (pad + crop): cheap augmentation that helps a
     # policy trained on few demos generalise to new object positions.
     shift: int = 0
-    # Probability of zeroing a sample's proprioception during training, so the policy must also read
-    # the hand from the image instead of replaying a trajectory from the state alone.
-    state_dropout: float = 0.0
     # Weight of the auxiliary localisation loss. With the policy's TargetLocator: cross-entropy of its
     # attention map against the named object's pixel + squared error of its table-xy estimate (in
     # LOC_UNIT), labels ``goal`` / ``goal_px`` of each record (from the simulator, see
@@ -144,10 +141,9 @@ def sft(
         tot, correct, count, gerr = 0.0, 0, 0, 0.0
         for s in range(0, n, cfg.batch_size):
             j = perm[s : s + cfg.batch_size]
-            states = data["states"][j]
-            if cfg.state_dropout > 0:
-                states = states * (torch.rand(len(j), 1, generator=g) >= cfg.state_dropout).float()
-            logits = policy(random_shift(data["images"][j], cfg.shift, g), states, data["instr"][j])
+            logits = policy(
+                random_shift(data["images"][j], cfg.shift, g), data["states"][j], data["instr"][j]
+            )
             target = data["bins"][j]
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
             total = loss
