@@ -261,6 +261,7 @@ _KINDS = (
 _METRICS = (("accuracy", 1), ("f1", 1), ("macro_f1", 1), ("auc", 1), ("r2", 1), ("rmse", -1),
             ("mae", -1), ("log_loss", -1), ("mape", -1))  # fmt: skip
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_INTS = (1, 2, 3, 4, 5, 6, 8, 10, 11, 12, 15, 16, 20, 24, 30, 32, 40, 50, 64, 100, 128, 200, 256, 500, 1000)
 
 
 def _random_name(rng: random.Random, taken: set[str]) -> str:
@@ -282,40 +283,7 @@ def _random_choices(rng: random.Random) -> list[Any]:
     kind = rng.choice(("int", "int", "float", "float", "str", "str", "bool", "opt"))
     n = rng.randint(2, 6)
     if kind == "int":
-        pool = sorted(
-            {
-                rng.choice(
-                    (
-                        1,
-                        2,
-                        3,
-                        4,
-                        5,
-                        6,
-                        8,
-                        10,
-                        11,
-                        12,
-                        15,
-                        16,
-                        20,
-                        24,
-                        30,
-                        32,
-                        40,
-                        50,
-                        64,
-                        100,
-                        128,
-                        200,
-                        256,
-                        500,
-                        1000,
-                    )
-                )
-                for _ in range(3 * n)
-            }  # fmt: skip
-        )
+        pool = sorted({rng.choice(_INTS) for _ in range(3 * n)})
         return pool[:n] if rng.random() < 0.5 else sorted(rng.sample(pool, min(n, len(pool))))
     if kind == "float":
         mant = (1.0, 2.0, 3.0, 5.0)
