@@ -76,12 +76,13 @@ def _policy_fields(cfg: ResearchConfig, run: RunConfig, train: list[Any]) -> dic
 
 def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout: list[Any], cache: Path):
     """The policy after SFT (cached ``policy.pt``), and the SFT edit-validity figures."""
+    # Never held-out text (unless asked to): the tokenizer and SFT are both part of the policy.
+    sft_tasks = train + (heldout if cfg.sft_include_heldout else [])
     tokenizer = None
     if cfg.policy == "tiny":
         rng = random.Random(run.seed)
         corpus: list[str] = []
-        # Never held-out text (unless SFT sees those tasks anyway): the tokenizer is part of the policy.
-        for t in train + (heldout if cfg.sft_include_heldout else []):
+        for t in sft_tasks:
             corpus += [build_prompt(t, t.baseline_source, "knobs", "short")] * 4
             corpus += [
                 build_prompt(t, t.baseline_source, "knobs"),
@@ -115,7 +116,6 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
         return policy, json.loads(info_path.read_text())
     info: dict[str, Any] = {"params": policy.n_params(), "trainable_params": policy.n_params(True)}
     if cfg.sft_steps > 0:
-        sft_tasks = train + (heldout if cfg.sft_include_heldout else [])
         t0 = time.perf_counter()
         _say(
             cfg,
