@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from wmrl.domain import Domain
 
 OWN_TASKS_DEFAULT = ["wmrl/ReachColor-v0", "wmrl/PushColor-v0", "wmrl/PressButton-v0"]
-POLICIES = ("small_vla", "lerobot_act")
+POLICIES = ("small_vla", "lerobot_act", "lerobot_smolvla")
 WORLD_MODELS = ("deterministic", "diffusion")
 
 
@@ -40,8 +40,10 @@ class VLAConfig(DomainConfig):
     # Where demos, SFT and WM checkpoints are cached (shared across runs and methods).
     cache_dir: str = "runs/cache/vla"
     # Policy: "small_vla" (discretised action tokens, trained from scratch) | "lerobot_act" (lerobot's
-    # ACT, random init, with a learnable Gaussian head: see wmrl_vla.lerobot_bridge). d_model and
-    # n_layers size either.
+    # ACT, random init, with a learnable Gaussian head: see wmrl_vla.lerobot_bridge) |
+    # "lerobot_smolvla" (lerobot's SmolVLA built offline around a tiny random SmolVLM, the
+    # instruction fed in, same Gaussian head: see wmrl_vla.smolvla_bridge). d_model and n_layers size
+    # each (SmolVLA: its text tower's width and depth, at least 2 layers).
     policy: str = "small_vla"
     n_bins: int = 21
     d_model: int = 64

@@ -112,6 +112,12 @@ def prepare_policy(cfg: VLAConfig, demos: list[dict]):
     path = Path(cfg.cache_dir) / f"sft-{_key(fields)}.pt"
     if cfg.policy == "lerobot_act":
         return _prepare_act(cfg, demos, path, fields)
+    if cfg.policy == "lerobot_smolvla":
+        return _prepare_smolvla(cfg, demos, path, fields)
+    if cfg.policy != "small_vla":
+        from wmrl_vla.config import POLICIES
+
+        raise ValueError(f"domain.policy={cfg.policy!r} is not one of {', '.join(POLICIES)}")
     if path.exists():
         return SmallVLA.load(path)
     state_dim, action_dim = _dims(cfg.tasks)
@@ -286,6 +292,37 @@ def _prepare_act(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict):
     )  # fmt: skip
     t0 = time.perf_counter()
     nll = sft_gaussian(policy, demos, cfg.sft_epochs, cfg.sft_batch_size, cfg.sft_lr, cfg.demo_seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    policy.save(path)
+    path.with_suffix(".json").write_text(
+        json.dumps({"nll": nll, "seconds": time.perf_counter() - t0, **fields})
+    )
+    return policy
+
+
+def _prepare_smolvla(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict):
+    """lerobot SmolVLA built offline with a Gaussian head (see :mod:`wmrl_vla.smolvla_bridge`), cloned
+    by max-likelihood plus its flow-matching loss. Its local SmolVLM directory lives under cache_dir."""
+    from wmrl_vla.smolvla_bridge import (
+        SmolVLABridgeConfig,
+        SmolVLAGaussianPolicy,
+        default_instruction_corpus,
+        sft_smolvla,
+    )
+
+    vlm_cache = str(Path(cfg.cache_dir) / "smolvlm")
+    if path.exists():
+        return SmolVLAGaussianPolicy.load(path, vlm_cache_dir=vlm_cache)
+    state_dim, action_dim = _dims(cfg.tasks)
+    corpus = sorted(set(default_instruction_corpus()) | {d["instruction"] for d in demos})
+    torch.manual_seed(cfg.demo_seed)
+    policy = SmolVLAGaussianPolicy(
+        SmolVLABridgeConfig(image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim,
+                            text_hidden=cfg.d_model, text_layers=max(2, cfg.n_layers), corpus=corpus,
+                            vlm_cache_dir=vlm_cache)
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    nll = sft_smolvla(policy, demos, cfg.sft_epochs, cfg.sft_batch_size, cfg.sft_lr, cfg.demo_seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     policy.save(path)
     path.with_suffix(".json").write_text(

@@ -1,0 +1,423 @@
+"""Post-train lerobot's SmolVLA with GRPO: its flow-matching action becomes the mean of a Gaussian.
+
+SmolVLA (lerobot 0.6.1, ``lerobot.policies.smolvla``) is a vision-language-action model: a SmolVLM
+(image + instruction + state prefix) and a smaller "action expert" that turns noise into an action
+chunk by flow matching. It is built here with no hub access and no pretrained weights:
+
+* **A local SmolVLM directory.** SmolVLA calls ``AutoConfig/AutoProcessor.from_pretrained(
+  vlm_model_name)`` even with ``load_vlm_weights=False``. :func:`write_local_smolvlm` writes, under
+  the domain's cache dir, a tiny ``SmolVLMConfig`` (Llama text tower and SigLIP-style vision tower
+  from transformers' config classes, sized to run on a CPU), a BPE tokenizer trained with the
+  ``tokenizers`` library on the task instructions plus the special tokens SmolVLM's processor and
+  SmolVLA read (``<fake_token_around_image>``, ``<global-img>``, ``<image>``, ``<end_of_utterance>``),
+  and the ``SmolVLMProcessor`` saved with ``save_pretrained``; ``vlm_model_name`` points there.
+  The VLM is random: ``load_vlm_weights=False``, and it is trained (``train_expert_only=False``,
+  ``freeze_vision_encoder=False``), since a frozen random VLM would be a fixed random feature map.
+* **Language goes in for real.** Instructions are tokenised with that tokenizer (right-padded to
+  ``max_instr_tokens``, as lerobot's ``TokenizerProcessorStep`` does) and fed to SmolVLA with their
+  attention mask; ``policy.tokenizer.encode`` returns those ids, so ``batch.extras["instr"]`` carries
+  them and :meth:`SmolVLAGaussianPolicy.log_probs` re-reads them.
+* **Closed loop.** ``chunk_size = n_action_steps = 1``: one action per observation, as the
+  clipped-ratio loss assumes. Images are fed at their own size (``resize_imgs_with_padding`` equals
+  the frame size, the vision tower's ``image_size`` too), states and actions at the env's dims
+  (``max_state_dim``/``max_action_dim``: no padding).
+
+The Gaussian head (same design as :mod:`wmrl_vla.lerobot_bridge`)::
+
+    mu(o, l) = SmolVLA flow-matching sample from zero noise (num_steps Euler steps)
+    a ~ N(mu(o, l), diag(exp(log_std))^2),   log_std learnable, state-independent
+
+**Why zero noise.** SmolVLA's own sampler draws the initial noise at random, so its action is itself
+stochastic with an intractable density. Integrating its velocity field from the *fixed* noise 0 (the
+noise distribution's mode) makes the mean a deterministic, differentiable function of the
+observation and instruction (``VLAFlowMatching.sample_actions`` with ``noise=0``; nothing in it runs
+under ``no_grad``). The exploration noise is all in the Gaussian, whose log-density GRPO needs.
+
+**How the mean is trained.** SFT (:func:`sft_smolvla`) minimises, per minibatch,
+``Gaussian NLL(mu, log_std) + fm_weight * SmolVLA's flow-matching loss``. The NLL's gradient reaches
+the mean by back-propagating through the unrolled Euler steps (cheap at this size, and it trains
+exactly the function that is used as the mean); the flow-matching loss is SmolVLA's own objective
+and keeps the velocity field a proper flow toward the demos, so SmolVLA's native stochastic
+``select_action`` stays meaningful too. For GRPO, ``log_probs`` is differentiable in ``log_std`` and,
+through the unrolled sampler, in every trainable SmolVLA parameter: the policy gradient moves the
+mean network, not only the spread. On the CPU this costs ``num_steps`` expert passes plus one VLM
+pass per step of each rollout; ``num_steps`` is kept small (4) for that reason.
+
+As in the ACT bridge: each action dimension of each step is one "token" whose log-prob is the
+Gaussian log-density of the sampled value (tokens ``[N, T*A]``; ``batch.tokens`` are zeros), the
+sampled continuous actions travel in ``batch.extras["actions"]`` ``[N, T, A]``, and the log-density is
+of the unclipped sample. States and actions enter SmolVLA unnormalised (the env's actions already
+lie in [-1, 1]; lerobot's normalisation lives in its processor pipeline, which is not used here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from wmrl_vla.lerobot_bridge import gaussian_log_prob
+
+# Special tokens SmolVLM's tokenizer carries that SmolVLMProcessor and SmolVLA read by attribute.
+SMOLVLM_TOKENS = {
+    "fake_image_token": "<fake_token_around_image>",
+    "image_token": "<image>",
+    "global_image_token": "<global-img>",
+    "end_of_utterance_token": "<end_of_utterance>",
+}
+PAD, UNK, BOS = "<pad>", "<unk>", "<|im_start|>"
+# Tile-position tokens of SmolVLM's image splitting (unused here: images are never split).
+ROW_COL_TOKENS = [f"<row_{r}_col_{c}>" for r in range(1, 3) for c in range(1, 3)]
+
+
+def default_instruction_corpus() -> list[str]:
+    """Every instruction the project's own tabletop tasks can produce (templates x colours)."""
+    from sims.own.base import COLOURS
+    from sims.own.button import PressButtonEnv
+    from sims.own.lift import LiftColorEnv
+    from sims.own.push import PushColorEnv
+    from sims.own.reach import ReachColorEnv
+
+    envs = (ReachColorEnv, PushColorEnv, PressButtonEnv, LiftColorEnv)
+    return sorted({t.format(c=c, z=z) for env in envs for t in env.templates for c in COLOURS for z in COLOURS})
+
+
+def train_instruction_tokenizer(corpus: Sequence[str], vocab_size: int = 256) -> str:
+    """A lower-casing BPE tokenizer (JSON) trained on ``corpus`` with SmolVLM's special tokens.
+
+    The initial alphabet holds every printable ASCII character, so an instruction outside the corpus
+    still tokenises (into smaller pieces) instead of falling back to ``<unk>``."""
+    import string
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    if not corpus:
+        raise ValueError("the tokenizer's training corpus is empty")
+    tok = Tokenizer(models.BPE(unk_token=UNK))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    special = [PAD, UNK, BOS, *SMOLVLM_TOKENS.values(), "<video>", *ROW_COL_TOKENS]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special,
+        initial_alphabet=list(string.ascii_lowercase + string.digits + string.punctuation),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(corpus), trainer=trainer)
+    return tok.to_str()
+
+
+@dataclass
+class SmolVLABridgeConfig:
+    image_size: int = 64
+    state_dim: int = 7
+    action_dim: int = 4
+    # Tiny SmolVLM text tower (Llama): hidden size, layers, heads, key/value heads.
+    text_hidden: int = 64
+    text_layers: int = 2
+    text_heads: int = 4
+    text_kv_heads: int = 2
+    # Tiny vision tower: hidden size, layers, heads, patch side (image_size / patch_size must be a
+    # multiple of the connector's pixel-shuffle factor 2).
+    vision_hidden: int = 32
+    vision_layers: int = 1
+    vision_heads: int = 2
+    patch_size: int = 8
+    # Action expert width relative to the text tower (SmolVLA's expert_width_multiplier).
+    expert_width_multiplier: float = 0.75
+    # Euler steps of the flow-matching sampler that computes the mean.
+    num_steps: int = 4
+    # Instruction tokens fed to SmolVLA (right-padded, truncated past this).
+    max_instr_tokens: int = 16
+    # Instructions the BPE tokenizer is trained on (empty: the project's tabletop instructions).
+    corpus: list[str] = field(default_factory=list)
+    tokenizer_vocab: int = 256
+    # Where the local SmolVLM config/tokenizer/processor directories are written.
+    vlm_cache_dir: str = "runs/cache/vla/smolvlm"
+    # Weight of SmolVLA's flow-matching loss next to the Gaussian NLL in SFT.
+    fm_weight: float = 1.0
+    init_log_std: float = -1.0
+    min_log_std: float = -4.0
+    max_log_std: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.image_size % (2 * self.patch_size) != 0:
+            raise ValueError(
+                f"image_size={self.image_size} must be a multiple of 2 * patch_size={2 * self.patch_size}"
+            )
+        if self.num_steps < 1 or self.max_instr_tokens < 1:
+            raise ValueError(f"num_steps={self.num_steps} and max_instr_tokens={self.max_instr_tokens} must be >= 1")
+
+
+def write_local_smolvlm(cfg: SmolVLABridgeConfig, tokenizer_json: str) -> Path:
+    """Write (once) a SmolVLM directory that ``from_pretrained`` loads offline; returns its path.
+
+    The directory name hashes everything written into it, so different sizes or tokenizers never
+    share one, and a complete directory (marked by ``wmrl_done``) is reused."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast, SmolVLMConfig, SmolVLMProcessor
+    from transformers.models.smolvlm.image_processing_smolvlm import SmolVLMImageProcessor
+    from transformers.models.smolvlm.video_processing_smolvlm import SmolVLMVideoProcessor
+
+    vocab = Tokenizer.from_str(tokenizer_json).get_vocab_size()
+    pad_id = Tokenizer.from_str(tokenizer_json).token_to_id(PAD)
+    s, p = cfg.image_size, cfg.patch_size
+    image_seq_len = (s // p) ** 2 // 4  # pixel shuffle by 2 in each direction
+    vlm_config = {
+        "text_config": {
+            "model_type": "llama",
+            "vocab_size": vocab,
+            "hidden_size": cfg.text_hidden,
+            "intermediate_size": 2 * cfg.text_hidden,
+            "num_hidden_layers": cfg.text_layers,
+            "num_attention_heads": cfg.text_heads,
+            "num_key_value_heads": cfg.text_kv_heads,
+            "max_position_embeddings": 512,
+            "pad_token_id": pad_id,
+            "rms_norm_eps": 1e-5,
+        },
+        "vision_config": {
+            "hidden_size": cfg.vision_hidden,
+            "intermediate_size": 2 * cfg.vision_hidden,
+            "num_hidden_layers": cfg.vision_layers,
+            "num_attention_heads": cfg.vision_heads,
+            "image_size": s,
+            "patch_size": p,
+        },
+        "scale_factor": 2,
+        "image_token_id": Tokenizer.from_str(tokenizer_json).token_to_id(SMOLVLM_TOKENS["image_token"]),
+        "pad_token_id": pad_id,
+    }
+    key = hashlib.sha1(json.dumps([vlm_config, tokenizer_json, cfg.max_instr_tokens]).encode()).hexdigest()[:10]
+    root = Path(cfg.vlm_cache_dir) / f"smolvlm-{key}"
+    if (root / "wmrl_done").exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    SmolVLMConfig(**vlm_config).save_pretrained(root)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(tokenizer_json),
+        pad_token=PAD,
+        unk_token=UNK,
+        bos_token=BOS,
+        eos_token=SMOLVLM_TOKENS["end_of_utterance_token"],
+        extra_special_tokens=dict(SMOLVLM_TOKENS),
+        model_max_length=cfg.max_instr_tokens,
+        padding_side="right",
+    )
+    size = {"longest_edge": s}
+    processor = SmolVLMProcessor(
+        image_processor=SmolVLMImageProcessor(size=size, max_image_size=size, do_image_splitting=False),
+        tokenizer=tokenizer,
+        video_processor=SmolVLMVideoProcessor(size=size, max_image_size=size),
+        image_seq_len=image_seq_len,
+    )
+    processor.save_pretrained(root)
+    (root / "wmrl_done").write_text("ok")
+    return root
+
+
+class SmolVLMInstructionTokenizer:
+    """The local SmolVLM tokenizer behind the domain's ``tokenizer.encode(texts) -> [B, L]`` interface."""
+
+    def __init__(self, vlm_dir: Path, max_len: int) -> None:
+        from transformers import AutoTokenizer
+
+        self.hf = AutoTokenizer.from_pretrained(str(vlm_dir))
+        self.max_len = max_len
+        self.pad_id = int(self.hf.pad_token_id)
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        """``[B, max_len]`` token ids, right-padded with ``pad_id`` (truncated past ``max_len``)."""
+        if isinstance(texts, str):
+            raise TypeError("encode() takes a sequence of instructions, not one string")
+        enc = self.hf(
+            list(texts), padding="max_length", truncation=True, max_length=self.max_len, return_tensors="pt"
+        )
+        return enc["input_ids"].long()
+
+
+class SmolVLAGaussianPolicy(nn.Module):
+    """lerobot SmolVLA (offline, random init) as the mean of a diagonal Gaussian. See the module docstring."""
+
+    def __init__(self, cfg: SmolVLABridgeConfig, tokenizer_json: str | None = None) -> None:
+        super().__init__()
+        from lerobot.configs.types import FeatureType, PolicyFeature
+        from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
+        from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+
+        self.cfg = cfg
+        if tokenizer_json is None:
+            corpus = cfg.corpus or default_instruction_corpus()
+            tokenizer_json = train_instruction_tokenizer(corpus, cfg.tokenizer_vocab)
+        self.tokenizer_json = tokenizer_json
+        self.vlm_dir = write_local_smolvlm(cfg, tokenizer_json)
+        self.tokenizer = SmolVLMInstructionTokenizer(self.vlm_dir, cfg.max_instr_tokens)
+        s = cfg.image_size
+        self.smolvla_config = SmolVLAConfig(
+            input_features={
+                "observation.image": PolicyFeature(type=FeatureType.VISUAL, shape=(3, s, s)),
+                "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(cfg.state_dim,)),
+            },
+            output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(cfg.action_dim,))},
+            chunk_size=1,
+            n_action_steps=1,
+            max_state_dim=cfg.state_dim,
+            max_action_dim=cfg.action_dim,
+            resize_imgs_with_padding=(s, s),
+            tokenizer_max_length=cfg.max_instr_tokens,
+            num_steps=cfg.num_steps,
+            vlm_model_name=str(self.vlm_dir),
+            load_vlm_weights=False,
+            train_expert_only=False,
+            freeze_vision_encoder=False,
+            num_vlm_layers=cfg.text_layers,
+            expert_width_multiplier=cfg.expert_width_multiplier,
+            device="cpu",
+            push_to_hub=False,
+        )
+        self.lerobot_policy = SmolVLAPolicy(self.smolvla_config)
+        self.log_std = nn.Parameter(torch.full((cfg.action_dim,), float(cfg.init_log_std)))
+        self.train()
+
+    def clamped_log_std(self) -> torch.Tensor:
+        return self.log_std.clamp(self.cfg.min_log_std, self.cfg.max_log_std)
+
+    def _inputs(self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor):
+        """SmolVLA's (images, image masks, language tokens, language masks, state) for a batch."""
+        s = self.cfg.image_size
+        if images.dim() != 4 or images.shape[1:] != (3, s, s):
+            raise ValueError(f"images have shape {tuple(images.shape)}, expected [B, 3, {s}, {s}]")
+        if instr.dim() != 2 or instr.shape[0] != images.shape[0]:
+            raise ValueError(f"instr has shape {tuple(instr.shape)}, expected [{images.shape[0]}, L]")
+        pol = self.lerobot_policy
+        batch = {"observation.image": images.float() / 255.0, "observation.state": states.float()}
+        imgs, img_masks = pol.prepare_images(batch)
+        return imgs, img_masks, instr, instr != self.tokenizer.pad_id, pol.prepare_state(batch)
+
+    def mean(self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor) -> torch.Tensor:
+        """``[B, A]`` Gaussian means: SmolVLA's flow-matching sample from zero noise (differentiable).
+
+        images ``[B, 3, H, W]`` uint8, states ``[B, S]``, instr ``[B, L]`` ids from ``self.tokenizer``."""
+        imgs, img_masks, lang, lang_masks, state = self._inputs(images, states, instr)
+        noise = torch.zeros(images.shape[0], 1, self.cfg.action_dim)
+        actions = self.lerobot_policy.model.sample_actions(imgs, img_masks, lang, lang_masks, state, noise=noise)
+        return actions[:, 0, : self.cfg.action_dim]
+
+    def flow_matching_loss(
+        self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor, actions: torch.Tensor
+    ) -> torch.Tensor:
+        """SmolVLA's own training loss (``VLAFlowMatching.forward``, mean over the batch)."""
+        imgs, img_masks, lang, lang_masks, state = self._inputs(images, states, instr)
+        losses = self.lerobot_policy.model(imgs, img_masks, lang, lang_masks, state, actions[:, None].float())
+        return losses.mean()
+
+    @torch.no_grad()
+    def act(
+        self,
+        images: torch.Tensor,
+        states: torch.Tensor,
+        instr: torch.Tensor,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(placeholder tokens ``[B, A]`` zeros, log-densities ``[B, A]`` under the untempered policy,
+        sampled actions ``[B, A]``); ``temperature`` scales the standard deviation (0: the mean)."""
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0")
+        mu = self.mean(images, states, instr)
+        log_std = self.clamped_log_std().expand_as(mu)
+        noise = torch.randn(mu.shape, generator=generator)
+        a = mu + temperature * log_std.exp() * noise
+        return torch.zeros_like(mu, dtype=torch.long), gaussian_log_prob(a, mu, log_std), a
+
+    def log_probs(self, batch, chunk: int = 256) -> torch.Tensor:
+        """``[N, T*A]`` Gaussian log-densities of ``extras["actions"]`` (differentiable)."""
+        ex = batch.extras
+        for k in ("images", "states", "actions", "instr"):
+            if k not in ex:
+                raise KeyError(
+                    f"batch.extras lacks {k!r}; SmolVLAGaussianPolicy.log_probs needs images, states, "
+                    "instr, actions"
+                )
+        images, states, actions, instr = ex["images"], ex["states"], ex["actions"], ex["instr"]
+        n, t, a = actions.shape
+        step_mask = batch.mask.reshape(n, t, a).amax(-1) > 0
+        idx = step_mask.reshape(-1).nonzero().squeeze(-1)
+        flat_img = images.reshape(n * t, *images.shape[2:])
+        flat_state = states.reshape(n * t, -1)
+        flat_instr = instr.repeat_interleave(t, 0)
+        flat_act = actions.reshape(n * t, a)
+        log_std = self.clamped_log_std()
+        pieces = []
+        for s in range(0, idx.numel(), chunk):
+            j = idx[s : s + chunk]
+            mu = self.mean(flat_img[j], flat_state[j], flat_instr[j])
+            pieces.append(gaussian_log_prob(flat_act[j], mu, log_std.expand_as(mu)))
+        out = torch.zeros(n * t, a)
+        if pieces:
+            out = out.index_put((idx,), torch.cat(pieces))
+        return out.reshape(n, t * a)
+
+    def save(self, path) -> None:
+        torch.save(
+            {"config": asdict(self.cfg), "tokenizer": self.tokenizer_json, "state_dict": self.state_dict()}, path
+        )
+
+    @classmethod
+    def load(cls, path, vlm_cache_dir: str | None = None) -> SmolVLAGaussianPolicy:
+        """Rebuild from a checkpoint; the local SmolVLM directory is rewritten if missing (optionally
+        under ``vlm_cache_dir`` instead of the saved one)."""
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        c = dict(ckpt["config"])
+        if vlm_cache_dir is not None:
+            c["vlm_cache_dir"] = vlm_cache_dir
+        model = cls(SmolVLABridgeConfig(**c), tokenizer_json=ckpt["tokenizer"])
+        model.load_state_dict(ckpt["state_dict"])
+        return model
+
+
+def sft_smolvla(
+    policy: SmolVLAGaussianPolicy,
+    records: Sequence[dict],
+    epochs: int = 10,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    seed: int = 0,
+) -> list[float]:
+    """Behaviour cloning: Gaussian NLL (through the zero-noise sampler, and the log std) plus
+    ``fm_weight`` x SmolVLA's flow-matching loss. Returns the per-epoch mean NLL per action dimension."""
+    from world_models.vla_dynamics import episodes_from_records
+
+    eps = episodes_from_records(records)
+    imgs = torch.from_numpy(np.concatenate([e["images"][: len(e["actions"])] for e in eps]))
+    sts = torch.from_numpy(np.concatenate([e["states"][: len(e["actions"])] for e in eps]))
+    acts = torch.from_numpy(np.concatenate([e["actions"] for e in eps]))
+    instr = policy.tokenizer.encode([r["instruction"] for r in records])
+    ins = torch.cat([instr[i : i + 1].expand(len(e["actions"]), -1) for i, e in enumerate(eps)])
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr)
+    hist = []
+    policy.train()
+    for _ in range(epochs):
+        perm = torch.randperm(len(acts), generator=g)
+        tot = 0.0
+        for s in range(0, len(acts), batch_size):
+            j = perm[s : s + batch_size]
+            mu = policy.mean(imgs[j], sts[j], ins[j])
+            nll = -gaussian_log_prob(acts[j], mu, policy.clamped_log_std().expand_as(mu)).mean()
+            loss = nll
+            if policy.cfg.fm_weight > 0:
+                loss = loss + policy.cfg.fm_weight * policy.flow_matching_loss(imgs[j], sts[j], ins[j], acts[j])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            tot += float(nll.detach()) * len(j)
+        hist.append(tot / len(acts))
+    policy.eval()
+    return hist
