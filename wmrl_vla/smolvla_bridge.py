@@ -85,7 +85,9 @@ def default_instruction_corpus() -> list[str]:
     from sims.own.reach import ReachColorEnv
 
     envs = (ReachColorEnv, PushColorEnv, PressButtonEnv, LiftColorEnv)
-    return sorted({t.format(c=c, z=z) for env in envs for t in env.templates for c in COLOURS for z in COLOURS})
+    return sorted(
+        {t.format(c=c, z=z) for env in envs for t in env.templates for c in COLOURS for z in COLOURS}
+    )
 
 
 def train_instruction_tokenizer(corpus: Sequence[str], vocab_size: int = 256) -> str:
@@ -152,7 +154,9 @@ class SmolVLABridgeConfig:
                 f"image_size={self.image_size} must be a multiple of 2 * patch_size={2 * self.patch_size}"
             )
         if self.num_steps < 1 or self.max_instr_tokens < 1:
-            raise ValueError(f"num_steps={self.num_steps} and max_instr_tokens={self.max_instr_tokens} must be >= 1")
+            raise ValueError(
+                f"num_steps={self.num_steps} and max_instr_tokens={self.max_instr_tokens} must be >= 1"
+            )
 
 
 def write_local_smolvlm(cfg: SmolVLABridgeConfig, tokenizer_json: str) -> Path:
@@ -194,7 +198,9 @@ def write_local_smolvlm(cfg: SmolVLABridgeConfig, tokenizer_json: str) -> Path:
         "image_token_id": Tokenizer.from_str(tokenizer_json).token_to_id(SMOLVLM_TOKENS["image_token"]),
         "pad_token_id": pad_id,
     }
-    key = hashlib.sha1(json.dumps([vlm_config, tokenizer_json, cfg.max_instr_tokens]).encode()).hexdigest()[:10]
+    key = hashlib.sha1(json.dumps([vlm_config, tokenizer_json, cfg.max_instr_tokens]).encode()).hexdigest()[
+        :10
+    ]
     root = Path(cfg.vlm_cache_dir) / f"smolvlm-{key}"
     if (root / "wmrl_done").exists():
         return root
@@ -306,7 +312,9 @@ class SmolVLAGaussianPolicy(nn.Module):
         images ``[B, 3, H, W]`` uint8, states ``[B, S]``, instr ``[B, L]`` ids from ``self.tokenizer``."""
         imgs, img_masks, lang, lang_masks, state = self._inputs(images, states, instr)
         noise = torch.zeros(images.shape[0], 1, self.cfg.action_dim)
-        actions = self.lerobot_policy.model.sample_actions(imgs, img_masks, lang, lang_masks, state, noise=noise)
+        actions = self.lerobot_policy.model.sample_actions(
+            imgs, img_masks, lang, lang_masks, state, noise=noise
+        )
         return actions[:, 0, : self.cfg.action_dim]
 
     def flow_matching_loss(
@@ -366,7 +374,8 @@ class SmolVLAGaussianPolicy(nn.Module):
 
     def save(self, path) -> None:
         torch.save(
-            {"config": asdict(self.cfg), "tokenizer": self.tokenizer_json, "state_dict": self.state_dict()}, path
+            {"config": asdict(self.cfg), "tokenizer": self.tokenizer_json, "state_dict": self.state_dict()},
+            path,
         )
 
     @classmethod
@@ -413,7 +422,9 @@ def sft_smolvla(
             nll = -gaussian_log_prob(acts[j], mu, policy.clamped_log_std().expand_as(mu)).mean()
             loss = nll
             if policy.cfg.fm_weight > 0:
-                loss = loss + policy.cfg.fm_weight * policy.flow_matching_loss(imgs[j], sts[j], ins[j], acts[j])
+                loss = loss + policy.cfg.fm_weight * policy.flow_matching_loss(
+                    imgs[j], sts[j], ins[j], acts[j]
+                )
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -73,7 +73,9 @@ def test_builds_lerobot_smolvla_from_a_local_vlm_dir(policy):
     assert (policy.vlm_dir / "config.json").exists() and c.vlm_model_name == str(policy.vlm_dir)
     # the tokenizer carries SmolVLM's special tokens, which SmolVLA reads by id
     hf = policy.tokenizer.hf
-    assert lp.model.fake_image_token == hf.convert_tokens_to_ids("<fake_token_around_image>") != hf.unk_token_id
+    assert (
+        lp.model.fake_image_token == hf.convert_tokens_to_ids("<fake_token_around_image>") != hf.unk_token_id
+    )
     assert lp.model.global_image_token == hf.convert_tokens_to_ids("<global-img>") != hf.unk_token_id
     ids = policy.tokenizer.encode(["reach the red target"])
     assert ids.shape == (1, policy.cfg.max_instr_tokens)
@@ -102,14 +104,20 @@ def test_log_probs_match_torch_normal(policy):
             if batch.mask[i, s * A] == 0:
                 assert (lp[i, sl] == 0).all()
                 continue
-            mu = policy.mean(ex["images"][i, s : s + 1], ex["states"][i, s : s + 1], ex["instr"][i : i + 1])[0]
+            mu = policy.mean(ex["images"][i, s : s + 1], ex["states"][i, s : s + 1], ex["instr"][i : i + 1])[
+                0
+            ]
             dist = torch.distributions.Normal(mu, policy.log_std.exp())
             assert torch.allclose(lp[i, sl], dist.log_prob(ex["actions"][i, s]), atol=1e-5)
     # differentiable in the log std and, through the unrolled sampler, in SmolVLA's VLM and expert
     lp[batch.mask.bool()].sum().backward()
     assert policy.log_std.grad.abs().sum() > 0
     model = policy.lerobot_policy.model
-    for part in (model.vlm_with_expert.lm_expert, model.vlm_with_expert.vlm.model.vision_model, model.state_proj):
+    for part in (
+        model.vlm_with_expert.lm_expert,
+        model.vlm_with_expert.vlm.model.vision_model,
+        model.state_proj,
+    ):
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in part.parameters())
     policy.zero_grad()
 
