@@ -222,3 +222,38 @@ def test_unknown_policy_lists_the_valid_ones():
     with pytest.raises(ConfigError, match="small_vla, lerobot_act, lerobot_smolvla"):
         VLAConfig(policy="smolvla")
     assert VLAConfig(policy="lerobot_smolvla").policy == "lerobot_smolvla"
+
+
+def test_lerobot_smolvla_through_the_domain_and_trainer(tmp_path):
+    """vla-debug with policy=lerobot_smolvla: demos -> SFT -> WM -> GRPO steps, all offline; the
+    batch's log-probs are recomputed exactly and the GRPO update moves SmolVLA's own weights."""
+    from wmrl.config import load_config
+    from wmrl.trainer import Trainer
+
+    over = [
+        f"--out_dir={tmp_path / 'run'}",
+        f"--domain.cache_dir={tmp_path / 'cache'}",
+        "--domain.policy=lerobot_smolvla",
+        "--domain.record_anchors=false",
+        "--domain.eval_episodes_per_task=1",
+        "--grpo.steps=1",
+    ]
+    cfg = load_config("vla-debug", over)
+    domain = cfg.domain.build(cfg)
+    assert isinstance(domain.policy, SmolVLAGaussianPolicy)
+    assert (tmp_path / "cache" / "smolvlm").is_dir()  # the local SmolVLM lives in the domain's cache
+    tasks = domain.sample_tasks(2, "train", torch.Generator().manual_seed(1))
+    batch = domain.generate(tasks, 2, torch.tensor([True, False]))
+    assert batch.payload[0]["kind"] == "sim" and batch.payload[2]["kind"] == "imagined"
+    with torch.no_grad():
+        lp = domain.policy.log_probs(batch)
+    m = batch.mask.bool()
+    assert torch.allclose(lp[m], batch.logprobs[m], atol=1e-4)
+    params = {k: v.detach().clone() for k, v in domain.policy.named_parameters() if v.requires_grad}
+    last = Trainer(cfg, domain).train()
+    assert np.isfinite(last["reward/mean"]) and last["exec/real_total"] > 0
+    changed = {
+        k for k, v in domain.policy.named_parameters() if k in params and not torch.equal(v, params[k])
+    }
+    assert "log_std" in changed and any("lm_expert" in k for k in changed)
+    domain.close()
