@@ -15,6 +15,11 @@ Optionally LoRA adapters (peft) are added; then only the adapters train.
 The policy's distribution is ``softmax(logits / temperature)``: sampling and :meth:`log_probs` use the
 same temperature, so the sampler's log-probs and the recomputed ones agree (the PPO ratio is 1 at
 the first epoch). Temperature 0 means greedy decoding (log-probs then at temperature 1).
+
+With ``search_constraint=True`` and per-row ``sources`` given to :meth:`ResearchPolicy.sample`, SEARCH
+texts are decoded under the knob-line constraint of :mod:`wmrl_research.constrain`: the distribution
+is then the softmax renormalised over the allowed ids at each constrained position, and the masks
+travel in the batch extras so that :meth:`ResearchPolicy.log_probs` recomputes the same log-probs.
 """
 
 from __future__ import annotations
@@ -30,6 +35,16 @@ import torch
 from torch import nn
 
 from wmrl.domain import RolloutBatch
+from wmrl_research.constrain import (
+    EXTRA_ALLOWED,
+    EXTRA_CONSTRAINED,
+    SearchConstraint,
+    TokenIndex,
+    masked_logits,
+    masked_token_log_probs,
+    pad_allowed,
+    token_bytes,
+)
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -305,12 +320,24 @@ def encode_prompts(
 
 @dataclass
 class Samples:
-    """Sampled completions. ``tokens``, ``logprobs``, ``mask``: ``[B, T]``; ``texts``: B strings."""
+    """Sampled completions. ``tokens``, ``logprobs``, ``mask``: ``[B, T]``; ``texts``: B strings.
+
+    Under the search constraint: ``allowed`` ``[B, T, K]`` (allowed ids, -1 padded) and
+    ``constrained`` ``[B, T]`` bool; both None when no constraint was applied.
+    """
 
     tokens: torch.Tensor
     logprobs: torch.Tensor
     mask: torch.Tensor
     texts: list[str]
+    allowed: torch.Tensor | None = None
+    constrained: torch.Tensor | None = None
+
+    def extras(self) -> dict[str, torch.Tensor]:
+        """The constraint's masks as RolloutBatch extras (empty without a constraint)."""
+        if self.allowed is None or self.constrained is None:
+            return {}
+        return {EXTRA_ALLOWED: self.allowed, EXTRA_CONSTRAINED: self.constrained}
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
@@ -321,10 +348,21 @@ class ResearchPolicy(nn.Module):
     """A causal LM as a policy over completions (edits), given prompts.
 
     ``log_probs(batch)`` reads ``batch.extras["prompt_ids"]`` / ``["prompt_mask"]`` (``[N, P]``) and
-    scores ``batch.tokens`` (``[N, T]``) differentiably.
+    scores ``batch.tokens`` (``[N, T]``) differentiably, under the search constraint's masks where the
+    batch carries them (``search_allowed`` ``[N, T, K]``, ``search_constrained`` ``[N, T]``).
+
+    ``search_constraint``: decode SEARCH texts under the knob-line constraint whenever
+    :meth:`sample` gets the rows' ``sources`` (knobs mode); off: today's unconstrained sampling.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, temperature: float = 1.0, max_new_tokens: int = 64):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        temperature: float = 1.0,
+        max_new_tokens: int = 64,
+        search_constraint: bool = False,
+    ):
         super().__init__()
         if temperature < 0:
             raise ValueError(f"temperature={temperature} must be >= 0")
@@ -334,6 +372,15 @@ class ResearchPolicy(nn.Module):
         self.tokenizer = tokenizer
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
+        self.search_constraint = search_constraint
+        self._token_index: tuple[list[bytes | None], TokenIndex] | None = None
+
+    def token_index(self) -> tuple[list[bytes | None], TokenIndex]:
+        """Each vocabulary id's bytes and the allowed-id lookup, built once per policy."""
+        if self._token_index is None:
+            pieces = token_bytes(self.tokenizer)
+            self._token_index = (pieces, TokenIndex(pieces))
+        return self._token_index
 
     @property
     def eos_id(self) -> int:
@@ -355,10 +402,13 @@ class ResearchPolicy(nn.Module):
         generator: torch.Generator | None = None,
         max_new_tokens: int | None = None,
         greedy: bool = False,
+        sources: Sequence[str] | None = None,
     ) -> Samples:
         """Sample one completion per prompt row (repeat rows for G per task), with a KV cache.
 
         Stops at EOS; tokens after EOS are PAD with mask 0 (the EOS token itself has mask 1).
+        ``sources`` (one per row, the solution each row edits): with ``search_constraint`` on, SEARCH
+        texts can only be knob lines of the row's source (:mod:`wmrl_research.constrain`).
         """
         was_training = self.model.training
         self.model.eval()
@@ -372,20 +422,42 @@ class ResearchPolicy(nn.Module):
         b = ids.shape[0]
         finished = torch.zeros(b, dtype=torch.bool, device=dev)
         toks, lps, masks = [], [], []
+        constraint = None
+        if self.search_constraint and sources is not None:
+            if len(sources) != b:
+                raise ValueError(f"{len(sources)} sources for {b} prompt rows")
+            pieces, index = self.token_index()
+            constraint = SearchConstraint(index, pieces, sources)
+        steps_allowed: list[list[tuple[int, ...] | None]] = []
         last_pos = pos[:, -1:]
         for _ in range(steps):
-            logp = torch.log_softmax(self._scale(logits), dim=-1)  # [B, V]
+            z = self._scale(logits)  # [B, V]
+            live = ~finished
+            rows_allowed = constraint.allowed() if constraint is not None else []
+            allowed = flag = None
+            if any(a is not None for a in rows_allowed):
+                allowed, flag = pad_allowed([rows_allowed], b)  # [B, 1, K], [B, 1]
+                allowed, flag = allowed.to(dev), flag.to(dev)
+                logp = torch.log_softmax(masked_logits(z, allowed[:, 0]), dim=-1)
+            else:
+                logp = torch.log_softmax(z, dim=-1)  # [B, V]
             if greedy:
                 nxt = logp.argmax(-1)
             else:
                 nxt = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1).to(dev)
-            live = ~finished
             nxt = torch.where(live, nxt, torch.full_like(nxt, self.pad_id))
             toks.append(nxt)
-            lps.append(
-                torch.where(live, logp.gather(-1, nxt[:, None]).squeeze(-1), torch.zeros(b, device=dev))
-            )
+            if allowed is None:
+                step_lp = logp.gather(-1, nxt[:, None]).squeeze(-1)
+            else:
+                step_lp = masked_token_log_probs(z[:, None], nxt[:, None], allowed, flag)[:, 0]
+            lps.append(torch.where(live, step_lp, torch.zeros(b, device=dev)))
             masks.append(live.float())
+            if constraint is not None:
+                steps_allowed.append(
+                    [a if bool(alive) else None for a, alive in zip(rows_allowed, live.tolist(), strict=True)]
+                )
+                constraint.advance(nxt.tolist(), live.tolist())
             finished = finished | (nxt == self.eos_id)
             if bool(finished.all()):
                 break
@@ -403,7 +475,10 @@ class ResearchPolicy(nn.Module):
         tokens = torch.stack(toks, 1).cpu()
         mask = torch.stack(masks, 1).cpu()
         texts = [self.decode(t, m) for t, m in zip(tokens, mask, strict=True)]
-        return Samples(tokens, torch.stack(lps, 1).cpu(), mask, texts)
+        allowed_all = flags_all = None
+        if constraint is not None:
+            allowed_all, flags_all = pad_allowed(steps_allowed, b)  # [B, T, K], [B, T]
+        return Samples(tokens, torch.stack(lps, 1).cpu(), mask, texts, allowed_all, flags_all)
 
     def decode(self, tokens: torch.Tensor, mask: torch.Tensor) -> str:
         ids = [int(t) for t, m in zip(tokens, mask, strict=True) if m > 0 and int(t) != self.eos_id]
@@ -415,9 +490,12 @@ class ResearchPolicy(nn.Module):
         prompt_mask: torch.Tensor,
         tokens: torch.Tensor,
         temperature: float | None = None,
+        allowed: torch.Tensor | None = None,
+        constrained: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``[N, T]`` log-probs of ``tokens`` after left-padded prompts (differentiable), at the
-        policy's temperature unless ``temperature`` is given."""
+        policy's temperature unless ``temperature`` is given; renormalised over ``allowed``
+        (``[N, T, K]``, -1 padded) where ``constrained`` (``[N, T]``), as the sampler drew them."""
         dev = next(self.model.parameters()).device
         ids = torch.cat([prompt_ids, tokens], 1).to(dev)
         attn = torch.cat([prompt_mask.long(), torch.ones_like(tokens, dtype=torch.long)], 1).to(dev)
@@ -428,11 +506,20 @@ class ResearchPolicy(nn.Module):
             input_ids=ids, attention_mask=attn, position_ids=_positions(attn), logits_to_keep=t + 1
         ).logits
         logits = self._scale(logits[:, :-1], temperature)  # [N, T, V]: position p-1+t predicts token t
-        return torch.log_softmax(logits, -1).gather(-1, tokens.to(dev)[..., None]).squeeze(-1)
+        return masked_token_log_probs(
+            logits,
+            tokens.to(dev),
+            None if allowed is None else allowed.to(dev),
+            None if constrained is None else constrained.to(dev),
+        )
 
     def log_probs(self, batch: RolloutBatch) -> torch.Tensor:
         return self.completion_log_probs(
-            batch.extras["prompt_ids"], batch.extras["prompt_mask"], batch.tokens
+            batch.extras["prompt_ids"],
+            batch.extras["prompt_mask"],
+            batch.tokens,
+            allowed=batch.extras.get(EXTRA_ALLOWED),
+            constrained=batch.extras.get(EXTRA_CONSTRAINED),
         )
 
     def encode_completions(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:

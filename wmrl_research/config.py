@@ -61,6 +61,11 @@ class ResearchConfig(DomainConfig):
     # Fraction of the train tasks' SFT examples that start from a random point of the task's knob
     # space (not its baseline): the current values must then be read from the prompt, not recalled.
     sft_randomise: float = 0.0
+    # Constrained decoding of SEARCH texts (knobs mode only; ignored in free mode): while the policy
+    # writes a SEARCH body, only tokens that keep it a prefix of one of the current source's knob
+    # lines (then the divider) are allowed, and the policy's distribution is the renormalised
+    # softmax (sampling, the GRPO ratio and the KL term alike). SFT is unchanged by it.
+    search_constraint: bool = False
     # Sampling.
     max_new_tokens: int = 96
     max_prompt_tokens: int = 512

@@ -185,7 +185,11 @@ class ResearchDomain:
         prompts = [build_prompt(t, t.baseline_source, self.mode, self.prompt_style) for t in tasks]
         ids, mask = self.policy.encode(prompts, self.max_prompt_tokens)  # [n, P]
         ids, mask = ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0)  # [N, P]
-        s = self.policy.sample(ids, mask, generator, greedy=greedy)
+        # knobs mode: the rows' sources, for the policy's search constraint (ignored when it is off)
+        sources = (
+            [t.baseline_source for t in tasks for _ in range(group_size)] if self.mode == "knobs" else None
+        )
+        s = self.policy.sample(ids, mask, generator, greedy=greedy, sources=sources)
         payload = []
         for j, text in enumerate(s.texts):
             t = tasks[j // group_size]
@@ -198,7 +202,7 @@ class ResearchDomain:
             group_ids=torch.arange(len(tasks)).repeat_interleave(group_size),
             tasks=list(tasks),
             payload=payload,
-            extras={"prompt_ids": ids, "prompt_mask": mask},
+            extras={"prompt_ids": ids, "prompt_mask": mask, **s.extras()},
         )
 
     def generate(self, tasks: Sequence[Any], group_size: int, anchor_groups: torch.Tensor) -> RolloutBatch:

@@ -74,6 +74,18 @@ def _policy_fields(cfg: ResearchConfig, run: RunConfig, train: list[Any]) -> dic
     }
 
 
+def constrained(cfg: ResearchConfig) -> bool:
+    """Whether the policy decodes SEARCH texts under the knob-line constraint (knobs mode only)."""
+    return cfg.search_constraint and cfg.edit_mode == "knobs"
+
+
+def _decoding_key(cfg: ResearchConfig) -> list[Any]:
+    """Cache-key fields of the stages whose outputs depend on how the policy decodes (the execution
+    log, the WM pretrained on it, the held-out evaluation; never SFT): empty without the constraint,
+    so the keys of unconstrained runs stay what they were."""
+    return [["search_constraint"]] if constrained(cfg) else []
+
+
 def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout: list[Any], cache: Path):
     """The policy after SFT (cached ``policy.pt``), and the SFT edit-validity figures."""
     # Never held-out text (unless asked to): the tokenizer and SFT are both part of the policy.
@@ -108,7 +120,14 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
     )
     if cfg.lora:
         model = add_lora(model, r=cfg.lora_rank, alpha=2 * cfg.lora_rank)
-    policy = ResearchPolicy(model, tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+    # SFT and its validity figures below are unconstrained (sample() gets no sources there)
+    policy = ResearchPolicy(
+        model,
+        tokenizer,
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        search_constraint=constrained(cfg),
+    )
     path = cache / "policy.pt"
     info_path = cache / "sft.json"
     if path.exists() and info_path.exists():
@@ -231,7 +250,7 @@ def pretrain_world_model(
     """Fit on the log minus a random holdout, measure on the holdout, then add the holdout."""
     path = (
         cache
-        / f"wm-{cfg.world_model}-{_key([cfg.wm_members, cfg.wm_dim, cfg.wm_lm_samples, cfg.wm_batch_size, cfg.wm_lr, cfg.wm_pretrain_steps, cfg.wm_holdout, 2])}.pt"
+        / f"wm-{cfg.world_model}-{_key([cfg.wm_members, cfg.wm_dim, cfg.wm_lm_samples, cfg.wm_batch_size, cfg.wm_lr, cfg.wm_pretrain_steps, cfg.wm_holdout, 2, *_decoding_key(cfg)])}.pt"
     )
     info_path = path.with_suffix(".json")
     if path.exists() and info_path.exists():
@@ -280,7 +299,8 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     policy, sft_info = build_policy(cfg, run, train, heldout, cache)
     executor = make_executor(run.executor, run.anchors.max_concurrent)
     log_path = (
-        cache / f"execution_log-{_key([cfg.log_samples_per_task, cfg.max_new_tokens, cfg.temperature])}.jsonl"
+        cache
+        / f"execution_log-{_key([cfg.log_samples_per_task, cfg.max_new_tokens, cfg.temperature, *_decoding_key(cfg)])}.jsonl"
     )
     elog = build_execution_log(cfg, run, policy, train, executor, log_path)
     examples = elog.load()
@@ -306,7 +326,8 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         prompt_style=cfg.prompt_style,
     )
     eval_path = (
-        cache / f"sft_eval-{_key([cfg.eval_samples_per_task, cfg.eval_seed, [t.id for t in heldout]])}.json"
+        cache
+        / f"sft_eval-{_key([cfg.eval_samples_per_task, cfg.eval_seed, [t.id for t in heldout], *_decoding_key(cfg)])}.json"
     )
     if eval_path.exists():
         sft_eval = json.loads(eval_path.read_text())
@@ -321,6 +342,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     runnable = [e.reward > FAILURE_SCORE for e in examples]
     info = {
         "cache": str(cache),
+        "search_constraint": constrained(cfg),
         "sft": sft_info,
         "log": {"n": len(examples), "runnable_frac": sum(runnable) / max(len(runnable), 1)},
         "wm": wm_info,
