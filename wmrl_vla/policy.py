@@ -186,16 +186,31 @@ class TargetLocator(nn.Module):
         self.log_scale = nn.Parameter(torch.tensor(0.0))
         self.to_xy = nn.Sequential(nn.Linear(2, 64), nn.GELU(), nn.Linear(64, 2))
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``x`` ``[B, 3, H, W]`` in [-1, 1], ``cond`` ``[B, c]`` -> ``logits`` ``[B, H*W]`` (the
-        attention map before its softmax), ``keypoint`` ``[B, 2]`` (image x, y in [-1, 1]) and
-        ``xy`` ``[B, 2]`` (table position / LOC_UNIT)."""
-        b, _, h, w = x.shape
-        feats = self.pixels(x)  # [B, c, H, W]
-        logits = (feats * self.query(cond)[:, :, None, None]).sum(1).flatten(1) * self.log_scale.exp()
+    def forward(self, images: torch.Tensor, cond: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``images`` ``[B, 3, H, W]`` (uint8, or float with the same 0-255 values), ``cond`` ``[B, c]``
+        -> ``logits`` ``[B, H*W]`` (the attention map before its softmax), ``keypoint`` ``[B, 2]``
+        (image x, y in [-1, 1]) and ``xy`` ``[B, 2]`` (table position / LOC_UNIT)."""
+        b, _, h, w = images.shape
+        px = images.permute(0, 2, 3, 1).reshape(b * h * w, 3)  # pixels in row-major order
+        rows = torch.arange(b, device=px.device).repeat_interleave(h * w)  # each pixel's frame
+        if images.dtype == torch.uint8:
+            # A pixel's score depends on its colour and its frame's query alone, and a frame has far
+            # fewer distinct colours than pixels (a rendered 64x64 frame ~120, a decoded one
+            # ~1,300): score each (frame, colour) pair once, the same values at a fraction of the cost.
+            key = (rows << 24) | (px[:, 0].long() << 16) | (px[:, 1].long() << 8) | px[:, 2].long()
+            key, inverse = torch.unique(key, return_inverse=True)
+            rows, px = key >> 24, torch.stack([(key >> 16) & 255, (key >> 8) & 255, key & 255], -1)
+        else:
+            inverse = None
+        # ``self.pixels`` as matmuls over channels-last pixels: the maps of its 1x1 convolutions
+        conv1, conv2 = self.pixels[0], self.pixels[2]
+        feats = F.gelu(F.linear(px.float() / 127.5 - 1.0, conv1.weight.flatten(1), conv1.bias))
+        feats = F.gelu(F.linear(feats, conv2.weight.flatten(1), conv2.bias))  # [N, c]
+        scores = (feats * self.query(cond)[rows]).sum(-1) * self.log_scale.exp()  # [N]
+        logits = (scores if inverse is None else scores[inverse]).view(b, h * w)
         attn = torch.softmax(logits, -1).view(b, h, w)
-        ky = (attn.sum(2) * torch.linspace(-1, 1, h, device=x.device)).sum(-1)
-        kx = (attn.sum(1) * torch.linspace(-1, 1, w, device=x.device)).sum(-1)
+        ky = (attn.sum(2) * torch.linspace(-1, 1, h, device=images.device)).sum(-1)
+        kx = (attn.sum(1) * torch.linspace(-1, 1, w, device=images.device)).sum(-1)
         kp = torch.stack([kx, ky], -1)
         return {"logits": logits, "keypoint": kp, "xy": self.to_xy(kp)}
 
@@ -245,7 +260,7 @@ class SmallVLA(nn.Module):
         words = word_vecs + self.word_pos[:, : instr.shape[1]] + t[1]  # [B, L, d]
         states = states.float()
         if self.locator is not None:
-            loc = self.locator(images.float() / 127.5 - 1.0, sentence)
+            loc = self.locator(images, sentence)
             goal = loc["xy"] * LOC_UNIT  # [B, 2] metres
             states = torch.cat([states, goal / LOC_UNIT, (goal - states[:, :2]) * OFFSET_SCALE], -1)
         state = self.state_proj(states).unsqueeze(1) + t[2]  # [B, 1, d]

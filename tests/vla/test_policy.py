@@ -129,3 +129,35 @@ def test_save_load(tmp_path):
     m2 = SmallVLA.load(tmp_path / "p.pt")
     images, states, instr = _obs(2)
     assert torch.equal(m(images, states, instr), m2(images, states, instr))
+
+
+def test_locator_matches_the_per_pixel_convolutions():
+    """The locator scores each (frame, colour) pair once, as matmuls: the same logits, keypoints and
+    gradients as its 1x1 convolutions applied to every pixel (the straightforward form)."""
+    torch.manual_seed(0)
+    m = SmallVLA(CFG)
+    loc = m.locator
+    for p in loc.parameters():  # away from the zero-ish init, so every term matters
+        p.data.normal_(0, 0.5)
+    gen = torch.Generator().manual_seed(3)
+    palette = torch.randint(0, 256, (5, 3), generator=gen, dtype=torch.uint8)
+    images = palette[torch.randint(0, 5, (4, 32, 32), generator=gen)].permute(0, 3, 1, 2).contiguous()
+    images[1] = torch.randint(0, 256, (3, 32, 32), generator=gen, dtype=torch.uint8)  # all distinct
+    cond = torch.randn(4, CFG.d_model, generator=gen)
+
+    def reference(images):
+        feats = loc.pixels(images.float() / 127.5 - 1.0)  # [B, c, H, W]
+        return (feats * loc.query(cond)[:, :, None, None]).sum(1).flatten(1) * loc.log_scale.exp()
+
+    ref = reference(images)
+    out = loc(images, cond)
+    assert torch.allclose(out["logits"], ref, atol=1e-5)
+    assert torch.allclose(loc(images.float(), cond)["logits"], ref, atol=1e-5)  # float input: no dedup
+    attn = torch.softmax(ref, -1).view(4, 32, 32)
+    kx = (attn.sum(1) * torch.linspace(-1, 1, 32)).sum(-1)
+    assert torch.allclose(out["keypoint"][:, 0], kx, atol=1e-5)
+    # training sees the same gradients
+    w = torch.randn(4, 32 * 32, generator=gen)
+    grads = [torch.autograd.grad((f * w).sum(), list(loc.pixels.parameters())) for f in (ref, out["logits"])]
+    for a, b in zip(*grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
