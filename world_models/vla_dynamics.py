@@ -122,10 +122,30 @@ class FrameDecoder(nn.Module):
         self.out = nn.Conv2d(c_prev + chans[0], 3, 3, padding=1)
 
     def forward(self, z: torch.Tensor, context: list[torch.Tensor], frame0: torch.Tensor) -> torch.Tensor:
+        return self.decode(z, self.prepare(context, frame0))
+
+    def prepare(self, context: list[torch.Tensor], frame0: torch.Tensor):
+        """What decoding takes from the first frame, computed once per rollout: each level convolves
+        ``[x, context map]``, a linear map, so it is the convolution of ``x`` plus that of the context
+        map (with the bias), and the latter is the same at every imagined step."""
+        consts = [
+            F.conv_transpose2d(ctx, up.weight[-ctx.shape[1] :], up.bias, stride=2)
+            for up, ctx in zip(self.ups, reversed(context[1:]), strict=True)
+        ]
+        consts.append(
+            F.conv2d(context[0], self.out.weight[:, -context[0].shape[1] :], self.out.bias, padding=1)
+        )
+        return consts, frame0
+
+    def decode(self, z: torch.Tensor, prepared) -> torch.Tensor:
+        """Latent ``[B, D]`` + :meth:`prepare` of its rollout's first frame -> frame in [-1, 1]."""
+        consts, frame0 = prepared
         x = F.gelu(self.fc(z)).reshape(z.shape[0], self.chans[-1], self.base, self.base)
-        for up, ctx in zip(self.ups, reversed(context[1:]), strict=True):
-            x = F.gelu(up(torch.cat([x, ctx], 1)))
-        delta = self.out(torch.cat([x, context[0]], 1))  # [B, 3, H/2, W/2]
+        for up, const in zip(self.ups, consts[:-1], strict=True):
+            x = F.gelu(F.conv_transpose2d(x, up.weight[: x.shape[1]], None, stride=2) + const)
+        # channels last: oneDNN's 3x3 convolution to 3 channels is ~2x faster so on a CPU (same values)
+        x = x.contiguous(memory_format=torch.channels_last)
+        delta = F.conv2d(x, self.out.weight[:, : x.shape[1]], None, padding=1) + consts[-1]
         return frame0 + F.interpolate(delta, scale_factor=2, mode="bilinear", align_corners=False)
 
 
@@ -208,11 +228,14 @@ class VLADynamics(nn.Module):
 
     @torch.no_grad()
     def sample_frame(
-        self, z: torch.Tensor, context, generator: torch.Generator | None = None
+        self, z: torch.Tensor, context, generator: torch.Generator | None = None, prepared=None
     ) -> torch.Tensor:
-        """A frame as uint8 ``[B, 3, H, W]``: decoded, or sampled with DDIM for ``"diffusion"``."""
+        """A frame as uint8 ``[B, 3, H, W]``: decoded, or sampled with DDIM for ``"diffusion"``.
+        ``prepared``: ``self.decoder.prepare(*context)``, to reuse over a rollout's steps."""
         if self.unet is None:
-            return _to_uint8(self.decode(z, context))
+            if prepared is None:
+                return _to_uint8(self.decode(z, context))
+            return _to_uint8(self.decoder.decode(z, prepared))
         _, frame0 = context
         cond = self.cond_proj(z)
         x = torch.randn(frame0.shape, generator=generator)
@@ -278,6 +301,7 @@ class VLADynamics(nn.Module):
         k = self.cfg.n_members
         members = torch.arange(b) % k if members is None else members
         z, context = self.observe(images, states)
+        prepared = self.decoder.prepare(*context) if self.unet is None else None
         frame, state = images, states.float()
         alive = torch.ones(b, dtype=torch.bool)
         out = {n: [] for n in ("images", "states", "actions", "progress", "success", "mask")}
@@ -301,7 +325,7 @@ class VLADynamics(nn.Module):
             z = z_next
             if t + 1 < horizon:
                 state = self.state_head(z)
-                frame = self.sample_frame(z, context, generator)
+                frame = self.sample_frame(z, context, generator, prepared)
             if not alive.any():
                 # pad the remaining steps with copies (masked out)
                 for _ in range(t + 1, horizon):
