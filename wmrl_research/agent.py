@@ -353,6 +353,7 @@ class ResearchPolicy(nn.Module):
 
     ``search_constraint``: decode SEARCH texts under the knob-line constraint whenever
     :meth:`sample` gets the rows' ``sources`` (knobs mode); off: today's unconstrained sampling.
+    ``constrain_replace``: also make each REPLACE text start with the chosen knob's ``NAME =``.
     """
 
     def __init__(
@@ -362,6 +363,7 @@ class ResearchPolicy(nn.Module):
         temperature: float = 1.0,
         max_new_tokens: int = 64,
         search_constraint: bool = False,
+        constrain_replace: bool = False,
     ):
         super().__init__()
         if temperature < 0:
@@ -373,6 +375,7 @@ class ResearchPolicy(nn.Module):
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.search_constraint = search_constraint
+        self.constrain_replace = constrain_replace
         self._token_index: tuple[list[bytes | None], TokenIndex] | None = None
 
     def token_index(self) -> tuple[list[bytes | None], TokenIndex]:
@@ -427,7 +430,7 @@ class ResearchPolicy(nn.Module):
             if len(sources) != b:
                 raise ValueError(f"{len(sources)} sources for {b} prompt rows")
             pieces, index = self.token_index()
-            constraint = SearchConstraint(index, pieces, sources)
+            constraint = SearchConstraint(index, pieces, sources, replace_name=self.constrain_replace)
         steps_allowed: list[list[tuple[int, ...] | None]] = []
         last_pos = pos[:, -1:]
         for _ in range(steps):

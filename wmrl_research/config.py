@@ -66,6 +66,8 @@ class ResearchConfig(DomainConfig):
     # lines (then the divider) are allowed, and the policy's distribution is the renormalised
     # softmax (sampling, the GRPO ratio and the KL term alike). SFT is unchanged by it.
     search_constraint: bool = False
+    # With search_constraint: also make each REPLACE text start with the chosen knob's `NAME =`.
+    search_constraint_replace: bool = False
     # Sampling.
     max_new_tokens: int = 96
     max_prompt_tokens: int = 512

@@ -14,6 +14,9 @@ tokens (EOS included) and tokens with no bytes are never allowed in a body. The 
 distribution at a constrained position is the softmax renormalised over the allowed ids; every
 other position is unconstrained.
 
+Optionally (``replace_name``) each target also holds the start of the REPLACE text,
+``NAME =`` of the chosen line, so a REPLACE text must start with the knob its SEARCH text names.
+
 Each new block's targets come from the source after the blocks completed so far (so a second block
 on the same knob must search the edited line); where those blocks do not apply, from the original
 source. A row with no targets is left unconstrained.
@@ -74,12 +77,23 @@ def search_lines(source: str, start: str | None = None, end: str | None = None) 
     return out
 
 
-def targets_for(lines: Sequence[str]) -> tuple[bytes, ...]:
-    """Byte targets of a body: ``b"\\n" + line + b"\\n=======\\n"`` per line (sorted, unique)."""
-    return tuple(sorted({b"\n" + line.encode() + TAIL for line in lines}))
+def targets_for(lines: Sequence[str], replace_name: bool = False) -> tuple[bytes, ...]:
+    """Byte targets of a body: ``b"\\n" + line + b"\\n=======\\n"`` per line (sorted, unique); with
+    ``replace_name``, followed by the line's ``NAME =`` (the start of the REPLACE text)."""
+    out = set()
+    for line in lines:
+        name = line.split("=", 1)[0].strip() + " =" if replace_name else ""
+        out.add(b"\n" + line.encode() + TAIL + name.encode())
+    return tuple(sorted(out))
 
 
-def block_targets(source: str, text_before: str, start: str | None = None, end: str | None = None):
+def block_targets(
+    source: str,
+    text_before: str,
+    start: str | None = None,
+    end: str | None = None,
+    replace_name: bool = False,
+) -> tuple[bytes, ...]:
     """Targets of a block that starts after ``text_before`` (the completion so far): the knob lines of
     ``source`` after the complete blocks of ``text_before``, or of ``source`` itself where
     ``text_before`` holds no block or its blocks do not apply."""
@@ -88,10 +102,10 @@ def block_targets(source: str, text_before: str, start: str | None = None, end: 
         if res.ok and res.source is not None:
             try:
                 knobs_span(res.source, start, end)
-                return targets_for(search_lines(res.source, start, end))
+                return targets_for(search_lines(res.source, start, end), replace_name)
             except EditError:
                 pass
-    return targets_for(search_lines(source, start, end))
+    return targets_for(search_lines(source, start, end), replace_name)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -202,6 +216,9 @@ class SearchConstraint:
     ``sources``: one source per row (the solution the row's edits apply to). Call :meth:`allowed`
     before sampling a step (the allowed ids per row, ``None`` where the row is unconstrained) and
     :meth:`advance` with the sampled ids after it.
+
+    ``replace_name``: also constrain each REPLACE text to start with ``NAME =`` of the knob line its
+    SEARCH text chose (each target then ends with ``b"NAME ="``, see :func:`targets_for`).
     """
 
     def __init__(
@@ -211,8 +228,10 @@ class SearchConstraint:
         sources: Sequence[str],
         start: str | None = None,
         end: str | None = None,
+        replace_name: bool = False,
     ):
         self.index, self.pieces = index, pieces
+        self.replace_name = replace_name
         self.sources = list(sources)
         self.start, self.end = start, end
         self.text = [b"" for _ in self.sources]
@@ -248,7 +267,7 @@ class SearchConstraint:
                     self.body[r] = None  # left the targets while unconstrained: give up on it
             if self.body[r] is None and self.text[r].endswith(HEAD):
                 before = self.text[r][: -len(HEAD)].decode("utf-8", errors="replace")
-                targets = block_targets(self.sources[r], before, self.start, self.end)
+                targets = block_targets(self.sources[r], before, self.start, self.end, self.replace_name)
                 if targets:
                     self.body[r], self.targets[r] = len(self.text[r]), targets
 

@@ -83,7 +83,9 @@ def _decoding_key(cfg: ResearchConfig) -> list[Any]:
     """Cache-key fields of the stages whose outputs depend on how the policy decodes (the execution
     log, the WM pretrained on it, the held-out evaluation; never SFT): empty without the constraint,
     so the keys of unconstrained runs stay what they were."""
-    return [["search_constraint"]] if constrained(cfg) else []
+    if not constrained(cfg):
+        return []
+    return [["search_constraint", "replace"]] if cfg.search_constraint_replace else [["search_constraint"]]
 
 
 def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout: list[Any], cache: Path):
@@ -127,6 +129,7 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
         temperature=cfg.temperature,
         max_new_tokens=cfg.max_new_tokens,
         search_constraint=constrained(cfg),
+        constrain_replace=cfg.search_constraint_replace,
     )
     path = cache / "policy.pt"
     info_path = cache / "sft.json"
@@ -343,6 +346,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     info = {
         "cache": str(cache),
         "search_constraint": constrained(cfg),
+        "search_constraint_replace": constrained(cfg) and cfg.search_constraint_replace,
         "sft": sft_info,
         "log": {"n": len(examples), "runnable_frac": sum(runnable) / max(len(runnable), 1)},
         "wm": wm_info,

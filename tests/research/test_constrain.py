@@ -85,8 +85,8 @@ def test_fast_mask_agrees_with_brute_force_on_random_prefixes(tokenizer):
     index = TokenIndex(pieces)
     rng = random.Random(0)
     checked = 0
-    for t in [*HELDOUT, FakeTask()]:
-        targets = targets_for(search_lines(t.baseline_source))
+    for t, replace in [(t, r) for t in [*HELDOUT, FakeTask()] for r in (False, True)]:
+        targets = targets_for(search_lines(t.baseline_source), replace)
         for _ in range(40):
             target = rng.choice(targets)
             partial = target[: rng.randrange(len(target))]  # a body state: a proper prefix
@@ -96,7 +96,7 @@ def test_fast_mask_agrees_with_brute_force_on_random_prefixes(tokenizer):
             checked += 1
     # a partial that no target extends allows nothing
     assert index.allowed(b"\nNOT_A_KNOB", targets_for(search_lines(SOURCE))) == ()
-    assert checked == 200
+    assert checked == 400
 
 
 def test_masked_log_probs_match_a_dense_reference():
@@ -159,7 +159,7 @@ class Memoriser(nn.Module):
         return SimpleNamespace(logits=logits, past_key_values=out.past_key_values)
 
 
-def memoriser_policy(tokenizer, task, strength=12.0, temperature=1.0, constraint=True):
+def memoriser_policy(tokenizer, task, strength=12.0, temperature=1.0, constraint=True, replace=False):
     prompt = build_prompt(task, task.baseline_source, "knobs", "short")
     p_ids, p_mask = encode_prompts(tokenizer, [prompt])
     # a known knob name with a wrong current value: the exact match fails without the constraint
@@ -169,7 +169,12 @@ def memoriser_policy(tokenizer, task, strength=12.0, temperature=1.0, constraint
         tiny_lm(tokenizer, hidden=32, seed=1), tokenizer, p_ids[0, -2:].tolist(), script, strength
     )
     pol = ResearchPolicy(
-        model, tokenizer, temperature=temperature, max_new_tokens=96, search_constraint=constraint
+        model,
+        tokenizer,
+        temperature=temperature,
+        max_new_tokens=96,
+        search_constraint=constraint,
+        constrain_replace=replace,
     )
     return pol, prompt
 
@@ -269,3 +274,36 @@ def test_constraint_state_closes_bodies_and_reopens_for_the_next_block(tokenizer
     for i in tokenizer("x " + HEAD.decode(), add_special_tokens=False)["input_ids"]:
         c2.advance([i], [True])
     assert c2.body == [len(c2.text[0])] and c2.allowed()[0]
+
+
+def test_replace_texts_start_with_the_chosen_knob_name(tokenizer):
+    task, n = HELDOUT[1], 8
+    pol, prompt = memoriser_policy(tokenizer, task, replace=True)
+    ids, mask = encode_prompts(tokenizer, [prompt] * n)
+    s = pol.sample(ids, mask, torch.Generator().manual_seed(0), sources=[task.baseline_source] * n)
+    lines = set(search_lines(task.baseline_source))
+    n_blocks = 0
+    for text in s.texts:
+        for search, replace in re.findall(r"<<<<<<< SEARCH\n(.*?)\n=======\n(.*)", text, re.DOTALL):
+            assert search in lines
+            name = search.split("=")[0].strip()
+            assert replace.startswith(f"{name} =") or f"{name} =".startswith(replace), (search, replace)
+            n_blocks += 1
+    assert n_blocks >= n - 1
+    # the valid two-block edit is never masked out with the REPLACE rule on either
+    pieces = token_bytes(tokenizer)
+    text = (
+        "<<<<<<< SEARCH\nALPHA = 1.0\n=======\nALPHA = 10.0\n>>>>>>> REPLACE\n"
+        "<<<<<<< SEARCH\nALPHA = 10.0\n=======\nALPHA = 0.1\n>>>>>>> REPLACE"
+    )
+    steps = {}
+    for replace in (False, True):
+        c = SearchConstraint(TokenIndex(pieces), pieces, [SOURCE], replace_name=replace)
+        steps[replace] = 0
+        for i in tokenizer(text, add_special_tokens=False)["input_ids"]:
+            (a,) = c.allowed()
+            assert a is None or i in a
+            steps[replace] += a is not None
+            c.advance([i], [True])
+        assert c.body == [None]
+    assert steps[True] >= steps[False] + 2  # the REPLACE's `ALPHA =` is constrained too
