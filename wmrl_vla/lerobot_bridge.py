@@ -53,7 +53,71 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor
     return -0.5 * (((x - mean) / log_std.exp()) ** 2) - log_std - 0.5 * LOG_2PI
 
 
-class ACTGaussianPolicy(nn.Module):
+class GaussianActionHead(nn.Module):
+    """Sampling and log-probs of ``a ~ N(mu(o, l), diag(exp(log_std))^2)``, shared by the lerobot
+    bridges. A subclass sets ``self.cfg`` (``min_log_std``, ``max_log_std``) and ``self.log_std``, and
+    defines :meth:`step_mean`; ``instr`` is part of the inputs only where ``uses_instr``."""
+
+    uses_instr = False
+
+    def step_mean(
+        self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``[B, A]`` means from images ``[B, 3, H, W]`` uint8, states ``[B, S]``, instruction ids ``[B, L]``."""
+        raise NotImplementedError
+
+    def clamped_log_std(self) -> torch.Tensor:
+        return self.log_std.clamp(self.cfg.min_log_std, self.cfg.max_log_std)
+
+    @torch.no_grad()
+    def act(
+        self,
+        images: torch.Tensor,
+        states: torch.Tensor,
+        instr: torch.Tensor,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(placeholder tokens ``[B, A]`` zeros, log-densities ``[B, A]`` under the untempered policy,
+        sampled actions ``[B, A]``); ``temperature`` scales the standard deviation (0: the mean)."""
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0")
+        mu = self.step_mean(images, states, instr)
+        log_std = self.clamped_log_std().expand_as(mu)
+        noise = torch.randn(mu.shape, generator=generator)
+        a = mu + temperature * log_std.exp() * noise
+        return torch.zeros_like(mu, dtype=torch.long), gaussian_log_prob(a, mu, log_std), a
+
+    def log_probs(self, batch, chunk: int = 256) -> torch.Tensor:
+        """``[N, T*A]`` Gaussian log-densities of ``extras["actions"]`` (differentiable); padded steps 0."""
+        ex = batch.extras
+        keys = ("images", "states", "actions", *(("instr",) if self.uses_instr else ()))
+        for k in keys:
+            if k not in ex:
+                raise KeyError(
+                    f"batch.extras lacks {k!r}; {type(self).__name__}.log_probs needs {', '.join(keys)}"
+                )
+        images, states, actions = ex["images"], ex["states"], ex["actions"]
+        n, t, a = actions.shape
+        step_mask = batch.mask.reshape(n, t, a).amax(-1) > 0
+        idx = step_mask.reshape(-1).nonzero().squeeze(-1)
+        flat_img = images.reshape(n * t, *images.shape[2:])
+        flat_state = states.reshape(n * t, -1)
+        flat_instr = ex["instr"].repeat_interleave(t, 0) if self.uses_instr else None
+        flat_act = actions.reshape(n * t, a)
+        log_std = self.clamped_log_std()
+        pieces = []
+        for s in range(0, idx.numel(), chunk):
+            j = idx[s : s + chunk]
+            mu = self.step_mean(flat_img[j], flat_state[j], None if flat_instr is None else flat_instr[j])
+            pieces.append(gaussian_log_prob(flat_act[j], mu, log_std.expand_as(mu)))
+        out = torch.zeros(n * t, a)
+        if pieces:
+            out = out.index_put((idx,), torch.cat(pieces))
+        return out.reshape(n, t * a)
+
+
+class ACTGaussianPolicy(GaussianActionHead):
     """lerobot ACT as the mean of a diagonal Gaussian policy. See the module docstring."""
 
     def __init__(self, cfg: ACTBridgeConfig) -> None:
@@ -97,9 +161,6 @@ class ACTGaussianPolicy(nn.Module):
                 m.eval()
         return self
 
-    def clamped_log_std(self) -> torch.Tensor:
-        return self.log_std.clamp(self.cfg.min_log_std, self.cfg.max_log_std)
-
     def mean(self, images: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
         """``[B, A]`` Gaussian means from images ``[B, 3, H, W]`` uint8 and states ``[B, S]``."""
         from lerobot.utils.constants import OBS_IMAGES
@@ -112,50 +173,10 @@ class ACTGaussianPolicy(nn.Module):
         actions, _ = self.lerobot_policy.model(batch)  # [B, chunk=1, A]
         return actions[:, 0]
 
-    @torch.no_grad()
-    def act(
-        self,
-        images: torch.Tensor,
-        states: torch.Tensor,
-        instr: torch.Tensor,
-        temperature: float = 1.0,
-        generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(placeholder tokens ``[B, A]`` zeros, log-densities ``[B, A]`` under the untempered policy,
-        sampled actions ``[B, A]``); ``temperature`` scales the standard deviation (0: the mean)."""
-        if temperature < 0:
-            raise ValueError(f"temperature={temperature} must be >= 0")
-        mu = self.mean(images, states)
-        log_std = self.clamped_log_std().expand_as(mu)
-        noise = torch.randn(mu.shape, generator=generator)
-        a = mu + temperature * log_std.exp() * noise
-        return torch.zeros_like(mu, dtype=torch.long), gaussian_log_prob(a, mu, log_std), a
-
-    def log_probs(self, batch, chunk: int = 256) -> torch.Tensor:
-        """``[N, T*A]`` Gaussian log-densities of ``extras["actions"]`` (differentiable)."""
-        ex = batch.extras
-        for k in ("images", "states", "actions"):
-            if k not in ex:
-                raise KeyError(
-                    f"batch.extras lacks {k!r}; ACTGaussianPolicy.log_probs needs images, states, actions"
-                )
-        images, states, actions = ex["images"], ex["states"], ex["actions"]
-        n, t, a = actions.shape
-        step_mask = batch.mask.reshape(n, t, a).amax(-1) > 0
-        idx = step_mask.reshape(-1).nonzero().squeeze(-1)
-        flat_img = images.reshape(n * t, *images.shape[2:])
-        flat_state = states.reshape(n * t, -1)
-        flat_act = actions.reshape(n * t, a)
-        log_std = self.clamped_log_std()
-        pieces = []
-        for s in range(0, idx.numel(), chunk):
-            j = idx[s : s + chunk]
-            mu = self.mean(flat_img[j], flat_state[j])
-            pieces.append(gaussian_log_prob(flat_act[j], mu, log_std.expand_as(mu)))
-        out = torch.zeros(n * t, a)
-        if pieces:
-            out = out.index_put((idx,), torch.cat(pieces))
-        return out.reshape(n, t * a)
+    def step_mean(
+        self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor | None
+    ) -> torch.Tensor:
+        return self.mean(images, states)  # ACT takes no language
 
     def save(self, path) -> None:
         torch.save({"config": asdict(self.cfg), "state_dict": self.state_dict()}, path)

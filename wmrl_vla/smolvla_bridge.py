@@ -62,7 +62,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from wmrl_vla.lerobot_bridge import gaussian_log_prob
+from wmrl_vla.lerobot_bridge import GaussianActionHead, gaussian_log_prob
 
 # Special tokens SmolVLM's tokenizer carries that SmolVLMProcessor and SmolVLA read by attribute.
 SMOLVLM_TOKENS = {
@@ -248,8 +248,13 @@ class SmolVLMInstructionTokenizer:
         return enc["input_ids"].long()
 
 
-class SmolVLAGaussianPolicy(nn.Module):
-    """lerobot SmolVLA (offline, random init) as the mean of a diagonal Gaussian. See the module docstring."""
+class SmolVLAGaussianPolicy(GaussianActionHead):
+    """lerobot SmolVLA (offline, random init) as the mean of a diagonal Gaussian. See the module docstring.
+
+    ``act`` and ``log_probs`` come from :class:`~wmrl_vla.lerobot_bridge.GaussianActionHead`; the
+    instruction ids (``batch.extras["instr"]``) are part of every step's input."""
+
+    uses_instr = True
 
     def __init__(self, cfg: SmolVLABridgeConfig, tokenizer_json: str | None = None) -> None:
         super().__init__()
@@ -291,9 +296,6 @@ class SmolVLAGaussianPolicy(nn.Module):
         self.log_std = nn.Parameter(torch.full((cfg.action_dim,), float(cfg.init_log_std)))
         self.train()
 
-    def clamped_log_std(self) -> torch.Tensor:
-        return self.log_std.clamp(self.cfg.min_log_std, self.cfg.max_log_std)
-
     def _inputs(self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor):
         """SmolVLA's (images, image masks, language tokens, language masks, state) for a batch."""
         s = self.cfg.image_size
@@ -325,52 +327,12 @@ class SmolVLAGaussianPolicy(nn.Module):
         losses = self.lerobot_policy.model(imgs, img_masks, lang, lang_masks, state, actions[:, None].float())
         return losses.mean()
 
-    @torch.no_grad()
-    def act(
-        self,
-        images: torch.Tensor,
-        states: torch.Tensor,
-        instr: torch.Tensor,
-        temperature: float = 1.0,
-        generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(placeholder tokens ``[B, A]`` zeros, log-densities ``[B, A]`` under the untempered policy,
-        sampled actions ``[B, A]``); ``temperature`` scales the standard deviation (0: the mean)."""
-        if temperature < 0:
-            raise ValueError(f"temperature={temperature} must be >= 0")
-        mu = self.mean(images, states, instr)
-        log_std = self.clamped_log_std().expand_as(mu)
-        noise = torch.randn(mu.shape, generator=generator)
-        a = mu + temperature * log_std.exp() * noise
-        return torch.zeros_like(mu, dtype=torch.long), gaussian_log_prob(a, mu, log_std), a
-
-    def log_probs(self, batch, chunk: int = 256) -> torch.Tensor:
-        """``[N, T*A]`` Gaussian log-densities of ``extras["actions"]`` (differentiable)."""
-        ex = batch.extras
-        for k in ("images", "states", "actions", "instr"):
-            if k not in ex:
-                raise KeyError(
-                    f"batch.extras lacks {k!r}; SmolVLAGaussianPolicy.log_probs needs images, states, "
-                    "instr, actions"
-                )
-        images, states, actions, instr = ex["images"], ex["states"], ex["actions"], ex["instr"]
-        n, t, a = actions.shape
-        step_mask = batch.mask.reshape(n, t, a).amax(-1) > 0
-        idx = step_mask.reshape(-1).nonzero().squeeze(-1)
-        flat_img = images.reshape(n * t, *images.shape[2:])
-        flat_state = states.reshape(n * t, -1)
-        flat_instr = instr.repeat_interleave(t, 0)
-        flat_act = actions.reshape(n * t, a)
-        log_std = self.clamped_log_std()
-        pieces = []
-        for s in range(0, idx.numel(), chunk):
-            j = idx[s : s + chunk]
-            mu = self.mean(flat_img[j], flat_state[j], flat_instr[j])
-            pieces.append(gaussian_log_prob(flat_act[j], mu, log_std.expand_as(mu)))
-        out = torch.zeros(n * t, a)
-        if pieces:
-            out = out.index_put((idx,), torch.cat(pieces))
-        return out.reshape(n, t * a)
+    def step_mean(
+        self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor | None
+    ) -> torch.Tensor:
+        if instr is None:
+            raise ValueError("SmolVLA needs the instruction ids (policy.tokenizer.encode)")
+        return self.mean(images, states, instr)
 
     def save(self, path) -> None:
         torch.save(
