@@ -12,7 +12,9 @@ chunk by flow matching. It is built here with no hub access and no pretrained we
   SmolVLA read (``<fake_token_around_image>``, ``<global-img>``, ``<image>``, ``<end_of_utterance>``),
   and the ``SmolVLMProcessor`` saved with ``save_pretrained``; ``vlm_model_name`` points there.
   The VLM is random: ``load_vlm_weights=False``, and it is trained (``train_expert_only=False``,
-  ``freeze_vision_encoder=False``), since a frozen random VLM would be a fixed random feature map.
+  ``freeze_vision_encoder=False``), since a frozen random VLM would be a fixed random feature map;
+  lerobot still freezes the last text layer, the final norm and ``lm_head`` in that mode. With the
+  defaults (64x64 frames, text width 64, 2 layers) SmolVLA has about 221k parameters, 173k trainable.
 * **Language goes in for real.** Instructions are tokenised with that tokenizer (right-padded to
   ``max_instr_tokens``, as lerobot's ``TokenizerProcessorStep`` does) and fed to SmolVLA with their
   attention mask; ``policy.tokenizer.encode`` returns those ids, so ``batch.extras["instr"]`` carries
