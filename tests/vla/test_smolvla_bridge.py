@@ -82,6 +82,8 @@ def test_builds_lerobot_smolvla_from_a_local_vlm_dir(policy):
     real = ids[0][ids[0] != policy.tokenizer.pad_id]
     assert (ids[0, len(real) :] == policy.tokenizer.pad_id).all()  # right-padded
     assert "".join(hf.convert_ids_to_tokens(real.tolist())) == "reachtheredtarget"
+    # words outside the tokenizer's corpus fall back to smaller pieces, never to <unk>
+    assert hf.unk_token_id not in policy.tokenizer.encode(["Lift the PURPLE block!"])[0].tolist()
     # SmolVLA's own stochastic sampler runs on the same inputs
     img = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
     ids = policy.tokenizer.encode(INSTR[:2])
