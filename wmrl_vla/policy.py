@@ -251,6 +251,10 @@ class SmallVLA(nn.Module):
             raise ValueError(f"states has shape {tuple(states.shape)}, expected ({b}, {self.cfg.state_dim})")
         if instr.shape[0] != b or instr.shape[1] > self.cfg.max_words:
             raise ValueError(f"instr has shape {tuple(instr.shape)}, expected ({b}, <= {self.cfg.max_words})")
+        # drop the padding columns after the batch's longest instruction: masked tokens change no
+        # output, and the transformer's sequence shrinks (38 -> 27 tokens for 5-word instructions)
+        words_in = (instr != PAD_ID).any(0).nonzero()
+        instr = instr[:, : int(words_in.max()) + 1 if words_in.numel() else 1]
         t = self.type_emb
         word_vecs = self.word_emb(instr)  # [B, L, d]
         real = (instr != PAD_ID).float().unsqueeze(-1)

@@ -161,3 +161,19 @@ def test_locator_matches_the_per_pixel_convolutions():
     grads = [torch.autograd.grad((f * w).sum(), list(loc.pixels.parameters())) for f in (ref, out["logits"])]
     for a, b in zip(*grads, strict=True):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_trailing_padding_changes_nothing():
+    """The forward pass drops the padding columns after the batch's longest instruction: a row's
+    logits do not depend on how long the other instructions are."""
+    torch.manual_seed(0)
+    m = SmallVLA(CFG).eval()
+    images, states, _ = _obs(3, g=4)
+    tok = InstructionTokenizer(CFG.vocab_size, CFG.max_words)
+    instr = tok.encode(["push the red block", "press", "reach the small green button on the left"])
+    with torch.no_grad():
+        batch = m(images, states, instr)
+        for i in range(3):
+            alone = m(images[i : i + 1], states[i : i + 1], instr[i : i + 1])
+            assert torch.allclose(batch[i], alone[0], atol=1e-5)
+        assert torch.allclose(m(images, states, instr[:, :9]), batch, atol=1e-6)  # 8 words at most
