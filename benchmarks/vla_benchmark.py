@@ -55,9 +55,6 @@ def throughput(
     split = tasks[0].env_split
     specs = [(t.task_id, t.seed) for t in tasks]
     pool = EnvPool(cfg.domain.image_size, max_steps=steps)
-    envs = [pool.get(t, split) for t, _ in specs]  # build every env (model + renderer) before timing
-    for (t, _), env in zip(specs, envs, strict=True):
-        pool.put(t, split, env)
     o = [domain._initial_obs(t) for t in tasks]
     imgs = torch.from_numpy(np.stack([x[0] for x in o]))
     sts = torch.from_numpy(np.stack([x[1] for x in o]))
@@ -69,6 +66,9 @@ def throughput(
         a = torch.rand(images.shape[0], a_dim, generator=g) * 2 - 1
         return torch.zeros_like(a, dtype=torch.long), torch.zeros_like(a), a
 
+    # build every env (model + renderer) and render through each once before timing: the first
+    # round ran up to 2x slower without this
+    run_episodes(random_actor, specs, pool, split)
     sim_actors = {"random": random_actor, "policy": policy_actor(policy, 1.0, g)}
     wm_actors = {
         "random": lambda f, s, t: torch.rand(f.shape[0], a_dim, generator=g) * 2 - 1,
