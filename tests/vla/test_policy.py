@@ -153,6 +153,8 @@ def test_locator_matches_the_per_pixel_convolutions():
     out = loc(images, cond)
     assert torch.allclose(out["logits"], ref, atol=1e-5)
     assert torch.allclose(loc(images.float(), cond)["logits"], ref, atol=1e-5)  # float input: no dedup
+    big = loc(images.repeat(33, 1, 1, 1), cond.repeat(33, 1))["logits"]  # 132 frames: int64 keys
+    assert torch.allclose(big, ref.repeat(33, 1), atol=1e-5)
     attn = torch.softmax(ref, -1).view(4, 32, 32)
     kx = (attn.sum(1) * torch.linspace(-1, 1, 32)).sum(-1)
     assert torch.allclose(out["keypoint"][:, 0], kx, atol=1e-5)
