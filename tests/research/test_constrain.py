@@ -307,3 +307,20 @@ def test_replace_texts_start_with_the_chosen_knob_name(tokenizer):
             c.advance([i], [True])
         assert c.body == [None]
     assert steps[True] >= steps[False] + 2  # the REPLACE's `ALPHA =` is constrained too
+
+
+def test_the_flag_enters_the_decoding_cache_keys_but_not_the_sft_key():
+    from wmrl.config import load_config
+    from wmrl_research import pipeline
+
+    off = load_config("research-tiny", ["--domain.search_constraint=false"])
+    on = load_config("research-tiny", ["--domain.search_constraint_replace=false"])
+    rep = load_config("research-tiny", [])
+    free = load_config("research-tiny", ["--domain.edit_mode=free", "--domain.prompt_style=full"])
+    assert rep.domain.search_constraint and rep.domain.search_constraint_replace  # the preset's default
+    assert on.domain.search_constraint and pipeline.constrained(on.domain)
+    assert not pipeline.constrained(free.domain)  # knobs mode only
+    train, _ = pipeline.select_tasks(on.domain)
+    assert pipeline._policy_fields(on.domain, on, train) == pipeline._policy_fields(off.domain, off, train)
+    keys = {pipeline._key(pipeline._decoding_key(c.domain)) for c in (off, on, rep)}
+    assert len(keys) == 3 and pipeline._decoding_key(off.domain) == []  # old keys unchanged when off

@@ -67,6 +67,9 @@ def test_generate_applies_edits_and_keeps_log_probs(built):
     batch = domain.generate(tasks, 3, torch.tensor([True, False]))
     assert batch.n_rollouts == 6 and batch.group_ids.tolist() == [0, 0, 0, 1, 1, 1]
     assert batch.extras["prompt_ids"].shape[0] == 6
+    # the debug preset decodes SEARCH texts under the knob-line constraint: its masks ride along
+    assert domain.policy.search_constraint and batch.extras["search_constrained"].shape == batch.tokens.shape
+    assert batch.extras["search_allowed"].shape[:2] == batch.tokens.shape
     lp = domain.policy.log_probs(batch)
     torch.testing.assert_close(lp * batch.mask, batch.logprobs, atol=1e-4, rtol=1e-4)
     for p, t in zip(batch.payload, [t for t in tasks for _ in range(3)], strict=True):
