@@ -4,6 +4,7 @@ model, same budget of GRPO steps, several seeds; plus simulator vs imagination t
     uv run python benchmarks/vla_benchmark.py --preset vla-tabletop --methods real wmrl --seeds 0 1 2
     uv run python benchmarks/vla_benchmark.py --throughput-only --throughput-repeats 5 --out benchmarks/results
     uv run python benchmarks/vla_benchmark.py --sft-only --eval-episodes 40   # SFT stage + its success
+    uv run python benchmarks/vla_benchmark.py --merge A/vla_benchmark.json B/vla_benchmark.json --out DIR
 
 Writes ``<out>/vla_benchmark.json`` and ``<out>/vla_benchmark.png`` (held-out success against
 wall-clock and against real simulator steps); ``--throughput-only`` writes ``<out>/vla_throughput.json``.
@@ -179,6 +180,61 @@ def run_method(preset: str, method: str, seed: int, out: Path, extra: list[str])
     return {"curve": curve, "wall_s": wall, "time_per_step": phases}
 
 
+def summarise(results: dict) -> dict:
+    """Per method: SFT and final held-out success/reward (mean, standard error, per seed), real sim
+    steps and wall-clock (means); and, for every method but ``real``, its paired gap to ``real``
+    (``real - method`` over the seeds both ran) and ``real``'s sim steps per its own."""
+    summary: dict = {}
+    for m, runs in results.items():
+        finals = [r["curve"][-1] for r in runs.values()]
+        success = np.array([f["success"] for f in finals])
+        summary[m] = {
+            "seeds": list(runs),
+            "sft_success": float(np.mean([r["curve"][0]["success"] for r in runs.values()])),
+            "final_success": float(success.mean()),
+            "final_success_se": float(success.std(ddof=1) / np.sqrt(len(success)))
+            if len(success) > 1
+            else None,
+            "final_success_per_seed": success.tolist(),
+            "sft_reward": float(np.mean([r["curve"][0]["reward"] for r in runs.values()])),
+            "final_reward": float(np.mean([f["reward"] for f in finals])),
+            "sim_steps": float(np.mean([f["sim_steps"] for f in finals])),
+            "wall_clock_s": float(np.mean([f["wall_clock_s"] for f in finals])),
+        }
+    for m in set(results) - {"real"} if "real" in results else ():
+        both = [s for s in results[m] if s in results["real"]]
+        gap = np.array(
+            [results["real"][s]["curve"][-1]["success"] - results[m][s]["curve"][-1]["success"] for s in both]
+        )
+        if len(gap) > 1:
+            summary[m]["paired_gap_to_real"] = float(gap.mean())
+            summary[m]["paired_gap_to_real_se"] = float(gap.std(ddof=1) / np.sqrt(len(gap)))
+        summary[m]["sim_steps_fewer_than_real"] = summary["real"]["sim_steps"] / max(
+            summary[m]["sim_steps"], 1.0
+        )
+    return summary
+
+
+def merge(paths: list[Path], out: Path) -> dict:
+    """Combine the runs of several ``vla_benchmark.json`` files (disjoint seeds, same preset and
+    overrides) into ``<out>/vla_benchmark_merged.{json,png}``."""
+    results: dict = {}
+    sources = []
+    for p in paths:
+        d = json.loads(p.read_text())
+        sources.append({"file": str(p), "preset": d.get("preset"), "overrides": d.get("overrides")})
+        for m, runs in d["runs"].items():
+            clash = set(runs) & set(results.get(m, {}))
+            if clash:
+                raise SystemExit(f"{p}: {m} runs {sorted(clash)} are already in an earlier file")
+            results.setdefault(m, {}).update(runs)
+    report = {"sources": sources, "runs": results, "summary": summarise(results)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "vla_benchmark_merged.json").write_text(json.dumps(report, indent=2))
+    plot(results, out / "vla_benchmark_merged.png")
+    return report
+
+
 def plot(results: dict, path: Path) -> None:
     """Held-out success (top) and reward (bottom) against wall-clock and against real sim steps."""
     import matplotlib
@@ -223,9 +279,15 @@ def main(argv: list[str] | None = None) -> None:
         "--throughput-threads", type=int, default=1, help="torch threads while measuring throughput"
     )
     p.add_argument("--plot-only", metavar="JSON", help="redraw the plot of an existing vla_benchmark.json")
+    p.add_argument(
+        "--merge", nargs="+", metavar="JSON", help="combine vla_benchmark.json files of other seeds"
+    )
     p.add_argument("overrides", nargs="*", help="extra --a.b=value overrides for every run")
     a, extra = p.parse_known_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if a.merge:
+        print(json.dumps(merge([Path(m) for m in a.merge], Path(a.out))["summary"], indent=2))
+        return
     if a.plot_only:
         src = Path(a.plot_only)
         plot(json.loads(src.read_text())["runs"], src.with_suffix(".png"))
@@ -248,28 +310,15 @@ def main(argv: list[str] | None = None) -> None:
     if a.throughput_only:  # its own file: vla_benchmark.json holds the GRPO runs
         (out / "vla_throughput.json").write_text(json.dumps(report, indent=2))
         return
-    if not a.throughput_only:
-        results: dict = {}
-        for m in a.methods:
-            for s in a.seeds:
-                results.setdefault(m, {})[f"seed{s}"] = run_method(a.preset, m, s, out, extra)
-                (out / "vla_benchmark.json").write_text(json.dumps({**report, "runs": results}, indent=2))
-        report["runs"] = results
-        summary = {}
-        for m, runs in results.items():
-            finals = [r["curve"][-1] for r in runs.values()]
-            summary[m] = {
-                "sft_success": float(np.mean([r["curve"][0]["success"] for r in runs.values()])),
-                "final_success": float(np.mean([f["success"] for f in finals])),
-                "final_success_per_seed": [f["success"] for f in finals],
-                "sft_reward": float(np.mean([r["curve"][0]["reward"] for r in runs.values()])),
-                "final_reward": float(np.mean([f["reward"] for f in finals])),
-                "sim_steps": float(np.mean([f["sim_steps"] for f in finals])),
-                "wall_clock_s": float(np.mean([f["wall_clock_s"] for f in finals])),
-            }
-        report["summary"] = summary
-        plot(results, out / "vla_benchmark.png")
-        print(json.dumps(summary, indent=2))
+    results: dict = {}
+    for m in a.methods:
+        for s in a.seeds:
+            results.setdefault(m, {})[f"seed{s}"] = run_method(a.preset, m, s, out, extra)
+            (out / "vla_benchmark.json").write_text(json.dumps({**report, "runs": results}, indent=2))
+    report["runs"] = results
+    report["summary"] = summarise(results)
+    plot(results, out / "vla_benchmark.png")
+    print(json.dumps(report["summary"], indent=2))
     (out / "vla_benchmark.json").write_text(json.dumps(report, indent=2))
 
 
