@@ -69,6 +69,12 @@ class GaussianActionHead(nn.Module):
     def clamped_log_std(self) -> torch.Tensor:
         return self.log_std.clamp(self.cfg.min_log_std, self.cfg.max_log_std)
 
+    def sft_aux_loss(
+        self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor | None, actions: torch.Tensor
+    ) -> torch.Tensor | float:
+        """An extra behaviour-cloning loss of the mean network added by :func:`sft_gaussian` (none here)."""
+        return 0.0
+
     @torch.no_grad()
     def act(
         self,
@@ -190,23 +196,28 @@ class ACTGaussianPolicy(GaussianActionHead):
 
 
 def sft_gaussian(
-    policy: ACTGaussianPolicy,
+    policy: GaussianActionHead,
     records: Sequence[dict],
     epochs: int = 10,
     batch_size: int = 64,
     lr: float = 1e-3,
     seed: int = 0,
 ) -> list[float]:
-    """Behaviour cloning by Gaussian maximum likelihood (fits ACT's mean and the log std). Returns the
-    per-epoch mean negative log-likelihood per action dimension."""
+    """Behaviour cloning by Gaussian maximum likelihood (fits the mean network and the log std), plus
+    the policy's :meth:`~GaussianActionHead.sft_aux_loss` (SmolVLA: its flow-matching loss). Returns
+    the per-epoch mean negative log-likelihood per action dimension."""
     from world_models.vla_dynamics import episodes_from_records
 
     eps = episodes_from_records(records)
     imgs = torch.from_numpy(np.concatenate([e["images"][: len(e["actions"])] for e in eps]))
     sts = torch.from_numpy(np.concatenate([e["states"][: len(e["actions"])] for e in eps]))
     acts = torch.from_numpy(np.concatenate([e["actions"] for e in eps]))
+    ins = None
+    if policy.uses_instr:
+        instr = policy.tokenizer.encode([r["instruction"] for r in records])
+        ins = torch.cat([instr[i : i + 1].expand(len(e["actions"]), -1) for i, e in enumerate(eps)])
     g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(policy.parameters(), lr=lr)
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr)
     hist = []
     policy.train()
     for _ in range(epochs):
@@ -214,10 +225,12 @@ def sft_gaussian(
         tot = 0.0
         for s in range(0, len(acts), batch_size):
             j = perm[s : s + batch_size]
-            mu = policy.mean(imgs[j], sts[j])
+            ins_j = ins[j] if ins is not None else None
+            mu = policy.step_mean(imgs[j], sts[j], ins_j)
             nll = -gaussian_log_prob(acts[j], mu, policy.clamped_log_std().expand_as(mu)).mean()
+            loss = nll + policy.sft_aux_loss(imgs[j], sts[j], ins_j, acts[j])
             opt.zero_grad()
-            nll.backward()
+            loss.backward()
             opt.step()
             tot += float(nll.detach()) * len(j)
         hist.append(tot / len(acts))

@@ -280,7 +280,7 @@ def dagger_records(
 
 def _prepare_act(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict):
     """lerobot ACT with a Gaussian head (see :mod:`wmrl_vla.lerobot_bridge`), cloned by max-likelihood."""
-    from wmrl_vla.lerobot_bridge import ACTBridgeConfig, ACTGaussianPolicy, sft_gaussian
+    from wmrl_vla.lerobot_bridge import ACTBridgeConfig, ACTGaussianPolicy
 
     if path.exists():
         return ACTGaussianPolicy.load(path)
@@ -290,25 +290,13 @@ def _prepare_act(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict):
         ACTBridgeConfig(image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, dim_model=cfg.d_model,
                         n_encoder_layers=cfg.n_layers)
     )  # fmt: skip
-    t0 = time.perf_counter()
-    nll = sft_gaussian(policy, demos, cfg.sft_epochs, cfg.sft_batch_size, cfg.sft_lr, cfg.demo_seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    policy.save(path)
-    path.with_suffix(".json").write_text(
-        json.dumps({"nll": nll, "seconds": time.perf_counter() - t0, **fields})
-    )
-    return policy
+    return _sft_gaussian_and_save(cfg, policy, demos, path, fields)
 
 
 def _prepare_smolvla(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict):
     """lerobot SmolVLA built offline with a Gaussian head (see :mod:`wmrl_vla.smolvla_bridge`), cloned
     by max-likelihood plus its flow-matching loss. Its local SmolVLM directory lives under cache_dir."""
-    from wmrl_vla.smolvla_bridge import (
-        SmolVLABridgeConfig,
-        SmolVLAGaussianPolicy,
-        default_instruction_corpus,
-        sft_smolvla,
-    )
+    from wmrl_vla.smolvla_bridge import SmolVLABridgeConfig, SmolVLAGaussianPolicy, default_instruction_corpus
 
     vlm_cache = str(Path(cfg.cache_dir) / "smolvlm")
     if path.exists():
@@ -321,8 +309,16 @@ def _prepare_smolvla(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict
                             text_hidden=cfg.d_model, text_layers=max(2, cfg.n_layers), corpus=corpus,
                             vlm_cache_dir=vlm_cache)
     )  # fmt: skip
+    return _sft_gaussian_and_save(cfg, policy, demos, path, fields)
+
+
+def _sft_gaussian_and_save(cfg: VLAConfig, policy, demos: list[dict], path: Path, fields: dict):
+    """SFT of a lerobot bridge (:func:`wmrl_vla.lerobot_bridge.sft_gaussian`); the checkpoint and its
+    per-epoch NLL + seconds are cached at ``path`` / ``path.json``."""
+    from wmrl_vla.lerobot_bridge import sft_gaussian
+
     t0 = time.perf_counter()
-    nll = sft_smolvla(policy, demos, cfg.sft_epochs, cfg.sft_batch_size, cfg.sft_lr, cfg.demo_seed)
+    nll = sft_gaussian(policy, demos, cfg.sft_epochs, cfg.sft_batch_size, cfg.sft_lr, cfg.demo_seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     policy.save(path)
     path.with_suffix(".json").write_text(

@@ -35,7 +35,7 @@ noise distribution's mode) makes the mean a deterministic, differentiable functi
 observation and instruction (``VLAFlowMatching.sample_actions`` with ``noise=0``; nothing in it runs
 under ``no_grad``). The exploration noise is all in the Gaussian, whose log-density GRPO needs.
 
-**How the mean is trained.** SFT (:func:`sft_smolvla`) minimises, per minibatch,
+**How the mean is trained.** SFT (:func:`wmrl_vla.lerobot_bridge.sft_gaussian`) minimises, per minibatch,
 ``Gaussian NLL(mu, log_std) + fm_weight * SmolVLA's flow-matching loss``. The NLL's gradient reaches
 the mean by back-propagating through the unrolled Euler steps (cheap at this size, and it trains
 exactly the function that is used as the mean); the flow-matching loss is SmolVLA's own objective
@@ -60,11 +60,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
-from wmrl_vla.lerobot_bridge import GaussianActionHead, gaussian_log_prob
+from wmrl_vla.lerobot_bridge import GaussianActionHead
 
 # Special tokens SmolVLM's tokenizer carries that SmolVLMProcessor and SmolVLA read by attribute.
 SMOLVLM_TOKENS = {
@@ -329,12 +328,24 @@ class SmolVLAGaussianPolicy(GaussianActionHead):
         losses = self.lerobot_policy.model(imgs, img_masks, lang, lang_masks, state, actions[:, None].float())
         return losses.mean()
 
+    def sft_aux_loss(
+        self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor | None, actions: torch.Tensor
+    ) -> torch.Tensor | float:
+        """``fm_weight`` x SmolVLA's flow-matching loss, added to the Gaussian NLL in SFT."""
+        if self.cfg.fm_weight <= 0:
+            return 0.0
+        return self.cfg.fm_weight * self.flow_matching_loss(images, states, self.step_instr(instr), actions)
+
+    @staticmethod
+    def step_instr(instr: torch.Tensor | None) -> torch.Tensor:
+        if instr is None:
+            raise ValueError("SmolVLA needs the instruction ids (policy.tokenizer.encode)")
+        return instr
+
     def step_mean(
         self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor | None
     ) -> torch.Tensor:
-        if instr is None:
-            raise ValueError("SmolVLA needs the instruction ids (policy.tokenizer.encode)")
-        return self.mean(images, states, instr)
+        return self.mean(images, states, self.step_instr(instr))
 
     def save(self, path) -> None:
         torch.save(
@@ -353,46 +364,3 @@ class SmolVLAGaussianPolicy(GaussianActionHead):
         model = cls(SmolVLABridgeConfig(**c), tokenizer_json=ckpt["tokenizer"])
         model.load_state_dict(ckpt["state_dict"])
         return model
-
-
-def sft_smolvla(
-    policy: SmolVLAGaussianPolicy,
-    records: Sequence[dict],
-    epochs: int = 10,
-    batch_size: int = 64,
-    lr: float = 1e-3,
-    seed: int = 0,
-) -> list[float]:
-    """Behaviour cloning: Gaussian NLL (through the zero-noise sampler, and the log std) plus
-    ``fm_weight`` x SmolVLA's flow-matching loss. Returns the per-epoch mean NLL per action dimension."""
-    from world_models.vla_dynamics import episodes_from_records
-
-    eps = episodes_from_records(records)
-    imgs = torch.from_numpy(np.concatenate([e["images"][: len(e["actions"])] for e in eps]))
-    sts = torch.from_numpy(np.concatenate([e["states"][: len(e["actions"])] for e in eps]))
-    acts = torch.from_numpy(np.concatenate([e["actions"] for e in eps]))
-    instr = policy.tokenizer.encode([r["instruction"] for r in records])
-    ins = torch.cat([instr[i : i + 1].expand(len(e["actions"]), -1) for i, e in enumerate(eps)])
-    g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr)
-    hist = []
-    policy.train()
-    for _ in range(epochs):
-        perm = torch.randperm(len(acts), generator=g)
-        tot = 0.0
-        for s in range(0, len(acts), batch_size):
-            j = perm[s : s + batch_size]
-            mu = policy.mean(imgs[j], sts[j], ins[j])
-            nll = -gaussian_log_prob(acts[j], mu, policy.clamped_log_std().expand_as(mu)).mean()
-            loss = nll
-            if policy.cfg.fm_weight > 0:
-                loss = loss + policy.cfg.fm_weight * policy.flow_matching_loss(
-                    imgs[j], sts[j], ins[j], acts[j]
-                )
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            tot += float(nll.detach()) * len(j)
-        hist.append(tot / len(acts))
-    policy.eval()
-    return hist

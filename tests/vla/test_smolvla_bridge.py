@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from wmrl.domain import RolloutBatch
-from wmrl_vla.smolvla_bridge import SmolVLABridgeConfig, SmolVLAGaussianPolicy, sft_smolvla
+from wmrl_vla.lerobot_bridge import sft_gaussian
+from wmrl_vla.smolvla_bridge import SmolVLABridgeConfig, SmolVLAGaussianPolicy
 
 INSTR = ["reach the red target", "touch the blue spot", "go to the green marker"]
 S, A = 7, 4
@@ -192,7 +193,7 @@ def test_sft_lowers_the_nll_and_trains_every_part(tmp_path):
     torch.manual_seed(0)
     pol = SmolVLAGaussianPolicy(_cfg(tmp_path))
     before = {k: v.detach().clone() for k, v in pol.named_parameters() if v.requires_grad}
-    hist = sft_smolvla(pol, _records(), epochs=5, batch_size=9, lr=3e-3)
+    hist = sft_gaussian(pol, _records(), epochs=5, batch_size=9, lr=3e-3)
     assert hist[-1] < hist[0] - 0.5, hist
     changed = {k for k, v in pol.named_parameters() if k in before and not torch.equal(v, before[k])}
     for part in ("log_std", "lm_expert", "vision_model", "text_model", "state_proj", "action_out_proj"):
