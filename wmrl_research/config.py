@@ -79,6 +79,10 @@ class ResearchConfig(DomainConfig):
     wm_lm_samples: int = 4
     wm_batch_size: int = 32
     wm_lr: float = 1e-3
+    # What the outcome WM reads of a solution: "view" (the whole knobs block as NAME = value lines)
+    # or "edit" (only the knobs that differ from the task's baseline, `NAME = new (was old)`; see
+    # domain.edit_text). The execution log always stores the view.
+    wm_input: str = "view"
     # Pretraining steps on the execution log, and online refinement steps after each anchor batch.
     wm_pretrain_steps: int = 400
     wm_update_steps: int = 10
@@ -100,6 +104,8 @@ class ResearchConfig(DomainConfig):
             raise ConfigError(
                 f"domain.world_model={self.world_model!r} is not one of {', '.join(WORLD_MODELS)}"
             )
+        if self.wm_input not in ("view", "edit"):
+            raise ConfigError(f"domain.wm_input={self.wm_input!r} is not one of view, edit")
         if self.edit_mode not in EDIT_MODES:
             raise ConfigError(f"domain.edit_mode={self.edit_mode!r} is not one of {', '.join(EDIT_MODES)}")
         if self.prompt_style not in ("short", "full"):

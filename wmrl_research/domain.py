@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -80,18 +80,65 @@ def to_example(task: Any, source: str, reward: float, origin: str, status: str =
     )
 
 
+WM_INPUTS = ("view", "edit")
+
+
+def edit_text(task: Any, view: str) -> str:
+    """The WM's edit-only view of a solution: each knob whose value differs from the task's baseline
+    as ``NAME = new (was old)``, then any other line of ``view`` (free-mode diff lines) as it is;
+    ``no change`` for the baseline itself.
+
+    Lossless given the task (every solution is the task's baseline plus edits), and it leaves the
+    encoder's mean pooling only the tokens that differ between the rollouts of one group, which the
+    full knobs view (the same four of five lines in every rollout of a group) dilutes.
+    """
+    base: dict[str, str] = {}
+    for line in knobs_view(task.baseline_source).splitlines():
+        name, _, value = line.partition(" = ")
+        base[name] = value
+    out = []
+    for line in view.splitlines():
+        name, sep, value = line.partition(" = ")
+        if sep and name in base:
+            if value != base[name]:
+                out.append(f"{name} = {value} (was {base[name]})")
+        elif line.strip():
+            out.append(line)
+    return "\n".join(out) + "\n" if out else "no change\n"
+
+
+def wm_example(task: Any, example: OutcomeExample, wm_input: str) -> OutcomeExample:
+    """``example`` (stored with the full knobs view) as the outcome WM reads it under ``wm_input``."""
+    if wm_input == "view":
+        return example
+    if wm_input == "edit":
+        return replace(example, solution_text=edit_text(task, example.solution_text))
+    raise ValueError(f"wm_input={wm_input!r} is not one of {', '.join(WM_INPUTS)}")
+
+
 class ResearchWorldModel:
     """The domain's WM: rejected edits -> failure score (exact); applied edits -> the outcome model.
 
-    ``update`` appends the anchor executions to the execution log on disk and refines the outcome
-    model on them (plus replay).
+    ``update`` appends the anchor executions to the execution log on disk (with the full knobs view)
+    and refines the outcome model on them (plus replay). ``wm_input`` is what the outcome model reads
+    of a solution: ``view`` (its knobs view) or ``edit`` (:func:`edit_text`).
     """
 
-    def __init__(self, model: Any, tasks: dict[str, Any], log: ExecutionLog | None, update_steps: int):
+    def __init__(
+        self,
+        model: Any,
+        tasks: dict[str, Any],
+        log: ExecutionLog | None,
+        update_steps: int,
+        wm_input: str = "view",
+    ):
+        if wm_input not in WM_INPUTS:
+            raise ValueError(f"wm_input={wm_input!r} is not one of {', '.join(WM_INPUTS)}")
         self.model = model
         self.tasks = tasks
         self.log = log
         self.update_steps = update_steps
+        self.wm_input = wm_input
         self.reject_var = 1e-6
 
     def predict(self, batch: RolloutBatch) -> Prediction:
@@ -101,10 +148,10 @@ class ResearchWorldModel:
         rows = [i for i, p in enumerate(batch.payload) if p.applied]
         if rows:
             ps = [batch.payload[i] for i in rows]
-            m, v = self.model.predict(
-                [task_text(self.tasks[p.task_id]) for p in ps],
-                [solution_text(self.tasks[p.task_id], p.source) for p in ps],
-            )
+            views = [solution_text(self.tasks[p.task_id], p.source) for p in ps]
+            if self.wm_input == "edit":
+                views = [edit_text(self.tasks[p.task_id], v) for p, v in zip(ps, views, strict=True)]
+            m, v = self.model.predict([task_text(self.tasks[p.task_id]) for p in ps], views)
             mean[rows], var[rows] = m.float(), v.float()
         return Prediction(mean, var)
 
@@ -118,7 +165,9 @@ class ResearchWorldModel:
             return {"update_examples": 0.0}
         if self.log is not None:
             self.log.append(examples)
-        out = self.model.update(examples, self.update_steps)
+        out = self.model.update(
+            [wm_example(self.tasks[e.task_id], e, self.wm_input) for e in examples], self.update_steps
+        )
         return {"update_examples": float(len(examples)), **{k.removeprefix("wm/"): v for k, v in out.items()}}
 
     def state_dict(self) -> dict[str, Any]:

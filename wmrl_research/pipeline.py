@@ -21,7 +21,14 @@ import torch
 
 from wmrl.executors import make_executor
 from wmrl_research.agent import ResearchPolicy, add_lora, build_prompt, build_tokenizer, load_lm
-from wmrl_research.domain import ResearchDomain, ResearchWorldModel, solution_text, task_text, to_example
+from wmrl_research.domain import (
+    ResearchDomain,
+    ResearchWorldModel,
+    solution_text,
+    task_text,
+    to_example,
+    wm_example,
+)
 from wmrl_research.edits import sample_knob_edit, synthetic_task
 from wmrl_research.sft import SFTConfig, edit_validity, run_sft
 from wmrl_research.tasks import FAILURE_SCORE, list_tasks
@@ -247,18 +254,28 @@ def build_execution_log(
     return elog
 
 
+def _wm_input_key(cfg: ResearchConfig) -> list[Any]:
+    # Empty for the default input, so the WMs cached before the option existed stay valid.
+    return [] if cfg.wm_input == "view" else [f"wm_input={cfg.wm_input}"]
+
+
 def pretrain_world_model(
-    cfg: ResearchConfig, run: RunConfig, wm, examples: list, cache: Path
+    cfg: ResearchConfig, run: RunConfig, wm, examples: list, cache: Path, log_name: str = ""
 ) -> dict[str, Any]:
-    """Fit on the log minus a random holdout, measure on the holdout, then add the holdout."""
+    """Fit on the log minus a random holdout, measure on the holdout, then add the holdout.
+
+    ``log_name`` (the execution log's file name) is part of the cache key: a WM pretrained on one log
+    is never reused for another (e.g. after a change of ``log_samples_per_task``)."""
     path = (
         cache
-        / f"wm-{cfg.world_model}-{_key([cfg.wm_members, cfg.wm_dim, cfg.wm_lm_samples, cfg.wm_batch_size, cfg.wm_lr, cfg.wm_pretrain_steps, cfg.wm_holdout, 2, *_decoding_key(cfg)])}.pt"
+        / f"wm-{cfg.world_model}-{_key([cfg.wm_members, cfg.wm_dim, cfg.wm_lm_samples, cfg.wm_batch_size, cfg.wm_lr, cfg.wm_pretrain_steps, cfg.wm_holdout, 2, *_decoding_key(cfg), *_wm_input_key(cfg), log_name])}.pt"
     )
     info_path = path.with_suffix(".json")
     if path.exists() and info_path.exists():
         wm.load_state_dict_full(torch.load(path, weights_only=False))
         return json.loads(info_path.read_text())
+    tasks = {t.id: t for t in list_tasks()}
+    examples = [wm_example(tasks[e.task_id], e, cfg.wm_input) for e in examples]
     rng = random.Random(run.seed)
     order = list(range(len(examples)))
     rng.shuffle(order)
@@ -308,12 +325,14 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     elog = build_execution_log(cfg, run, policy, train, executor, log_path)
     examples = elog.load()
     wm = build_world_model(cfg, run, policy)
-    wm_info = pretrain_world_model(cfg, run, wm, examples, cache)
+    wm_info = pretrain_world_model(cfg, run, wm, examples, cache, log_path.name)
     # The run's own log: the pretraining log's records, then every anchor execution of this run.
     run_log = ExecutionLog(Path(run.out_dir) / "execution_log.jsonl")
     if not run_log.path.exists():
         run_log.append(examples)
-    world_model = ResearchWorldModel(wm, {t.id: t for t in all_tasks}, run_log, cfg.wm_update_steps)
+    world_model = ResearchWorldModel(
+        wm, {t.id: t for t in all_tasks}, run_log, cfg.wm_update_steps, cfg.wm_input
+    )
     domain = ResearchDomain(
         policy,
         world_model,
