@@ -13,6 +13,8 @@ training did (``update_steps`` steps with replay). It reports, per run:
 - ``within_adv_corr``: the same with the Pearson correlation of the centred values (what the
   group advantages compare);
 - ``top1``: fraction of those groups whose WM argmax is a true argmax;
+- ``wm_group_std`` / ``true_group_std``: mean within-group spread of WM means and of true rewards,
+  and ``true_flat_frac``: the fraction of groups whose true rewards spread by less than 0.01;
 - ``crash_vs_run``: mean WM score of anchor edits that crashed (true reward = failure score) and of
   those that ran, and the AUC of the WM score for "runs";
 - the logged ``wm/residual_before|after``, ``denoise/s2``, ``denoise/w`` averaged over steps.
@@ -64,7 +66,12 @@ def within_group_stats(groups: list[tuple[list[float], list[float]]]) -> dict[st
     constant true rewards carry no ranking information and are skipped (counted in ``n_skipped``)."""
     sp, pc, top = [], [], []
     skipped = 0
+    pstd, tstd, flat = [], [], []
     for pred, true in groups:
+        if len(pred) >= 2:
+            pstd.append(statistics.pstdev(pred))
+            tstd.append(statistics.pstdev(true))
+            flat.append(float(tstd[-1] < 0.01))
         if len(pred) < 3 or max(true) == min(true):
             skipped += 1
             continue
@@ -81,6 +88,11 @@ def within_group_stats(groups: list[tuple[list[float], list[float]]]) -> dict[st
         "within_spearman": mean(sp),
         "within_adv_corr": mean(pc),
         "top1": mean(top),
+        # Spread inside a group: std-normalised GRPO advantages give a WM group full-size advantages
+        # however small its predicted spread; a true group with (nearly) equal rewards gets ~none.
+        "wm_group_std": mean(pstd),
+        "true_group_std": mean(tstd),
+        "true_flat_frac": mean(flat),
     }
 
 

@@ -94,6 +94,7 @@ def test_within_group_stats_and_crash_stats():
     st = within_group_stats(groups)
     assert st["n_groups"] == 2 and st["n_skipped"] == 2
     assert st["within_spearman"] == pytest.approx(0.0) and st["top1"] == pytest.approx(0.5)
+    assert st["true_flat_frac"] == pytest.approx(0.25)  # the constant group of the four
     cs = crash_stats([0.5, 0.2, -0.3, 0.2], [0.3, 0.1, -1.0, -1.0])
     assert cs["n_crash"] == 2 and cs["wm_crash_mean"] == pytest.approx(-0.05)
     # ran (0.5, 0.2) vs crashed (-0.3, 0.2): 3 wins and one tie of 4 pairs.
