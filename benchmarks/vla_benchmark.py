@@ -201,7 +201,7 @@ def summarise(results: dict) -> dict:
             "sim_steps": float(np.mean([f["sim_steps"] for f in finals])),
             "wall_clock_s": float(np.mean([f["wall_clock_s"] for f in finals])),
         }
-    for m in set(results) - {"real"} if "real" in results else ():
+    for m in [m for m in results if m != "real" and "real" in results]:
         both = [s for s in results[m] if s in results["real"]]
         gap = np.array(
             [results["real"][s]["curve"][-1]["success"] - results[m][s]["curve"][-1]["success"] for s in both]

@@ -107,13 +107,20 @@ def edit_text(task: Any, view: str) -> str:
     return "\n".join(out) + "\n" if out else "no change\n"
 
 
+def wm_solution_text(task: Any, view: str, wm_input: str) -> str:
+    """What the outcome WM reads of a solution whose knobs view is ``view``, under ``wm_input``."""
+    if wm_input == "view":
+        return view
+    if wm_input == "edit":
+        return edit_text(task, view)
+    raise ValueError(f"wm_input={wm_input!r} is not one of {', '.join(WM_INPUTS)}")
+
+
 def wm_example(task: Any, example: OutcomeExample, wm_input: str) -> OutcomeExample:
     """``example`` (stored with the full knobs view) as the outcome WM reads it under ``wm_input``."""
     if wm_input == "view":
         return example
-    if wm_input == "edit":
-        return replace(example, solution_text=edit_text(task, example.solution_text))
-    raise ValueError(f"wm_input={wm_input!r} is not one of {', '.join(WM_INPUTS)}")
+    return replace(example, solution_text=wm_solution_text(task, example.solution_text, wm_input))
 
 
 class ResearchWorldModel:
@@ -148,10 +155,12 @@ class ResearchWorldModel:
         rows = [i for i, p in enumerate(batch.payload) if p.applied]
         if rows:
             ps = [batch.payload[i] for i in rows]
-            views = [solution_text(self.tasks[p.task_id], p.source) for p in ps]
-            if self.wm_input == "edit":
-                views = [edit_text(self.tasks[p.task_id], v) for p, v in zip(ps, views, strict=True)]
-            m, v = self.model.predict([task_text(self.tasks[p.task_id]) for p in ps], views)
+            row_tasks = [self.tasks[p.task_id] for p in ps]
+            views = [
+                wm_solution_text(t, solution_text(t, p.source), self.wm_input)
+                for t, p in zip(row_tasks, ps, strict=True)
+            ]
+            m, v = self.model.predict([task_text(t) for t in row_tasks], views)
             mean[rows], var[rows] = m.float(), v.float()
         return Prediction(mean, var)
 
