@@ -2,8 +2,10 @@
 
 Anchor-group advantages are multiplied by ``w = clip(1 + c * s2, 1, w_max)``, where ``s2`` is an EWMA
 of the within-group centred squared residual between (calibrated) WM scores and true rewards,
-normalised by the variance of the true rewards in the group (groups whose true rewards are all equal
-are skipped). ``c`` is fixed once, after ``warmup_obs`` observations, so that ``w == w_target`` at
+normalised by the variance of the true rewards in the group. Groups whose true rewards are all equal,
+up to ``flat_std`` (their population std is at most that), are skipped: the ratio is meaningless there,
+and a single near-flat group (true rewards 0, 0, 2e-4, 0) would otherwise put ``s2`` in the thousands
+and pin ``w`` for the rest of training. ``c`` is fixed once, after ``warmup_obs`` observations, so that ``w == w_target`` at
 that moment, then frozen: as debiasing removes bias the residual shrinks and ``w`` relaxes toward 1.
 """
 
@@ -15,8 +17,11 @@ from wmrl.config import DenoiseConfig, half_life_to_alpha
 from wmrl.debias import centred_residual
 
 
-def normalised_residuals(pred: torch.Tensor, true: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """``[K]`` values ``res_g / var_g(r)`` for anchor groups with ``var_g(r) > 0`` (population variance).
+def normalised_residuals(
+    pred: torch.Tensor, true: torch.Tensor, group_ids: torch.Tensor, flat_std: float = 0.0
+) -> torch.Tensor:
+    """``[K]`` values ``res_g / var_g(r)`` for the anchor groups with ``std_g(r) > flat_std``
+    (population statistics; groups with ``var_g(r) <= 1e-12`` are always skipped).
 
     Args: ``pred``, ``true`` ``[M]`` for the anchor rollouts; ``group_ids`` ``[M]``.
     """
@@ -28,7 +33,7 @@ def normalised_residuals(pred: torch.Tensor, true: torch.Tensor, group_ids: torc
     mean = torch.zeros(n, dtype=torch.float64).index_add_(0, group_ids, t) / cnt.clamp(min=1)
     dev = torch.where(ok, t - mean[group_ids], torch.zeros_like(t))
     var = torch.zeros(n, dtype=torch.float64).index_add_(0, group_ids, dev**2) / cnt.clamp(min=1)
-    keep = torch.isfinite(res) & (var > 1e-12)
+    keep = torch.isfinite(res) & (var > max(flat_std**2, 1e-12))
     return (res[keep] / var[keep]).float()
 
 
@@ -67,7 +72,7 @@ class InverseVarianceDenoiser:
 
     def observe(self, pred: torch.Tensor, true: torch.Tensor, group_ids: torch.Tensor) -> None:
         """Fold in the anchor groups of one step (``[M]`` tensors)."""
-        for x in normalised_residuals(pred, true, group_ids).tolist():
+        for x in normalised_residuals(pred, true, group_ids, self.cfg.flat_std).tolist():
             self.s2 = x if self.s2 is None else (1 - self.alpha) * self.s2 + self.alpha * x
             self.n_obs += 1
             if self.c is None and self.n_obs >= self.cfg.warmup_obs:

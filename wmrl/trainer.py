@@ -190,7 +190,14 @@ class Trainer:
                 self.policy.train()
                 metrics.update(
                     grpo_update(
-                        self.policy, self.optimizer, batch, adv, used, cfg.grpo, self.reference, self.update_gen
+                        self.policy,
+                        self.optimizer,
+                        batch,
+                        adv,
+                        used,
+                        cfg.grpo,
+                        self.reference,
+                        self.update_gen,
                     )
                 )
             if refine_wm:

@@ -3,9 +3,15 @@ import math
 import pytest
 import torch
 
-from wmrl.config import DebiasConfig, DenoiseConfig, half_life_to_alpha
+from wmrl.config import ConfigError, DebiasConfig, DenoiseConfig, half_life_to_alpha
 from wmrl.debias import OnlineDebiaser, centred_residual
-from wmrl.denoise import InverseVarianceDenoiser, anchor_weight, normalise_weights, sample_weights
+from wmrl.denoise import (
+    InverseVarianceDenoiser,
+    anchor_weight,
+    normalise_weights,
+    normalised_residuals,
+    sample_weights,
+)
 
 
 def test_identity_until_warmup_then_refit_cadence():
@@ -88,6 +94,23 @@ def test_groups_with_equal_true_rewards_are_skipped():
     den = InverseVarianceDenoiser(DenoiseConfig(warmup_obs=1))
     den.observe(torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1.0]), torch.tensor([0, 0]))
     assert den.n_obs == 0 and den.s2 is None
+
+
+def test_near_flat_groups_are_skipped_up_to_flat_std():
+    """A group whose true rewards differ only by noise (0, 0, 2e-4, 0) must not enter s2: its ratio
+    res / var would be in the millions and pin the anchor weight at w_max."""
+    pred = torch.tensor([0.1, 0.3, 0.2, 0.0, 0.5, 0.5, 0.5, 0.5])
+    true = torch.tensor([0.0, 0.0, 2e-4, 0.0, 0.0, 1.0, 0.0, 1.0])
+    gid = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    raw = normalised_residuals(pred, true, gid)  # no tolerance: both groups, the flat one huge
+    assert raw.numel() == 2 and raw[0].item() > 1e4 and raw[1].item() == pytest.approx(1.0)
+    kept = normalised_residuals(pred, true, gid, flat_std=0.02)
+    assert kept.tolist() == pytest.approx([1.0])
+    den = InverseVarianceDenoiser(DenoiseConfig(warmup_obs=1))  # flat_std defaults to 0.02
+    den.observe(pred, true, gid)
+    assert den.n_obs == 1 and den.s2 == pytest.approx(1.0) and den.w == pytest.approx(2.0)
+    with pytest.raises(ConfigError, match="flat_std"):
+        DenoiseConfig(flat_std=-1.0)
 
 
 def test_weights_formulae():
