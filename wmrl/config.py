@@ -134,9 +134,6 @@ class DenoiseConfig:
     w_target: float = 2.0
     # w = clip(1 + c * s2, 1, w_max).
     w_max: float = 4.0
-    # Anchor groups whose true-reward std is at most this count as flat and are skipped (reward units;
-    # 0.02 suits rewards on a unit scale, as both domains' are).
-    flat_std: float = 0.02
     # Optional per-sample weight 1 / (var + var_floor) from WM-reported variance, mean 1 over the WM stream.
     sample_weights: bool = False
     var_floor: float = 1e-3
@@ -149,7 +146,6 @@ class DenoiseConfig:
             1 <= self.w_target <= self.w_max,
             f"denoise.w_target={self.w_target} must lie in [1, denoise.w_max={self.w_max}]",
         )
-        _check(self.flat_std >= 0, f"denoise.flat_std={self.flat_std} must be >= 0")
         _check(self.var_floor > 0, f"denoise.var_floor={self.var_floor} must be > 0")
         _check(
             self.sample_weight_max >= 1, f"denoise.sample_weight_max={self.sample_weight_max} must be >= 1"

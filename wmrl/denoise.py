@@ -1,12 +1,14 @@
 """Inverse-variance denoising: fuse the anchor stream (true rewards) and the WM stream by their variances.
 
-Anchor-group advantages are multiplied by ``w = clip(1 + c * s2, 1, w_max)``, where ``s2`` is an EWMA
-of the within-group centred squared residual between (calibrated) WM scores and true rewards,
-normalised by the variance of the true rewards in the group. Groups whose true rewards are all equal,
-up to ``flat_std`` (their population std is at most that), are skipped: the ratio is meaningless there,
-and a single near-flat group (true rewards 0, 0, 2e-4, 0) would otherwise put ``s2`` in the thousands
-and pin ``w`` for the rest of training. ``c`` is fixed once, after ``warmup_obs`` observations, so that ``w == w_target`` at
-that moment, then frozen: as debiasing removes bias the residual shrinks and ``w`` relaxes toward 1.
+Anchor-group advantages are multiplied by ``w = clip(1 + c * s2, 1, w_max)``. ``s2`` is the WM's
+within-group noise-to-signal ratio on the anchor groups: an EWMA of the within-group centred squared
+residual between (calibrated) WM scores and true rewards, divided by an EWMA (same weights) of the
+variance of the true rewards in those groups. Groups whose true rewards are all equal are skipped.
+It is a ratio of averages, not an average of per-group ratios: a near-flat group (true rewards
+0, 0, 2e-4, 0) has a per-group ratio in the thousands, which would swamp the average and pin ``w``;
+in the ratio of averages it weighs what its variance weighs. ``c`` is fixed once, after
+``warmup_obs`` observations, so that ``w == w_target`` at that moment, then frozen: as debiasing
+removes bias the residual shrinks and ``w`` relaxes toward 1.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from wmrl.config import DenoiseConfig, half_life_to_alpha
 from wmrl.debias import centred_residual
 
 
-def normalised_residuals(
-    pred: torch.Tensor, true: torch.Tensor, group_ids: torch.Tensor, flat_std: float = 0.0
-) -> torch.Tensor:
-    """``[K]`` values ``res_g / var_g(r)`` for the anchor groups with ``std_g(r) > flat_std``
-    (population statistics; groups with ``var_g(r) <= 1e-12`` are always skipped).
+def residuals_and_variances(
+    pred: torch.Tensor, true: torch.Tensor, group_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per anchor group, ``(res_g [K], var_g(r) [K])`` for the groups with ``var_g(r) > 0``.
 
-    Args: ``pred``, ``true`` ``[M]`` for the anchor rollouts; ``group_ids`` ``[M]``.
+    ``res_g`` is :func:`~wmrl.debias.centred_residual`; ``var_g(r)`` the population variance of the
+    group's finite true rewards. Args: ``pred``, ``true`` ``[M]`` for the anchor rollouts;
+    ``group_ids`` ``[M]``.
     """
     res = centred_residual(pred, true, group_ids)
     ok = torch.isfinite(true)
@@ -33,8 +36,8 @@ def normalised_residuals(
     mean = torch.zeros(n, dtype=torch.float64).index_add_(0, group_ids, t) / cnt.clamp(min=1)
     dev = torch.where(ok, t - mean[group_ids], torch.zeros_like(t))
     var = torch.zeros(n, dtype=torch.float64).index_add_(0, group_ids, dev**2) / cnt.clamp(min=1)
-    keep = torch.isfinite(res) & (var > max(flat_std**2, 1e-12))
-    return (res[keep] / var[keep]).float()
+    keep = torch.isfinite(res) & (var > 1e-12)
+    return res[keep], var[keep]
 
 
 def anchor_weight(s2: float, c: float, w_max: float) -> float:
@@ -61,19 +64,31 @@ def normalise_weights(weights: torch.Tensor, used: torch.Tensor) -> torch.Tensor
 
 
 class InverseVarianceDenoiser:
-    """Tracks ``s2`` (EWMA with half-life ``half_life`` observations) and the anchor weight ``w``."""
+    """Tracks ``s2 = res_avg / var_avg`` (EWMAs with half-life ``half_life`` observations, one per
+    anchor group) and the anchor weight ``w``."""
 
     def __init__(self, cfg: DenoiseConfig):
         self.cfg = cfg
         self.alpha = half_life_to_alpha(cfg.half_life)
-        self.s2: float | None = None
+        self.res_avg: float | None = None
+        self.var_avg: float | None = None
         self.n_obs = 0
         self.c: float | None = None
 
+    @property
+    def s2(self) -> float | None:
+        """The noise-to-signal ratio ``res_avg / var_avg`` (None before the first observation)."""
+        return None if self.res_avg is None else self.res_avg / self.var_avg
+
     def observe(self, pred: torch.Tensor, true: torch.Tensor, group_ids: torch.Tensor) -> None:
         """Fold in the anchor groups of one step (``[M]`` tensors)."""
-        for x in normalised_residuals(pred, true, group_ids, self.cfg.flat_std).tolist():
-            self.s2 = x if self.s2 is None else (1 - self.alpha) * self.s2 + self.alpha * x
+        res, var = residuals_and_variances(pred, true, group_ids)
+        for r, v in zip(res.tolist(), var.tolist(), strict=True):
+            if self.res_avg is None:
+                self.res_avg, self.var_avg = r, v
+            else:
+                self.res_avg = (1 - self.alpha) * self.res_avg + self.alpha * r
+                self.var_avg = (1 - self.alpha) * self.var_avg + self.alpha * v
             self.n_obs += 1
             if self.c is None and self.n_obs >= self.cfg.warmup_obs:
                 # c such that w == w_target now; a WM with no residual gets no up-weighting.
@@ -87,7 +102,10 @@ class InverseVarianceDenoiser:
         return anchor_weight(self.s2, self.c, self.cfg.w_max)
 
     def state_dict(self) -> dict:
-        return {"s2": self.s2, "n_obs": self.n_obs, "c": self.c}
+        return {"res_avg": self.res_avg, "var_avg": self.var_avg, "n_obs": self.n_obs, "c": self.c}
 
     def load_state_dict(self, state: dict) -> None:
-        self.s2, self.n_obs, self.c = state["s2"], int(state["n_obs"]), state["c"]
+        if "res_avg" not in state:  # a checkpoint from before the ratio of averages: same s2, same w
+            state = {**state, "res_avg": state["s2"], "var_avg": None if state["s2"] is None else 1.0}
+        self.res_avg, self.var_avg = state["res_avg"], state["var_avg"]
+        self.n_obs, self.c = int(state["n_obs"]), state["c"]

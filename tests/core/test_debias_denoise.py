@@ -3,13 +3,13 @@ import math
 import pytest
 import torch
 
-from wmrl.config import ConfigError, DebiasConfig, DenoiseConfig, half_life_to_alpha
+from wmrl.config import DebiasConfig, DenoiseConfig, half_life_to_alpha
 from wmrl.debias import OnlineDebiaser, centred_residual
 from wmrl.denoise import (
     InverseVarianceDenoiser,
     anchor_weight,
     normalise_weights,
-    normalised_residuals,
+    residuals_and_variances,
     sample_weights,
 )
 
@@ -96,21 +96,30 @@ def test_groups_with_equal_true_rewards_are_skipped():
     assert den.n_obs == 0 and den.s2 is None
 
 
-def test_near_flat_groups_are_skipped_up_to_flat_std():
-    """A group whose true rewards differ only by noise (0, 0, 2e-4, 0) must not enter s2: its ratio
-    res / var would be in the millions and pin the anchor weight at w_max."""
+def test_s2_is_a_ratio_of_averages_so_a_near_flat_group_cannot_swamp_it():
+    """True rewards 0, 0, 2e-4, 0 differ only by noise; that group's own ratio res / var is in the
+    millions, and an average of per-group ratios would pin the anchor weight at w_max."""
     pred = torch.tensor([0.1, 0.3, 0.2, 0.0, 0.5, 0.5, 0.5, 0.5])
     true = torch.tensor([0.0, 0.0, 2e-4, 0.0, 0.0, 1.0, 0.0, 1.0])
     gid = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
-    raw = normalised_residuals(pred, true, gid)  # no tolerance: both groups, the flat one huge
-    assert raw.numel() == 2 and raw[0].item() > 1e4 and raw[1].item() == pytest.approx(1.0)
-    kept = normalised_residuals(pred, true, gid, flat_std=0.02)
-    assert kept.tolist() == pytest.approx([1.0])
-    den = InverseVarianceDenoiser(DenoiseConfig(warmup_obs=1))  # flat_std defaults to 0.02
-    den.observe(pred, true, gid)
-    assert den.n_obs == 1 and den.s2 == pytest.approx(1.0) and den.w == pytest.approx(2.0)
-    with pytest.raises(ConfigError, match="flat_std"):
-        DenoiseConfig(flat_std=-1.0)
+    res, var = residuals_and_variances(pred, true, gid)
+    d0 = [p - t for p, t in zip([0.1, 0.3, 0.2, 0.0], [0.0, 0.0, 2e-4, 0.0], strict=True)]
+    md0 = sum(d0) / 4
+    assert res[0].item() == pytest.approx(sum((d - md0) ** 2 for d in d0) / 4)
+    assert var[0].item() == pytest.approx(sum((t - 5e-5) ** 2 for t in [0.0, 0.0, 2e-4, 0.0]) / 4)
+    assert res[1].item() == pytest.approx(0.25) and var[1].item() == pytest.approx(0.25)
+    assert (res[0] / var[0]).item() > 1e5
+    den = InverseVarianceDenoiser(DenoiseConfig(half_life=1.0, warmup_obs=2, w_target=2.0, w_max=4.0))
+    den.observe(pred, true, gid)  # alpha = 1/2: both EWMAs are the plain means of the two groups
+    assert den.s2 == pytest.approx((res.sum() / var.sum()).item())
+    assert 1.0 < den.s2 < 1.2 and den.w == pytest.approx(2.0)
+    # checkpoints round-trip; one from before the ratio of averages ("s2" only) keeps its s2 and w
+    again = InverseVarianceDenoiser(den.cfg)
+    again.load_state_dict(den.state_dict())
+    assert (again.s2, again.w, again.n_obs) == (den.s2, den.w, den.n_obs)
+    old = InverseVarianceDenoiser(den.cfg)
+    old.load_state_dict({"s2": 3.0, "n_obs": 40, "c": 0.5})
+    assert old.s2 == 3.0 and old.w == pytest.approx(2.5)
 
 
 def test_weights_formulae():
