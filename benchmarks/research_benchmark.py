@@ -138,8 +138,15 @@ def main() -> None:
         help="only combine the research_benchmark.json of these output folders (e.g. one per seed, "
         "run in parallel) into <out>",
     )
+    ap.add_argument(
+        "--label",
+        help="report the (single) method under this name, e.g. `real_quarter` for `--methods real "
+        "--grpo.tasks_per_step=1`: GRPO on as many real executions as wmrl's anchors",
+    )
     ap.add_argument("overrides", nargs="*", help="extra --a.b=value config overrides")
     args, extra = ap.parse_known_args()  # --a.b=value overrides pass through to the run config
+    if args.label and len(args.methods) != 1:
+        ap.error(f"--label names one method; got --methods {' '.join(args.methods)}")
     out = Path(args.out)
     if args.replot:
         replot(out)
@@ -164,13 +171,14 @@ def main() -> None:
         for method in args.methods:
             print(f"== {method} seed {seed}", flush=True)
             res = run_one(args.preset, method, seed, out, overrides)
+            res["method"] = args.label or method
             print(
                 f"   final held-out {res['final_score']:.3f} (SFT {res['sft_score']:.3f}), "
                 f"real executions {res['real_executions']:.0f}, train {res['train_s']:.0f}s",
                 flush=True,
             )
             results.append(res)
-    write(results, args.methods, out)
+    write(results, [args.label] if args.label else args.methods, out)
 
 
 def write(results: list[dict], methods: list[str], out: Path) -> None:

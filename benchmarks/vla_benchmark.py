@@ -283,7 +283,14 @@ def main(argv: list[str] | None = None) -> None:
         "--merge", nargs="+", metavar="JSON", help="combine vla_benchmark.json files of other seeds"
     )
     p.add_argument("overrides", nargs="*", help="extra --a.b=value overrides for every run")
+    p.add_argument(
+        "--label",
+        help="report the (single) method under this name, e.g. `real_quarter` for `--methods real "
+        "--grpo.tasks_per_step=1`: GRPO on as many simulator steps as wmrl's anchors",
+    )
     a, extra = p.parse_known_args(argv)
+    if a.label and len(a.methods) != 1:
+        p.error(f"--label names one method; got --methods {' '.join(a.methods)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if a.merge:
         print(json.dumps(merge([Path(m) for m in a.merge], Path(a.out))["summary"], indent=2))
@@ -313,7 +320,7 @@ def main(argv: list[str] | None = None) -> None:
     results: dict = {}
     for m in a.methods:
         for s in a.seeds:
-            results.setdefault(m, {})[f"seed{s}"] = run_method(a.preset, m, s, out, extra)
+            results.setdefault(a.label or m, {})[f"seed{s}"] = run_method(a.preset, m, s, out, extra)
             (out / "vla_benchmark.json").write_text(json.dumps({**report, "runs": results}, indent=2))
     report["runs"] = results
     report["summary"] = summarise(results)
