@@ -80,37 +80,51 @@ def cumulative_wall(rows: list[dict]) -> dict[int, float]:
 
 
 def plot(results: list[dict], path: Path) -> None:
+    """Held-out score against training wall-clock and against real executions: per method, the mean
+    over seeds (+- one standard error, shaded) over thin per-seed lines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     colors = {
         "real": "tab:blue",
         "wmrl": "tab:red",
+        "real_quarter": "tab:purple",
         "mix": "tab:gray",
         "debias": "tab:green",
         "denoise": "tab:orange",
     }
-    for res in results:
-        wall = cumulative_wall(res["rows"])
-        curve = [c for c in res["curve"] if c["step"] > 0]
-        xs_w = [wall.get(c["step"], float("nan")) for c in curve]
-        xs_e = [c["real_total"] for c in curve]
-        ys = [c["score"] for c in curve]
-        label = f"{res['method']} s{res['seed']}"
-        c = colors.get(res["method"], None)
-        axes[0].plot([0.0, *xs_w], [res["sft_score"], *ys], marker="o", color=c, label=label, alpha=0.8)
-        axes[1].plot([0.0, *xs_e], [res["sft_score"], *ys], marker="o", color=c, label=label, alpha=0.8)
+    methods = sorted({r["method"] for r in results}, key=[r["method"] for r in results].index)
+    for m in methods:
+        rs = [r for r in results if r["method"] == m]
+        c = colors.get(m)
+        xs_w, xs_e, ys = [], [], []
+        for res in rs:
+            wall = cumulative_wall(res["rows"])
+            xs_w.append([0.0] + [wall.get(p["step"], float("nan")) for p in res["curve"][1:]])
+            xs_e.append([0.0] + [p["real_total"] for p in res["curve"][1:]])
+            ys.append([res["sft_score"]] + [p["score"] for p in res["curve"][1:]])
+            axes[0].plot(xs_w[-1], ys[-1], color=c, lw=0.6, alpha=0.35)
+            axes[1].plot(xs_e[-1], ys[-1], color=c, lw=0.6, alpha=0.35)
+        n = min(len(y) for y in ys)
+        y = np.array([v[:n] for v in ys])
+        mean = y.mean(0)
+        se = y.std(0, ddof=1) / np.sqrt(len(y)) if len(y) > 1 else np.zeros(n)
+        for ax, xs in zip(axes, (xs_w, xs_e), strict=True):
+            x = np.nanmean(np.array([v[:n] for v in xs]), 0)
+            ax.plot(x, mean, marker="o", color=c, lw=2, label=f"{m} ({len(rs)} seeds)")
+            ax.fill_between(x, mean - se, mean + se, color=c, alpha=0.15)
     axes[0].set_xlabel("training wall-clock (s, excluding evaluation)")
     axes[1].set_xlabel("real executions")
     for ax in axes:
         ax.set_ylabel("held-out normalised score")
         ax.axhline(0.0, color="k", lw=0.5, ls="--")
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7)
-    fig.suptitle("AutoResearch: held-out score (real execution) vs cost")
+    axes[1].legend(fontsize=8)
+    fig.suptitle("AutoResearch: held-out score (real execution) vs cost; mean +- s.e. over seeds")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -153,11 +167,12 @@ def main() -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     if args.merge:
-        results = [
-            r
-            for d in args.merge
-            for r in json.loads((Path(d) / "research_benchmark.json").read_text())["runs"]
-        ]
+        results: list[dict] = []
+        for d in args.merge:
+            for r in json.loads((Path(d) / "research_benchmark.json").read_text())["runs"]:
+                if any((q["method"], q["seed"]) == (r["method"], r["seed"]) for q in results):
+                    raise SystemExit(f"{d}: {r['method']} seed {r['seed']} is already in an earlier folder")
+                results.append(r)
         write(results, sorted({r["method"] for r in results}, key=[r["method"] for r in results].index), out)
         return
     overrides = [
