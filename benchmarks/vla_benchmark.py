@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -141,6 +142,47 @@ def sft_eval(preset: str, episodes: int, extra: list[str], temperatures=(0.0, 1.
         out[f"T={temp:g}"] = res
     pool.close()
     return out
+
+
+def reeval(run_dirs: list[Path], episodes: int) -> dict:
+    """Re-evaluate finished runs' final policies (``checkpoints/latest.pt``) on ``episodes`` held-out
+    episodes per task, and the SFT policy they started from on the same episodes, as
+    ``VLADomain.evaluate`` does (greedy as the preset; the run's own evaluation used the first
+    ``eval_episodes_per_task`` of these seeds). More episodes than a run can afford at every
+    evaluation: the error of one evaluation of 40 episodes per task (about 5 points) is most of the
+    seed-to-seed spread. Runs are grouped as ``<benchmark folder>/<method>``."""
+    from wmrl.config import load_config
+
+    per_run: dict = {}
+    sft: dict | None = None
+    for d in run_dirs:
+        tmp = tempfile.mkdtemp(prefix="wmrl-reeval-")  # the domain's own output: nothing is kept
+        over = [
+            f"--out_dir={tmp}",
+            f"--domain.eval_episodes_per_task={episodes}",
+            "--domain.n_videos=0",
+        ]
+        cfg = load_config(d / "config.yaml", over)
+        cfg.domain.progress = False
+        domain = cfg.domain.build(cfg)
+        if sft is None:
+            sft = {k: v for k, v in domain.evaluate().items() if not k.endswith("_train")}
+        state = torch.load(d / "checkpoints" / "latest.pt", weights_only=False)
+        domain.policy.load_state_dict(state["policy"])
+        res = {k: v for k, v in domain.evaluate().items() if not k.endswith("_train")}
+        per_run[str(d)] = {"group": f"{d.parent.parent.name}/{d.parent.name}", "seed": cfg.seed,
+                           "step": state.get("step"), **res}  # fmt: skip
+        domain.close()
+        print(f"{d}: success {res['success']:.3f} (SFT {sft['success']:.3f})", flush=True)
+    groups: dict = {}
+    for r in per_run.values():
+        groups.setdefault(r["group"], []).append(r["success"])
+    summary = {
+        g: {"n": len(v), "success": float(np.mean(v)),
+            "se": float(np.std(v, ddof=1) / np.sqrt(len(v))) if len(v) > 1 else None, "per_seed": v}
+        for g, v in groups.items()
+    }  # fmt: skip
+    return {"episodes_per_task": episodes, "sft": sft, "summary": summary, "runs": per_run}
 
 
 def run_method(preset: str, method: str, seed: int, out: Path, extra: list[str]) -> dict:
@@ -270,7 +312,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="runs/vla-benchmark")
     p.add_argument("--throughput-only", action="store_true")
     p.add_argument("--sft-only", action="store_true", help="only the SFT stage and its held-out success")
-    p.add_argument("--eval-episodes", type=int, default=40, help="held-out episodes per task (--sft-only)")
+    p.add_argument(
+        "--eval-episodes", type=int, default=40, help="held-out episodes per task (--sft-only, --reeval)"
+    )
     p.add_argument("--throughput-batch", type=int, default=64)
     p.add_argument(
         "--throughput-repeats", type=int, default=1, help="rounds of the throughput figures (medians)"
@@ -284,6 +328,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("overrides", nargs="*", help="extra --a.b=value overrides for every run")
     p.add_argument(
+        "--reeval",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="re-evaluate these finished runs' final policies and their SFT policy on "
+        "--eval-episodes held-out episodes per task; writes <out>/vla_reeval.json",
+    )
+    p.add_argument(
         "--label",
         help="report the (single) method under this name, e.g. `real_quarter` for `--methods real "
         "--grpo.tasks_per_step=1`: GRPO on as many simulator steps as wmrl's anchors",
@@ -292,6 +343,13 @@ def main(argv: list[str] | None = None) -> None:
     if a.label and len(a.methods) != 1:
         p.error(f"--label names one method; got --methods {' '.join(a.methods)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if a.reeval:
+        torch.set_num_threads(1)
+        res = reeval([Path(d) for d in a.reeval], a.eval_episodes)
+        print(json.dumps(res["summary"], indent=2))
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "vla_reeval.json").write_text(json.dumps(res, indent=2))
+        return
     if a.merge:
         print(json.dumps(merge([Path(m) for m in a.merge], Path(a.out))["summary"], indent=2))
         return
