@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from merge_spec import split_merge_arg  # benchmarks/merge_spec.py
 
 
 def run_one(preset: str, method: str, seed: int, out: Path, overrides: list[str]) -> dict:
@@ -148,9 +149,9 @@ def main() -> None:
     ap.add_argument(
         "--merge",
         nargs="+",
-        metavar="DIR",
+        metavar="DIR[:METHODS]",
         help="only combine the research_benchmark.json of these output folders (e.g. one per seed, "
-        "run in parallel) into <out>",
+        "run in parallel) into <out>; `DIR:real,wmrl` takes only those methods from DIR",
     )
     ap.add_argument(
         "--label",
@@ -168,8 +169,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.merge:
         results: list[dict] = []
-        for d in args.merge:
-            for r in json.loads((Path(d) / "research_benchmark.json").read_text())["runs"]:
+        for spec in args.merge:
+            d, keep = split_merge_arg(spec)
+            for r in json.loads((d / "research_benchmark.json").read_text())["runs"]:
+                if keep is not None and r["method"] not in keep:
+                    continue
                 if any((q["method"], q["seed"]) == (r["method"], r["seed"]) for q in results):
                     raise SystemExit(f"{d}: {r['method']} seed {r['seed']} is already in an earlier folder")
                 results.append(r)

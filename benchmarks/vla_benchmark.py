@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from merge_spec import split_merge_arg  # benchmarks/merge_spec.py
 
 
 def throughput(
@@ -257,15 +258,18 @@ def summarise(results: dict) -> dict:
     return summary
 
 
-def merge(paths: list[Path], out: Path) -> dict:
+def merge(paths: list[str], out: Path) -> dict:
     """Combine the runs of several ``vla_benchmark.json`` files (disjoint seeds, same preset and
     overrides) into ``<out>/vla_benchmark_merged.{json,png}``."""
     results: dict = {}
     sources = []
-    for p in paths:
+    for spec in paths:
+        p, keep = split_merge_arg(str(spec))
         d = json.loads(p.read_text())
-        sources.append({"file": str(p), "preset": d.get("preset"), "overrides": d.get("overrides")})
+        sources.append({"file": str(spec), "preset": d.get("preset"), "overrides": d.get("overrides")})
         for m, runs in d["runs"].items():
+            if keep is not None and m not in keep:
+                continue
             clash = set(runs) & set(results.get(m, {}))
             if clash:
                 raise SystemExit(f"{p}: {m} runs {sorted(clash)} are already in an earlier file")
@@ -324,7 +328,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--plot-only", metavar="JSON", help="redraw the plot of an existing vla_benchmark.json")
     p.add_argument(
-        "--merge", nargs="+", metavar="JSON", help="combine vla_benchmark.json files of other seeds"
+        "--merge",
+        nargs="+",
+        metavar="JSON[:METHODS]",
+        help="combine vla_benchmark.json files of other seeds or methods; `FILE:real,wmrl` takes "
+        "only those methods from FILE",
     )
     p.add_argument("overrides", nargs="*", help="extra --a.b=value overrides for every run")
     p.add_argument(
@@ -351,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
         (Path(a.out) / "vla_reeval.json").write_text(json.dumps(res, indent=2))
         return
     if a.merge:
-        print(json.dumps(merge([Path(m) for m in a.merge], Path(a.out))["summary"], indent=2))
+        print(json.dumps(merge(a.merge, Path(a.out))["summary"], indent=2))
         return
     if a.plot_only:
         src = Path(a.plot_only)
