@@ -157,23 +157,23 @@ def reeval(run_dirs: list[Path], episodes: int) -> dict:
     per_run: dict = {}
     sft: dict | None = None
     for d in run_dirs:
-        tmp = tempfile.mkdtemp(prefix="wmrl-reeval-")  # the domain's own output: nothing is kept
-        over = [
-            f"--out_dir={tmp}",
-            f"--domain.eval_episodes_per_task={episodes}",
-            "--domain.n_videos=0",
-        ]
-        cfg = load_config(d / "config.yaml", over)
-        cfg.domain.progress = False
-        domain = cfg.domain.build(cfg)
-        if sft is None:
-            sft = {k: v for k, v in domain.evaluate().items() if not k.endswith("_train")}
-        state = torch.load(d / "checkpoints" / "latest.pt", weights_only=False)
-        domain.policy.load_state_dict(state["policy"])
-        res = {k: v for k, v in domain.evaluate().items() if not k.endswith("_train")}
-        per_run[str(d)] = {"group": f"{d.parent.parent.name}/{d.parent.name}", "seed": cfg.seed,
-                           "step": state.get("step"), **res}  # fmt: skip
-        domain.close()
+        with tempfile.TemporaryDirectory(prefix="wmrl-reeval-") as tmp:  # the domain's own output
+            over = [
+                f"--out_dir={tmp}",
+                f"--domain.eval_episodes_per_task={episodes}",
+                "--domain.n_videos=0",
+            ]
+            cfg = load_config(d / "config.yaml", over)
+            cfg.domain.progress = False
+            domain = cfg.domain.build(cfg)
+            if sft is None:
+                sft = {k: v for k, v in domain.evaluate().items() if not k.endswith("_train")}
+            state = torch.load(d / "checkpoints" / "latest.pt", weights_only=False)
+            domain.policy.load_state_dict(state["policy"])
+            res = {k: v for k, v in domain.evaluate().items() if not k.endswith("_train")}
+            per_run[str(d)] = {"group": f"{d.parent.parent.name}/{d.parent.name}", "seed": cfg.seed,
+                               "step": state.get("step"), **res}  # fmt: skip
+            domain.close()
         print(f"{d}: success {res['success']:.3f} (SFT {sft['success']:.3f})", flush=True)
     groups: dict = {}
     for r in per_run.values():
