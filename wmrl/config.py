@@ -23,10 +23,15 @@ import draccus
 if TYPE_CHECKING:
     from wmrl.domain import Domain
 
-METHODS = ("real", "wm", "mix", "debias", "denoise", "wmrl")
-"""`real` executes every group (standard GRPO); `wm` none; `mix` anchors + raw WM scores; `debias`
-calibrates WM scores; `denoise` up-weights anchor advantages by w (residual on raw scores); `wmrl`
-does both (residual after calibration)."""
+METHODS = ("real", "anchors_only", "wm", "mix", "debias", "denoise", "wmrl", "ppi")
+"""`real` executes every group (standard GRPO); `anchors_only` GRPO on the anchor groups alone (the
+same real executions as the WM methods, no WM: the control every WM method must beat); `wm` no
+execution; `mix` anchors + raw WM scores; `debias` calibrates WM scores; `denoise` up-weights anchor
+advantages by w (residual on raw scores); `wmrl` does both (residual after calibration); `ppi`
+prediction-powered advantages (unbiased for any WM; wmrl/ppi.py)."""
+
+WM_METHODS = ("wm", "mix", "debias", "denoise", "wmrl", "ppi")
+"""The methods that query a world model."""
 
 EXECUTORS = ("process", "ray", "inline")
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -153,6 +158,24 @@ class DenoiseConfig:
 
 
 @dataclass
+class PPIConfig:
+    # lambda is estimated from the last this-many anchor groups of earlier steps.
+    window_groups: int = 64
+    # lambda stays 0 (anchors alone) until this many anchor groups of earlier steps were seen.
+    warmup_groups: int = 8
+    # A fixed lambda in [0, 1] instead of the power-tuned one (None: tuned).
+    lam: float | None = None
+    # Tune lambda per quantile bin of the WM's reported variance (1: one lambda for every rollout).
+    var_bins: int = 3
+
+    def __post_init__(self) -> None:
+        _check(self.window_groups >= 2, f"ppi.window_groups={self.window_groups} must be >= 2")
+        _check(self.warmup_groups >= 1, f"ppi.warmup_groups={self.warmup_groups} must be >= 1")
+        _check(self.lam is None or 0 <= self.lam <= 1, f"ppi.lam={self.lam} must lie in [0, 1]")
+        _check(self.var_bins >= 1, f"ppi.var_bins={self.var_bins} must be >= 1")
+
+
+@dataclass
 class ExecutorConfig:
     # "process": local process pool (default); "ray": Ray tasks on a cluster; "inline": in this process.
     type: str = "process"
@@ -232,7 +255,7 @@ def _default_domain() -> DomainConfig:
 
 @dataclass
 class RunConfig:
-    # `real` | `wm` | `mix` | `debias` | `denoise` | `wmrl` (see wmrl.config.METHODS).
+    # `real` | `anchors_only` | `wm` | `mix` | `debias` | `denoise` | `wmrl` | `ppi` (wmrl.config.METHODS).
     method: str = "wmrl"
     seed: int = 0
     # Run directory: config, metrics.jsonl, checkpoints, plots.
@@ -248,6 +271,7 @@ class RunConfig:
     anchors: AnchorConfig = field(default_factory=AnchorConfig)
     debias: DebiasConfig = field(default_factory=DebiasConfig)
     denoise: DenoiseConfig = field(default_factory=DenoiseConfig)
+    ppi: PPIConfig = field(default_factory=PPIConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
@@ -255,15 +279,19 @@ class RunConfig:
     def __post_init__(self) -> None:
         _one_of("method", self.method, METHODS)
         _check(self.torch_threads >= 1, f"torch_threads={self.torch_threads} must be >= 1")
-        if self.method in ("mix", "debias", "denoise", "wmrl"):
+        if self.method in ("anchors_only", "mix", "debias", "denoise", "wmrl", "ppi"):
             _check(
                 self.anchors.fraction > 0 or self.anchors.min_groups > 0,
                 f"method={self.method!r} needs anchor groups but anchors.fraction=0 and anchors.min_groups=0",
             )
 
     @property
+    def uses_wm(self) -> bool:
+        return self.method in WM_METHODS
+
+    @property
     def uses_calibration(self) -> bool:
-        return self.method in ("debias", "wmrl")
+        return self.method in ("debias", "wmrl", "ppi")
 
     @property
     def uses_anchor_weight(self) -> bool:

@@ -30,6 +30,12 @@ class RolloutBatch:
         payload: one domain-defined record per rollout (a trajectory, an edited solution, ...).
         extras: domain-defined batched tensors the policy needs to recompute log-probs
             (observations, prompts), keyed by name; each has ``N`` as its first dimension.
+        twin_of: ``[n_groups]`` long or None. A domain whose WM rollouts are not its real ones
+            (imagined robot rollouts) may append, after the groups of the sampled tasks, an
+            imagined *twin* group for each anchor task: ``twin_of[g]`` is the real group it mirrors
+            (its rollout j drawn with rollout j's sampling noise), -1 for every other group. Twins
+            are scored by the WM and never executed; ``ppi`` uses them for the task-level
+            correction ``g(t) - λ ĝ(t)`` (wmrl/ppi.py). None: no twins.
     """
 
     tokens: torch.Tensor
@@ -39,6 +45,7 @@ class RolloutBatch:
     tasks: list[Any]
     payload: list[Any] = field(default_factory=list)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    twin_of: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = self.tokens.shape[0]
@@ -54,6 +61,10 @@ class RolloutBatch:
             )
         if self.payload and len(self.payload) != n:
             raise ValueError(f"RolloutBatch.payload has {len(self.payload)} records for {n} rollouts")
+        if self.twin_of is not None and self.twin_of.shape != (len(self.tasks),):
+            raise ValueError(
+                f"RolloutBatch.twin_of has shape {tuple(self.twin_of.shape)}, expected ({len(self.tasks)},)"
+            )
 
     def select(self, rows: torch.Tensor) -> RolloutBatch:
         """The rollouts ``rows`` (``[M]`` long). ``tasks`` and ``group_ids`` are kept as they are, so
@@ -67,6 +78,7 @@ class RolloutBatch:
             tasks=self.tasks,
             payload=[self.payload[i] for i in idx] if self.payload else [],
             extras={k: v[rows] for k, v in self.extras.items()},
+            twin_of=self.twin_of,
         )
 
     @property
@@ -139,7 +151,8 @@ class Domain(Protocol):
 
         ``anchor_groups`` is ``[n_groups]`` bool: the groups that will be executed for real. A domain
         whose rollouts do not depend on where they run (the toy, research edits) ignores it; a domain
-        whose rollout is closed-loop (a robot) rolls anchor groups out in the real simulator here.
+        whose rollout is closed-loop (a robot) rolls anchor groups out in the real simulator here,
+        and may append imagined twin groups of the anchor tasks (``RolloutBatch.twin_of``).
         """
         ...
 

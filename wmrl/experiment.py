@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from statistics import mean
 
-from wmrl.config import RunConfig, load_config
+from wmrl.config import WM_METHODS, RunConfig, load_config
 from wmrl.tracking import read_metrics
 
 
@@ -58,8 +58,9 @@ def compare(cfg: RunConfig) -> dict:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     seeds = cfg.compare.seeds or [cfg.seed]
+    methods = with_control(cfg.compare.methods)
     per_seed: dict[str, list[dict]] = {}
-    for method in cfg.compare.methods:
+    for method in methods:
         for seed in seeds:
             run = copy.deepcopy(cfg)
             run.method, run.seed, run.out_dir = method, seed, str(out / method / f"seed{seed}")
@@ -77,8 +78,17 @@ def compare(cfg: RunConfig) -> dict:
         "threshold_metric": cfg.compare.threshold_metric,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_comparison(out, cfg.compare.methods, seeds, cfg.compare.threshold_metric)
+    plot_comparison(out, methods, seeds, cfg.compare.threshold_metric)
     return summary
+
+
+def with_control(methods: list[str]) -> list[str]:
+    """``methods`` plus ``anchors_only`` (right after ``real``, else first) when a WM method is among
+    them: GRPO on the same real executions without a WM is the bar every WM method must clear."""
+    if "anchors_only" in methods or not any(m in WM_METHODS for m in methods):
+        return list(methods)
+    at = methods.index("real") + 1 if "real" in methods else 0
+    return [*methods[:at], "anchors_only", *methods[at:]]
 
 
 def _mean_dicts(rows: list[dict]) -> dict[str, float]:
@@ -104,7 +114,9 @@ def plot_comparison(out: Path, methods: list[str], seeds: list[int], metric: str
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    diag = [m for m in methods if m == "ppi"]  # the prediction-powered diagnostics get a panel
+    fig, axes = plt.subplots(1, 2 + len(diag), figsize=(5.5 * (2 + len(diag)), 4))
+    ax1, ax2 = axes[0], axes[1]
     for method in methods:
         curves = [read_metrics(out / method / f"seed{s}") for s in seeds]
         curves = [[r for r in rows if metric in r] for rows in curves]
@@ -122,6 +134,22 @@ def plot_comparison(out: Path, methods: list[str], seeds: list[int], metric: str
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
     ax1.legend()
+    if diag:
+        ax3 = axes[2]
+        runs = [read_metrics(out / "ppi" / f"seed{s}") for s in seeds]
+        for key, label in (
+            ("ppi/lambda", "lambda (pooled, earlier steps)"),
+            ("ppi/rho", "rho (this step's anchors)"),
+        ):
+            rows = [[r for r in run if key in r] for run in runs]
+            n = min(len(r) for r in rows)
+            if n:
+                y = np.nanmean(np.array([[r[key] for r in rr[:n]] for rr in rows], dtype=float), axis=0)
+                ax3.plot([r["step"] for r in rows[0][:n]], y, label=label)
+        ax3.set_xlabel("training step")
+        ax3.set_title("ppi diagnostics (mean over seeds)")
+        ax3.grid(alpha=0.3)
+        ax3.legend()
     fig.tight_layout()
     path = out / "comparison.png"
     fig.savefig(path, dpi=120)

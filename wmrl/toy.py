@@ -46,6 +46,11 @@ class ToyConfig(DomainConfig):
     noise: float = 0.25
     # Seconds a real execution sleeps, to emulate an expensive environment (0: free).
     exec_cost_s: float = 0.0
+    # Append an imagined twin group for each anchor task (the task-level form of `ppi`, as a domain
+    # whose WM rollouts are not its real ones does), drawn with common random numbers (the twin's
+    # rollout j reuses rollout j's sampling noise: the same action, as the policy is the same) or not.
+    twin_anchors: bool = False
+    twin_common_noise: bool = True
 
     def __post_init__(self) -> None:
         if self.n_contexts < 1 or self.n_actions < 2:
@@ -172,14 +177,28 @@ class ToyDomain:
         ctx = torch.tensor(list(tasks)).repeat_interleave(group_size)  # [N]
         probs = torch.softmax(self.policy.theta.detach()[ctx], dim=-1)  # [N, A]
         tokens = torch.multinomial(probs, 1, generator=self.sample_gen)  # [N, 1]
+        tasks, twin_of = list(tasks), None
+        if self.cfg.twin_anchors and anchor_groups.any():
+            real = anchor_groups.nonzero().squeeze(-1)  # [n]
+            rows = (real[:, None] * group_size + torch.arange(group_size)).flatten()  # [n * G]
+            twin_tokens = (
+                tokens[rows]
+                if self.cfg.twin_common_noise
+                else torch.multinomial(probs[rows], 1, generator=self.sample_gen)
+            )
+            ctx, tokens = torch.cat([ctx, ctx[rows]]), torch.cat([tokens, twin_tokens])
+            probs = torch.cat([probs, probs[rows]])
+            twin_of = torch.cat([torch.full((len(tasks),), -1), real])
+            tasks = tasks + [tasks[g] for g in real.tolist()]
         logprobs = probs.gather(1, tokens).log()
         return RolloutBatch(
             tokens=tokens,
             logprobs=logprobs,
             mask=torch.ones_like(logprobs),
             group_ids=torch.arange(len(tasks)).repeat_interleave(group_size),
-            tasks=list(tasks),
+            tasks=tasks,
             extras={"context": ctx},
+            twin_of=twin_of,
         )
 
     def execution_jobs(self, batch: RolloutBatch, indices: Sequence[int]) -> list[Job]:

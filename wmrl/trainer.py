@@ -26,9 +26,10 @@ from wmrl.anchors import choose_anchor_groups
 from wmrl.config import RunConfig, save_config
 from wmrl.debias import OnlineDebiaser, centred_residual
 from wmrl.denoise import InverseVarianceDenoiser, normalise_weights, sample_weights
-from wmrl.domain import Domain, RolloutBatch
+from wmrl.domain import Domain, Prediction, RolloutBatch
 from wmrl.executors import Executor, make_executor
 from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_gradient
+from wmrl.ppi import PowerTuner, anchor_moments, ppi_advantages, variance_ratio
 from wmrl.tracking import (
     MetricsLogger,
     load_checkpoint,
@@ -59,6 +60,7 @@ class Trainer:
             self.reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
         self.debiaser = OnlineDebiaser(cfg.debias)
         self.denoiser = InverseVarianceDenoiser(cfg.denoise)
+        self.tuner = PowerTuner(cfg.ppi, cfg.grpo.advantage, cfg.grpo.std_eps)
         self.task_gen = torch.Generator().manual_seed(cfg.seed)
         self.update_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.step = 0
@@ -82,6 +84,7 @@ class Trainer:
             "reference": None if self.reference is None else self.reference.state_dict(),
             "debiaser": self.debiaser.state_dict(),
             "denoiser": self.denoiser.state_dict(),
+            "ppi": self.tuner.state_dict(),
             "domain": self.domain.state_dict(),
             "task_gen": self.task_gen.get_state(),
             "update_gen": self.update_gen.get_state(),
@@ -100,6 +103,8 @@ class Trainer:
             self.reference.load_state_dict(state["reference"])
         self.debiaser.load_state_dict(state["debiaser"])
         self.denoiser.load_state_dict(state["denoiser"])
+        if "ppi" in state:  # checkpoints from before the ppi method have none
+            self.tuner.load_state_dict(state["ppi"])
         self.domain.load_state_dict(state["domain"])
         self.task_gen.set_state(state["task_gen"])
         self.update_gen.set_state(state["update_gen"])
@@ -121,9 +126,15 @@ class Trainer:
         n = cfg.grpo.tasks_per_step
         tasks = self.domain.sample_tasks(n, "train", self.task_gen)
         anchor_groups = choose_anchor_groups(n, method, cfg.anchors, cfg.seed, self.step)
+        if method == "anchors_only":  # GRPO on the anchor tasks alone: the others are not generated
+            tasks = [t for t, a in zip(tasks, anchor_groups.tolist(), strict=True) if a]
+            anchor_groups = torch.ones(len(tasks), dtype=torch.bool)
         with timed("generate"), torch.no_grad():
             batch = self.domain.generate(tasks, cfg.grpo.group_size, anchor_groups)
-        is_anchor = anchor_groups[batch.group_ids]
+        # A domain may append imagined twin groups of the anchor tasks (batch.twin_of); never executed.
+        group_anchor = torch.zeros(batch.n_groups, dtype=torch.bool)
+        group_anchor[: len(tasks)] = anchor_groups
+        is_anchor = group_anchor[batch.group_ids]
         anchor_rows = is_anchor.nonzero().squeeze(-1)
 
         # Real execution (anchor rows) runs in a thread while the WM scores the batch here.
@@ -135,7 +146,7 @@ class Trainer:
             if jobs:
                 t0 = time.perf_counter()
                 future = pool.submit(self._execute, jobs)
-            if method != "real":
+            if cfg.uses_wm:
                 with timed("wm"), torch.no_grad():
                     pred = self.domain.world_model.predict(batch)
             if future is not None:
@@ -149,27 +160,20 @@ class Trainer:
         rewards = r_true.clone()
         if pred is not None:
             r_hat = pred.mean.float()
+            r_before = self.debiaser(r_hat)  # the calibration fitted before this step's anchors
             metrics.update(self._correct(batch, r_hat, r_true, anchor_rows))
-            r_wm = self.debiaser(r_hat) if cfg.uses_calibration else r_hat
+            # ppi keeps the calibration fitted before the step (its correction must not see the step's
+            # anchors); the other calibrating methods use the one refitted on them.
+            r_wm = (
+                r_hat if not cfg.uses_calibration else r_before if method == "ppi" else self.debiaser(r_hat)
+            )
             rewards = torch.where(is_anchor, r_true, r_wm)
 
-        adv, used = group_advantages(rewards, batch.group_ids, cfg.grpo.advantage, cfg.grpo.std_eps)
-        weights = torch.ones_like(adv)
-        if cfg.uses_anchor_weight:
-            weights = torch.where(is_anchor, torch.full_like(adv, self.denoiser.w), weights)
-        if (
-            cfg.denoise.sample_weights
-            and cfg.uses_anchor_weight
-            and pred is not None
-            and pred.var is not None
-        ):
-            wm_rows = ~is_anchor & torch.isfinite(pred.var)
-            if wm_rows.any():
-                sw = sample_weights(
-                    pred.var[wm_rows].float(), cfg.denoise.var_floor, cfg.denoise.sample_weight_max
-                )
-                weights[wm_rows] = sw
-        adv = adv * normalise_weights(weights, used)
+        if method == "ppi":
+            adv, used, ppi_metrics = self._ppi(batch, r_hat, pred.var, r_wm, r_true, group_anchor, len(tasks))
+            metrics.update(ppi_metrics)
+        else:
+            adv, used = self._weighted_advantages(batch, rewards, is_anchor, pred)
 
         oracle = self.domain.oracle_rewards(batch)
         if oracle is not None:
@@ -178,7 +182,7 @@ class Trainer:
         # The WM's refinement on this step's anchors does not depend on the policy update, so by
         # default it runs in a thread beside it (torch releases the GIL inside its kernels).
         graded = anchor_rows[torch.isfinite(r_true[anchor_rows])]  # an ungraded rollout teaches nothing
-        refine_wm = method not in ("real", "wm") and graded.numel() > 0
+        refine_wm = cfg.uses_wm and method != "wm" and graded.numel() > 0
 
         def wm_update() -> dict[str, float]:
             with timed("wm_update"):
@@ -229,6 +233,87 @@ class Trainer:
         self.elapsed += step_time
         metrics.update({"time/step": step_time, "time/elapsed": self.elapsed})
         return metrics
+
+    def _weighted_advantages(
+        self, batch: RolloutBatch, rewards: torch.Tensor, is_anchor: torch.Tensor, pred: Prediction | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Group advantages of the mixed rewards; anchor rows weighted by the denoiser's ``w`` and
+        WM rows optionally by their reported variance (the methods other than ``ppi``)."""
+        cfg = self.cfg
+        adv, used = group_advantages(rewards, batch.group_ids, cfg.grpo.advantage, cfg.grpo.std_eps)
+        weights = torch.ones_like(adv)
+        if cfg.uses_anchor_weight:
+            weights = torch.where(is_anchor, torch.full_like(adv, self.denoiser.w), weights)
+        if (
+            cfg.denoise.sample_weights
+            and cfg.uses_anchor_weight
+            and pred is not None
+            and pred.var is not None
+        ):
+            wm_rows = ~is_anchor & torch.isfinite(pred.var)
+            if wm_rows.any():
+                sw = sample_weights(
+                    pred.var[wm_rows].float(), cfg.denoise.var_floor, cfg.denoise.sample_weight_max
+                )
+                weights[wm_rows] = sw
+        return adv * normalise_weights(weights, used), used
+
+    def _ppi(
+        self,
+        batch: RolloutBatch,
+        r_hat: torch.Tensor,
+        var: torch.Tensor | None,
+        r_cal: torch.Tensor,
+        r_true: torch.Tensor,
+        group_anchor: torch.Tensor,
+        n_tasks: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """Prediction-powered advantages (wmrl/ppi.py) with the λ pooled from earlier steps, then
+        this step's anchor moments folded into the tuner for the steps after it.
+
+        ``r_hat`` ``[R]``: raw WM scores, ``var`` their reported variances or None; ``r_cal`` ``[R]``: the same under the calibration fitted
+        before this step; ``r_true`` ``[R]``
+        true rewards (NaN off executed rows); ``group_anchor`` ``[n_groups]`` the executed groups.
+        """
+        g = self.cfg.grpo
+        gid, n_rows = batch.group_ids, batch.n_rollouts
+        twin_of = batch.twin_of if batch.twin_of is not None else torch.full((batch.n_groups,), -1)
+        is_twin = twin_of >= 0
+        has_twin = torch.zeros(batch.n_groups, dtype=torch.bool)
+        has_twin[twin_of[is_twin]] = True
+        rows = torch.arange(n_rows)
+        pair = rows  # the real rollout each WM row is paired with: itself, or row j of a twin's group
+        if is_twin.any():
+            size = n_rows // batch.n_groups
+            if not torch.equal(gid, rows // size):
+                raise ValueError("twin groups need the group-major row layout with equal group sizes")
+            pair = torch.where(is_twin[gid], twin_of[gid] * size + rows % size, rows)
+        wm_stream = ~has_twin[gid]  # a real group with a twin leaves the WM stream to its twin
+        adv_true, true_used = group_advantages(r_true, gid, g.advantage, g.std_eps)
+        r_wm = torch.where(wm_stream, r_cal, torch.full_like(r_cal, float("nan")))
+        adv_wm, wm_used = group_advantages(r_wm, gid, g.advantage, g.std_eps)
+        corrected = (group_anchor | is_twin)[gid] & wm_used & true_used[pair]
+        calibrate = self.cfg.uses_calibration and self.debiaser.fitted
+        lam = self.tuner.lam(calibrate, var)
+        n_anchors = int(group_anchor.sum())
+        adv, used = ppi_advantages(adv_true, true_used, adv_wm, wm_used, corrected, n_tasks, n_anchors, lam)
+        adv = adv * (batch.n_groups / n_tasks)  # twin groups add rows that the token mean divides by
+
+        lam_mean = float(torch.as_tensor(lam, dtype=torch.float64).mean())
+        out = {"ppi/lambda": lam_mean, "ppi/rho": float("nan")}
+        ratio = variance_ratio(*self.tuner.moments(calibrate), lam_mean, n_anchors / n_tasks)
+        wm_rows = corrected.nonzero().squeeze(-1)
+        if wm_rows.numel():  # this step's anchors: their correlation, then into the window for later steps
+            anchor_gid = torch.unique(gid[wm_rows], return_inverse=True)[1]
+            cross, wm_sq, true_sq = anchor_moments(adv_true[pair[wm_rows]], adv_wm[wm_rows], anchor_gid)
+            denom = float(wm_sq.sum() * true_sq.sum()) ** 0.5
+            out["ppi/rho"] = float(cross.sum()) / denom if denom > 0 else float("nan")
+            self.tuner.observe(
+                r_hat[wm_rows], r_true[pair[wm_rows]], anchor_gid, None if var is None else var[wm_rows]
+            )
+        out["ppi/var_ratio"] = ratio
+        out["ppi/eff_groups"] = n_anchors / ratio if ratio > 0 else float("nan")
+        return adv, used, out
 
     def _execute(self, jobs):
         if self.executor is None:
@@ -299,12 +384,12 @@ class Trainer:
                 if self.step % cfg.tracking.checkpoint_every == 0 or self.step == cfg.grpo.steps:
                     self.save()
                 bar.update(1)
-                bar.set_postfix(
-                    r=f"{metrics['reward/mean']:.3f}",
-                    w=f"{metrics['denoise/w']:.2f}",
-                    real=int(metrics["exec/real_total"]),
-                    refresh=False,
-                )
+                shown = {"r": f"{metrics['reward/mean']:.3f}"}
+                if "ppi/lambda" in metrics:
+                    shown |= {"lam": f"{metrics['ppi/lambda']:.2f}", "rho": f"{metrics['ppi/rho']:.2f}"}
+                else:
+                    shown["w"] = f"{metrics['denoise/w']:.2f}"
+                bar.set_postfix(shown | {"real": int(metrics["exec/real_total"])}, refresh=False)
         finally:
             bar.close()
             self.logger.close()

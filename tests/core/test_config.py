@@ -18,7 +18,7 @@ def test_preset_then_overrides_win():
 
 
 def test_unknown_method_quotes_value_and_choices():
-    with pytest.raises(ConfigError, match=r"method='reinforce' is not one of real, wm, mix"):
+    with pytest.raises(ConfigError, match=r"method='reinforce' is not one of real, anchors_only, wm, mix"):
         load_config(None, ["--method=reinforce"])
 
 

@@ -1,0 +1,215 @@
+"""Prediction-powered advantages: unbiasedness, the anchors-only limit, the tuned λ, twins, resume."""
+
+import itertools
+import math
+
+import numpy as np
+import ppi_py
+import pytest
+import torch
+
+from wmrl.config import GRPOConfig, PPIConfig, load_config
+from wmrl.domain import RolloutBatch
+from wmrl.experiment import train_run, with_control
+from wmrl.learner import group_advantages, grpo_update, policy_gradient
+from wmrl.ppi import PowerTuner, ppi_advantages, variance_ratio
+from wmrl.toy import SoftmaxPolicy
+from wmrl.trainer import Trainer
+
+N_TASKS, G = 6, 4
+
+
+def _batch(n_tasks=N_TASKS, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ctx = torch.arange(n_tasks).repeat_interleave(G)
+    tokens = torch.randint(5, (n_tasks * G, 1), generator=g)
+    return RolloutBatch(
+        tokens=tokens,
+        logprobs=torch.full((n_tasks * G, 1), math.log(0.2)),
+        mask=torch.ones(n_tasks * G, 1),
+        group_ids=ctx.clone(),
+        tasks=list(range(n_tasks)),
+        extras={"context": ctx},
+    )
+
+
+def _shared_ppi(adv_true, adv_wm, anchor_tasks, lam, n_tasks=N_TASKS):
+    """ppi advantages when the anchors are ``anchor_tasks`` (shared rollouts, all graded)."""
+    anchor = torch.zeros(n_tasks, dtype=torch.bool)
+    anchor[list(anchor_tasks)] = True
+    rows = anchor.repeat_interleave(G)
+    ones = torch.ones_like(rows)
+    return ppi_advantages(adv_true, rows, adv_wm, ones, rows, n_tasks, len(anchor_tasks), lam)[0]
+
+
+def _advantages(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    gid = torch.arange(N_TASKS).repeat_interleave(G)
+    r = torch.rand(N_TASKS * G, generator=g)
+    r_hat = r + 0.3 * torch.randn(N_TASKS * G, generator=g)
+    return group_advantages(r, gid, "dr_grpo")[0], group_advantages(r_hat, gid, "dr_grpo")[0]
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.37, 1.0])
+def test_unbiased_over_the_anchor_draw_for_every_lambda(lam):
+    """Averaged over every choice of n anchors among N tasks, the ppi advantages (and so the
+    gradient, linear in them at ratio 1) equal the full-execution ones, for a fixed WM."""
+    adv_true, adv_wm = _advantages()
+    n = 2
+    draws = [_shared_ppi(adv_true, adv_wm, s, lam) for s in itertools.combinations(range(N_TASKS), n)]
+    assert torch.allclose(torch.stack(draws).mean(0), adv_true, atol=1e-6)
+    policy, batch, cfg = SoftmaxPolicy(N_TASKS, 5), _batch(), GRPOConfig(group_size=G, tasks_per_step=N_TASKS)
+    with torch.no_grad():
+        policy.theta.normal_(generator=torch.Generator().manual_seed(1))
+    used = torch.ones(N_TASKS * G, dtype=torch.bool)
+    grads = torch.stack([policy_gradient(policy, batch, a, used, cfg) for a in draws])
+    assert torch.allclose(grads.mean(0), policy_gradient(policy, batch, adv_true, used, cfg), atol=1e-6)
+    if lam > 0:  # not a trivial identity: single draws differ from the full update
+        assert not torch.allclose(draws[0], adv_true, atol=1e-3)
+
+
+def test_matches_ppi_py_for_a_scalar_mean():
+    """With one rollout per task and its value as its 'advantage', the mean ppi advantage is the
+    PPI++ point estimate of the mean with the anchors' labels and every task's prediction."""
+    rng = np.random.default_rng(0)
+    big_n, n = 40, 10
+    y = rng.normal(size=big_n)
+    y_hat = 0.8 * y + 0.4 * rng.normal(size=big_n)
+    anchor = torch.zeros(big_n, dtype=torch.bool)
+    anchor[rng.choice(big_n, n, replace=False)] = True
+    for lam in (0.0, 0.6, 1.0):
+        a, _ = ppi_advantages(
+            torch.tensor(y),
+            anchor,
+            torch.tensor(y_hat),
+            torch.ones(big_n, dtype=torch.bool),
+            anchor,
+            big_n,
+            n,
+            lam,
+        )
+        ref = ppi_py.ppi_mean_pointestimate(y[anchor.numpy()], y_hat[anchor.numpy()], y_hat, lam=lam)
+        assert float(a.mean()) == pytest.approx(float(np.asarray(ref).ravel()[0]), abs=1e-10)
+
+
+def test_variance_ratio_and_optimal_lambda_match_a_simulation():
+    """Var g_ppi / Var(anchors alone) = 1 - (1 - n/N)(2λc - λ²σ̂²)/σ² for anchors drawn among the N
+    scored tasks, minimised at λ* = c/σ̂² (not PPI++'s disjoint-set c/((1 + n/N)σ̂²))."""
+    rng = np.random.default_rng(1)
+    big_n, n, reps = 16, 4, 40_000
+    g = rng.normal(size=(reps, big_n))
+    g_hat = 0.7 * g + 0.6 * rng.normal(size=(reps, big_n))
+    c, h, t = 0.7, 0.7**2 + 0.6**2, 1.0
+    idx = np.argsort(rng.random((reps, big_n)), axis=1)[:, :n]
+    g_a, h_a = np.take_along_axis(g, idx, 1), np.take_along_axis(g_hat, idx, 1)
+    base = g_a.mean(1).var()
+
+    def empirical(lam):
+        return (lam * g_hat.mean(1) + (g_a - lam * h_a).mean(1)).var() / base
+
+    for lam in (0.3, c / h, 1.0):
+        assert empirical(lam) == pytest.approx(variance_ratio(c, h, t, lam, n / big_n), abs=0.03)
+    assert empirical(c / h) < empirical(c / (h * (1 + n / big_n))) < empirical(0.0)
+
+
+def test_lambda_zero_reproduces_anchors_only_exactly():
+    """GRPO on the anchor groups alone and ppi with λ = 0 take the same optimizer step (SGD: Adam's
+    first step is about lr * sign(grad), which blows a 1e-9 rounding difference up to a step)."""
+    adv_true, adv_wm = _advantages(seed=3)
+    anchors = [1, 4]
+    batch = _batch()
+    cfg = GRPOConfig(group_size=G, tasks_per_step=N_TASKS, optimizer="sgd", lr=10.0)
+    policies = [SoftmaxPolicy(N_TASKS, 5) for _ in range(2)]
+    opts = [torch.optim.SGD(p.parameters(), lr=cfg.lr) for p in policies]
+    a_ppi = _shared_ppi(adv_true, adv_wm, anchors, lam=0.0)
+    grpo_update(policies[0], opts[0], batch, a_ppi, torch.ones_like(a_ppi, dtype=torch.bool), cfg)
+    rows = torch.isin(batch.group_ids, torch.tensor(anchors))
+    grpo_update(policies[1], opts[1], batch, adv_true, rows, cfg)
+    assert not torch.equal(policies[0].theta, torch.zeros(N_TASKS, 5))
+    assert torch.allclose(policies[0].theta, policies[1].theta, atol=1e-6)
+
+
+def _tuner_lambda(noise: float, calibrate: bool, var_bins: int = 1) -> float:
+    tuner = PowerTuner(PPIConfig(warmup_groups=4, var_bins=var_bins), advantage="grpo")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(8):
+        r = torch.rand(4 * 8, generator=g)
+        r_hat = torch.tanh(3 * r) + noise * torch.randn(4 * 8, generator=g)  # monotone distortion + noise
+        tuner.observe(r_hat, r, torch.arange(4).repeat_interleave(8))
+    return tuner.lam(calibrate)
+
+
+def test_tuned_lambda_tracks_the_world_model_quality():
+    assert _tuner_lambda(0.0, calibrate=True) == pytest.approx(1.0, abs=0.05)  # perfect ranking: λ -> 1
+    good, bad, useless = (_tuner_lambda(s, calibrate=True) for s in (0.05, 0.5, 50.0))
+    assert 1.0 >= good > bad > useless and useless < 0.15
+    assert PowerTuner(PPIConfig(warmup_groups=4)).lam(True) == 0.0  # before the warm-up: anchors alone
+    assert PowerTuner(PPIConfig(lam=0.3)).lam(True) == 0.3
+
+
+def test_per_variance_bin_lambda_leans_less_on_uncertain_rollouts():
+    tuner = PowerTuner(PPIConfig(warmup_groups=2, var_bins=2), advantage="dr_grpo")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(16):
+        r = torch.rand(8, generator=g)
+        var = torch.tensor([0.001, 1.0]).repeat(4)  # half the rollouts precise, half noisy
+        tuner.observe(r + var.sqrt() * torch.randn(8, generator=g), r, torch.zeros(8, dtype=torch.long), var)
+    lam = tuner.lam(False, torch.tensor([0.001, 1.0]))
+    assert lam[0] > 0.5 and lam[1] < 0.2  # the noisy rows also blur the group mean: < 1 for the precise
+
+
+def _cfg(tmp_path, *extra):
+    return load_config(
+        "toy",
+        [
+            f"--out_dir={tmp_path}",
+            "--compare.methods=[]",
+            "--tracking.eval_every=0",
+            "--ppi.warmup_groups=4",
+            "--debias.warmup_pairs=32",
+            *extra,
+        ],
+    )
+
+
+def test_twin_groups_with_common_noise_correlate_and_without_do_not(tmp_path):
+    rho = {}
+    for crn in (True, False):
+        cfg = _cfg(
+            tmp_path / str(crn),
+            "--method=ppi",
+            "--grpo.steps=12",
+            "--domain.twin_anchors=true",
+            f"--domain.twin_common_noise={str(crn).lower()}",
+        )
+        trainer = Trainer(cfg, cfg.domain.build(cfg))
+        rows = [trainer.train_step() for _ in range(cfg.grpo.steps)]
+        rho[crn] = np.nanmean([r["ppi/rho"] for r in rows])
+        assert rows[-1]["ppi/lambda"] > 0 if crn else True
+    assert rho[True] > 0.4 and abs(rho[False]) < 0.2
+
+
+def test_anchors_only_executes_and_generates_only_the_anchor_groups(tmp_path):
+    a = train_run(_cfg(tmp_path / "a", "--method=anchors_only", "--grpo.steps=3"))
+    w = train_run(_cfg(tmp_path / "w", "--method=ppi", "--grpo.steps=3"))
+    assert a["exec/real_total"] == w["exec/real_total"] == 3 * 4 * 8  # 4 anchor groups of 8 per step
+    assert a["anchors/fraction"] == 1.0 and "ppi/lambda" in w and "wm/residual_before" not in a
+
+
+def test_ppi_resume_is_exact(tmp_path):
+    ref = Trainer(cfg := _cfg(tmp_path / "ref", "--method=ppi", "--grpo.steps=8"), cfg.domain.build(cfg))
+    ref.train()
+    part = _cfg(tmp_path / "run", "--method=ppi", "--grpo.steps=5")
+    Trainer(part, part.domain.build(part)).train()
+    full = _cfg(tmp_path / "run", "--method=ppi", "--grpo.steps=8")
+    resumed = Trainer(full, full.domain.build(full), resume=True)
+    resumed.train()
+    assert torch.equal(ref.policy.theta, resumed.policy.theta)
+    assert ref.tuner.state_dict() == resumed.tuner.state_dict() and ref.tuner.seen > 4
+
+
+def test_every_comparison_with_a_wm_method_includes_anchors_only():
+    assert with_control(["real", "wmrl"]) == ["real", "anchors_only", "wmrl"]
+    assert with_control(["ppi"]) == ["anchors_only", "ppi"]
+    assert with_control(["real"]) == ["real"]
+    assert "anchors_only" in load_config("toy").compare.methods

@@ -1,0 +1,206 @@
+"""Prediction-powered advantages: a WM correction that is unbiased for any world model.
+
+PPI++ (Angelopoulos, Duchi & Zrnic, arXiv:2311.01453) applied to the policy gradient (DESIGN.md
+section 6). A step samples ``N`` tasks; a uniform random ``n`` of them are anchors (executed). With
+``g(t)`` a task's full-execution gradient and ``ĝ(t)`` the one from (calibrated) WM scores,
+
+    g_ppi = λ/N · Σ_{all t} ĝ(t)  +  1/n · Σ_{anchor t} ( g(t) − λ ĝ(t) ),     E[g_ppi] = E[g]  for every λ.
+
+Per rollout this is an advantage (:func:`ppi_advantages`): a WM-only rollout gets ``λ Â``, an anchor
+rollout ``λ Â + (N/n)(A − λ Â)``. With ``λ = 0`` it is GRPO on the anchors alone (``anchors_only``).
+
+**λ.** The anchors are a random subset *of* the N scored tasks (not a disjoint labelled set as in
+PPI++), so with ``σ² = Var g``, ``σ̂² = Var ĝ``, ``c = Cov(g, ĝ)``::
+
+    Var g_ppi = (1/n) [σ² − (1 − n/N)(2λc − λ²σ̂²)]
+    λ*        = c / σ̂²            (PPI++'s disjoint-set optimum is c / ((1 + n/N) σ̂²))
+    Var(λ*) / Var(anchors alone) = 1 − (1 − n/N) ρ²
+
+:class:`PowerTuner` estimates ``c`` and ``σ̂²`` from the anchor groups of *earlier* steps only (a
+window of recent groups), so a step's ``λ`` is independent of its own correction term, and
+cross-fits the calibration over two folds of that window so that its ``Â`` are out of sample, as a
+step's own are. ``λ`` is 0 until a warm-up number of anchor groups. Advantages stand in for gradients: the per-rollout score-function directions are
+taken as equal in size and uncorrelated with the WM's errors.
+
+**Twin groups** (a domain whose WM rollouts are not its real ones, e.g. imagined robot rollouts): an
+anchor task has a real group (true rewards, ``A``) and an imagined twin (WM scores, ``Â``) whose
+rollout j shares rollout j's sampling noise. The same formula holds per task: real rows get
+``(N/n) A``, the twin's rows ``λ Â (1 − N/n)``, every other imagined row ``λ Â``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import torch
+from sklearn.isotonic import IsotonicRegression
+
+from wmrl.config import PPIConfig
+from wmrl.learner import group_advantages
+
+
+def ppi_advantages(
+    adv_true: torch.Tensor,
+    true_used: torch.Tensor,
+    adv_wm: torch.Tensor,
+    wm_used: torch.Tensor,
+    corrected: torch.Tensor,
+    n_tasks: int,
+    n_anchors: int,
+    lam: float | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-rollout prediction-powered advantages.
+
+        a_i = λ Â_i [wm_used_i] (1 − (N/n) [corrected_i])  +  (N/n) A_i [true_used_i]
+
+    For shared rollouts (an anchor rollout is both executed and WM-scored) an anchor row is
+    ``λ Â + (N/n)(A − λ Â)`` and a WM-only row ``λ Â``; over the uniform choice of ``n`` anchors of
+    ``N`` tasks, ``E[a_i] = A_i`` (each row is an anchor with probability n/N).
+
+    Args:
+        adv_true: ``[R]`` advantages from true rewards (ignored where not ``true_used``).
+        true_used: ``[R]`` bool: executed, graded, in a group with >= 2 graded rollouts.
+        adv_wm: ``[R]`` advantages from calibrated WM scores (ignored where not ``wm_used``).
+        wm_used: ``[R]`` bool: in the WM stream with a usable advantage.
+        corrected: ``[R]`` bool: a WM-stream row of an anchor task whose paired real rollout (the
+            row itself, or the real group's row j for a twin's row j) is ``true_used``.
+        n_tasks, n_anchors: ``N`` and ``n`` (``n >= 1`` whenever a row is executed).
+        lam: ``λ`` in [0, 1], a float or per row ``[R]``.
+    Returns:
+        advantages ``[R]`` and used ``[R]`` (``true_used | wm_used``).
+    """
+    lam_t = torch.as_tensor(lam, dtype=adv_wm.dtype)
+    if not bool(((lam_t >= 0) & (lam_t <= 1)).all()):
+        raise ValueError(f"ppi lambda must lie in [0, 1], got {lam}")
+    if n_anchors < 1 and bool(true_used.any()):
+        raise ValueError("ppi_advantages: rows are executed but n_anchors < 1")
+    scale = n_tasks / max(n_anchors, 1)
+    zero = torch.zeros_like(adv_wm)
+    a_wm = torch.where(wm_used, lam_t * adv_wm, zero) * torch.where(corrected, 1.0 - scale, 1.0)
+    a_true = torch.where(true_used, scale * adv_true, zero)
+    return a_wm + a_true, true_used | wm_used
+
+
+def anchor_moments(
+    adv_true: torch.Tensor, adv_wm: torch.Tensor, group_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per anchor group ``k``: ``(Σ A·Â, Σ Â², Σ A²)``, each ``[K]``, over its paired rows.
+
+    Args: ``adv_true``, ``adv_wm`` ``[M]`` paired advantages of the anchors' rows (row j of the real
+    group with row j of its WM scores); ``group_ids`` ``[M]`` in ``0 .. K-1``.
+    Within-group advantages are centred, so these are a task's gradient covariance and variances
+    under the equal-direction approximation of the module docstring.
+    """
+    k = int(group_ids.max().item()) + 1 if group_ids.numel() else 0
+    a, h = adv_true.double(), adv_wm.double()
+
+    def per_group(x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(k, dtype=torch.float64).index_add_(0, group_ids, x)
+
+    return per_group(a * h), per_group(h * h), per_group(a * a)
+
+
+def variance_ratio(cross: float, wm_sq: float, true_sq: float, lam: float, anchor_frac: float) -> float:
+    """``Var g_ppi / Var(anchors alone) = 1 − (1 − n/N)(2λc − λ²σ̂²)/σ²`` (NaN when ``σ² = 0``)."""
+    if true_sq <= 0:
+        return float("nan")
+    return 1.0 - (1.0 - anchor_frac) * (2 * lam * cross - lam**2 * wm_sq) / true_sq
+
+
+class PowerTuner:
+    """The power-tuned ``λ = clip(c / σ̂², 0, 1)`` from the last ``window_groups`` anchor groups of
+    earlier steps, cross-fitted: the groups alternate between two folds, each fold's WM scores are
+    calibrated by an isotonic map fitted on the other fold (when the trainer's calibration is in use),
+    so every ``Â`` in the estimate is out of sample, as this step's are. Recomputing from raw
+    ``(r̂, r)`` keeps ``λ`` in step with the current calibration instead of pooling advantages made
+    under older ones. 0 until ``warmup_groups`` groups; ``cfg.lam`` fixes it.
+
+    With ``cfg.var_bins > 1`` and a WM that reports its variance, ``λ`` is tuned per bin of that
+    variance (quantile bins of the window's): ``λ_b = c_b / σ̂²_b``, so a rollout the WM is unsure
+    of leans on the WM less. A row's ``λ`` depends only on its own WM output, never on which tasks
+    are anchors, so the estimator stays unbiased.
+    """
+
+    def __init__(self, cfg: PPIConfig, advantage: str = "grpo", std_eps: float = 1e-4):
+        self.cfg = cfg
+        self.advantage, self.std_eps = advantage, std_eps
+        # Per group: raw WM scores, true rewards, WM-reported variances (NaN when none).
+        self.groups: deque[tuple[list[float], list[float], list[float]]] = deque(maxlen=cfg.window_groups)
+        self.seen = 0  # groups observed so far; fixes each group's fold
+
+    def observe(
+        self,
+        r_hat: torch.Tensor,
+        r_true: torch.Tensor,
+        group_ids: torch.Tensor,
+        var: torch.Tensor | None = None,
+    ) -> None:
+        """Add anchor groups: raw WM scores, true rewards and (optional) WM variances of paired,
+        graded rows (``[M]`` each), ``group_ids`` ``[M]`` in ``0 .. K-1``; groups of < 2 rows skipped."""
+        var = torch.full_like(r_hat, float("nan")) if var is None else var
+        for k in range(int(group_ids.max().item()) + 1 if group_ids.numel() else 0):
+            rows = group_ids == k
+            if int(rows.sum()) >= 2:
+                self.groups.append((r_hat[rows].tolist(), r_true[rows].tolist(), var[rows].tolist()))
+                self.seen += 1
+
+    def _window_products(self, calibrate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-fitted per-row ``[A·Â, Â², A²]`` ``[M, 3]`` over the window, and the rows' variances ``[M]``."""
+        first = self.seen - len(self.groups)  # the window's first group's index, for its fold
+        folds = [[g for i, g in enumerate(self.groups) if (first + i) % 2 == f] for f in (0, 1)]
+        products, variances = [], []
+        for f, held_out in enumerate(folds):
+            if not held_out:
+                continue
+            fit_on = folds[1 - f]
+            r_hat = torch.tensor([x for g in held_out for x in g[0]], dtype=torch.float64)
+            r_true = torch.tensor([x for g in held_out for x in g[1]], dtype=torch.float64)
+            gid = torch.cat([torch.full((len(g[0]),), i) for i, g in enumerate(held_out)])
+            if calibrate and fit_on:
+                x = np.array([v for g in fit_on for v in g[0]])
+                y = np.array([v for g in fit_on for v in g[1]])
+                iso = IsotonicRegression(out_of_bounds="clip").fit(x, y)
+                r_hat = torch.from_numpy(iso.predict(r_hat.numpy()))
+            a, _ = group_advantages(r_true, gid, self.advantage, self.std_eps)
+            h, _ = group_advantages(r_hat, gid, self.advantage, self.std_eps)
+            products.append(torch.stack([a * h, h * h, a * a], dim=1))
+            variances.append(torch.tensor([x for g in held_out for x in g[2]], dtype=torch.float64))
+        return torch.cat(products), torch.cat(variances)
+
+    def moments(self, calibrate: bool) -> tuple[float, float, float]:
+        """Cross-fitted ``(c, σ̂², σ²)`` per group over the window (NaN when it is empty)."""
+        if not self.groups:
+            return float("nan"), float("nan"), float("nan")
+        products, _ = self._window_products(calibrate)
+        c, h, t = (products.sum(0) / len(self.groups)).tolist()
+        return c, h, t
+
+    def lam(self, calibrate: bool, var: torch.Tensor | None = None) -> torch.Tensor | float:
+        """The global ``λ``; with ``var`` (``[R]``, the rows' WM variances) and ``cfg.var_bins > 1``,
+        per-row ``λ`` ``[R]`` from the bin each row's variance falls in."""
+        if self.cfg.lam is not None:
+            return self.cfg.lam
+        if self.seen < self.cfg.warmup_groups:
+            return 0.0
+        products, w_var = self._window_products(calibrate)
+        c, h, _ = products.sum(0).tolist()
+        lam = min(1.0, max(0.0, c / h)) if h > 0 else 0.0
+        if var is None or self.cfg.var_bins <= 1 or not torch.isfinite(w_var).all():
+            return lam
+        edges = torch.quantile(w_var, torch.linspace(0, 1, self.cfg.var_bins + 1, dtype=torch.float64)[1:-1])
+        bins = torch.bucketize(w_var, edges)
+        per_bin = torch.full((self.cfg.var_bins,), lam, dtype=torch.float64)
+        for b in range(self.cfg.var_bins):
+            c_b, h_b, _ = products[bins == b].sum(0).tolist()
+            if h_b > 0:
+                per_bin[b] = min(1.0, max(0.0, c_b / h_b))
+        row_var = torch.where(torch.isfinite(var), var.double(), w_var.median())
+        return per_bin[torch.bucketize(row_var, edges)].to(var.dtype)
+
+    def state_dict(self) -> dict:
+        return {"groups": [list(g) for g in self.groups], "seen": self.seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.groups = deque((tuple(g) for g in state["groups"]), maxlen=self.cfg.window_groups)
+        self.seen = int(state["seen"])
