@@ -41,3 +41,12 @@ def test_real_needs_one_over_rho_more_executions(summary):
     ratio = summary["real"]["real_executions"] / summary["wmrl"]["real_executions"]
     assert ratio == pytest.approx(1 / 0.25)
     assert summary["wm"]["real_executions"] == 0
+
+
+def test_ppi_beats_the_anchors_alone_and_wmrl(summary):
+    """The prediction-powered correction clears the no-WM control at equal real executions."""
+    ppi, anchors_only, real = (summary[m] for m in ("ppi", "anchors_only", "real"))
+    assert ppi["real_executions"] == anchors_only["real_executions"] == summary["wmrl"]["real_executions"]
+    assert ppi["final_true_reward"] > anchors_only["final_true_reward"] + 0.01
+    assert ppi["final_true_reward"] > summary["wmrl"]["final_true_reward"] + 0.01
+    assert real["final_true_reward"] > ppi["final_true_reward"]
