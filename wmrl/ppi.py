@@ -128,6 +128,7 @@ class PowerTuner:
         # Per group: raw WM scores, true rewards, WM-reported variances (NaN when none).
         self.groups: deque[tuple[list[float], list[float], list[float]]] = deque(maxlen=cfg.window_groups)
         self.seen = 0  # groups observed so far; fixes each group's fold
+        self._cached: tuple[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def observe(
         self,
@@ -146,7 +147,14 @@ class PowerTuner:
                 self.seen += 1
 
     def _window_products(self, calibrate: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-fitted per-row ``[A·Â, Â², A²]`` ``[M, 3]`` over the window, and the rows' variances ``[M]``."""
+        """Cross-fitted per-row ``[A·Â, Â², A²]`` ``[M, 3]`` over the window, and the rows' variances
+        ``[M]`` (computed once per window state)."""
+        key = (self.seen, calibrate)
+        if self._cached is None or self._cached[0] != key:
+            self._cached = (key, self._compute_window_products(calibrate))
+        return self._cached[1]
+
+    def _compute_window_products(self, calibrate: bool) -> tuple[torch.Tensor, torch.Tensor]:
         first = self.seen - len(self.groups)  # the window's first group's index, for its fold
         folds = [[g for i, g in enumerate(self.groups) if (first + i) % 2 == f] for f in (0, 1)]
         products, variances = [], []
@@ -204,3 +212,4 @@ class PowerTuner:
     def load_state_dict(self, state: dict) -> None:
         self.groups = deque((tuple(g) for g in state["groups"]), maxlen=self.cfg.window_groups)
         self.seen = int(state["seen"])
+        self._cached = None
