@@ -110,13 +110,18 @@ def _positionals(args: list[str]) -> list[str]:
     return [a for a in args if not a.startswith("-")]
 
 
+class _StderrLines(logging.Handler):
+    """Each record as one ``wmrl: warning: ...`` line on the current ``sys.stderr``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"wmrl: {record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
+
+
 def _log_warnings_as_lines() -> None:
-    """The library's warnings (``logging.getLogger("wmrl")``) as one ``wmrl: warning: ...`` line each."""
+    """The library's warnings (``logging.getLogger("wmrl")``) as one line each on stderr."""
     logger = logging.getLogger("wmrl")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("wmrl: %(levelname)s: %(message)s"))
-        logger.addHandler(handler)
+    if not any(isinstance(h, _StderrLines) for h in logger.handlers):
+        logger.addHandler(_StderrLines(logging.WARNING))
         logger.propagate = False
 
 

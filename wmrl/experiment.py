@@ -49,7 +49,7 @@ def resume_run(run_dir: str | Path) -> dict:
                 f"{run_dir} is the root of a comparison ({_runs_brief(run_dir)}) started before "
                 f"comparisons saved their config: rerun the command that started it with --out-dir "
                 f"{run_dir} to finish it (finished runs are kept, killed ones resume), or resume one run "
-                f"with --resume {run_dir}/METHOD/seedK"
+                f"with --resume {comparison_runs(run_dir)[0]}"
             )
         raise RunDirError(f"cannot resume {run_dir}: it holds no run (no config.yaml)")
     cfg = load_config(run_dir / "config.yaml", [f"--out_dir={run_dir}"])
