@@ -130,7 +130,9 @@ def _tasks(domain: str) -> None:
 
     known = load_domains()
     if domain not in known:
-        raise ConfigError(f"unknown domain {domain!r}{did_you_mean(domain, known)} (known: {', '.join(known)})")
+        raise ConfigError(
+            f"unknown domain {domain!r}{did_you_mean(domain, known)} (known: {', '.join(known)})"
+        )
     for line in DomainConfig.get_choice_class(domain).task_lines():
         print(line)
 

@@ -48,7 +48,9 @@ def _check(cond: bool, message: str) -> None:
 
 
 def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
-    _check(value in choices, f"{name}={value!r} is not one of {', '.join(choices)}{did_you_mean(value, choices)}")
+    _check(
+        value in choices, f"{name}={value!r} is not one of {', '.join(choices)}{did_you_mean(value, choices)}"
+    )
 
 
 def did_you_mean(name: str, choices, cutoff: float = 0.6) -> str:
@@ -342,7 +344,7 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
         where = f" (preset {path})" if path else ""
         raise ConfigError(f"invalid configuration{where}: {_with_suggestion(str(e), content)}") from None
     except DraccusException as e:  # unrecognized --flags
-        raise ConfigError(_unknown_flags_message(list(overrides or []), content)) from None
+        raise ConfigError(_unknown_flags_message(list(overrides or []), content, str(e))) from None
     except SystemExit as e:  # argparse exits on unknown flags even with exit_on_error=False
         raise ConfigError(f"invalid command-line overrides {overrides}: see the message above") from e
 
@@ -422,7 +424,7 @@ def _known_names(domain: str | None) -> list[str]:
     return names + ["domain.type"] + field_names(dom_cls, "domain.")
 
 
-def _unknown_flags_message(overrides: list[str], content: dict | None) -> str:
+def _unknown_flags_message(overrides: list[str], content: dict | None, fallback: str) -> str:
     """One line naming every override that is no config field, each with the closest field name."""
     domain = _selected_domain(overrides, content)
     known = _known_names(domain)
@@ -446,7 +448,7 @@ def _unknown_flags_message(overrides: list[str], content: dict | None) -> str:
         where = f" for domain.type={domain}" if domain and key.startswith("domain.") else ""
         bad.append(f"unknown config field --{key}{where}{hint}")
     if not bad:
-        return f"invalid command-line overrides {overrides}"
+        return f"invalid command-line overrides {overrides}: {fallback}"
     return "; ".join(bad) + " (`wmrl config PRESET` lists every field)"
 
 
@@ -456,8 +458,11 @@ def _with_suggestion(message: str, content: dict | None) -> str:
     if not m:
         return message
     section, fields, _ = m.groups()
-    known = [n.rpartition(".")[2] for n in _known_names(_selected_domain([], content))
-             if n.rpartition(".")[0] == section]
+    known = [
+        n.rpartition(".")[2]
+        for n in _known_names(_selected_domain([], content))
+        if n.rpartition(".")[0] == section
+    ]
     hints = [did_you_mean(f.strip(), known) for f in fields.split(",")]
     return message + "".join(h for h in hints if h)
 

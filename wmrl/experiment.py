@@ -101,7 +101,7 @@ def _runs_brief(root: Path) -> str:
 
 
 # Fields that do not change a run's results: where it runs, how it reports.
-_BOOKKEEPING = ("out_dir", "executor", "torch_threads", "tracking.progress", "tracking.wandb", "method", "seed")
+_BOOKKEEPING = ("out_dir", "executor", "torch_threads", "tracking.progress", "tracking.wandb")
 
 
 def _result_fields(cfg: RunConfig | dict) -> dict:
@@ -123,6 +123,8 @@ def _config_diffs(path: Path, want: RunConfig, extra_ignore: tuple[str, ...] = (
         for k, a, b in _diff(got, _result_fields(want))
         if not k.startswith(extra_ignore)
     ]
+
+
 def run_summary(run_dir: Path, threshold: float | None, metric: str) -> dict[str, float]:
     """Figures of one finished run, read back from its ``metrics.jsonl``."""
     rows = read_metrics(run_dir)
@@ -204,6 +206,8 @@ def _check_comparison_root(out: Path, cfg: RunConfig, plan: list[RunConfig], res
     finished = all((Path(r.out_dir) / "summary.json").exists() for r in plan)
     if resume and finished and (out / "summary.json").exists():
         raise RunDirError(f"{out}: the comparison already finished (summary.json); nothing to resume")
+
+
 def _mean_dicts(rows: list[dict]) -> dict[str, float]:
     """Mean over seeds of each figure; a run that never reached the threshold counts as NaN."""
     keys = rows[0].keys()

@@ -76,7 +76,10 @@ BAD_INPUTS = {
         ["run", "{root}/tiny.yaml", "--out-dir", "{root}/new", "--method=wmrll"],
         ["method='wmrll'", "did you mean 'wmrl'?"],
     ),
-    "unknown preset": (["run", "tyo", "--out-dir", "{root}/new"], ["unknown preset 'tyo'", "did you mean 'toy'?"]),
+    "unknown preset": (
+        ["run", "tyo", "--out-dir", "{root}/new"],
+        ["unknown preset 'tyo'", "did you mean 'toy'?"],
+    ),
     "unknown research task": (
         ["run", "research-debug", "--out-dir", "{root}/new", "--domain.train_tasks=[iris_clss]"],
         ["domain.train_tasks", "'iris_clss'", "did you mean 'iris_cls'?", "wmrl tasks research"],
@@ -129,7 +132,10 @@ BAD_INPUTS = {
         ["run", "{root}/cmp.yaml", "--out-dir", "{root}/single"],
         ["holds a single run, not a comparison"],
     ),
-    "resume a finished run": (["run", "--resume", "{root}/single"], ["already finished", "nothing to resume"]),
+    "resume a finished run": (
+        ["run", "--resume", "{root}/single"],
+        ["already finished", "nothing to resume"],
+    ),
     "resume a finished comparison": (
         ["run", "--resume", "{root}/cmp"],
         ["comparison already finished", "nothing to resume"],
