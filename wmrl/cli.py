@@ -143,8 +143,8 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     if args.resume:
         if args.preset or overrides:
             raise ConfigError("--resume RUN_DIR takes no preset or overrides: the run keeps its own config")
-        last = resume_run(args.resume)
-        print(_brief(last))
+        result = resume_run(args.resume)
+        print(format_table(result) if "methods" in result else _brief(result))
         return
     if not args.preset:
         raise ConfigError(f"wmrl run needs a preset; known presets: {', '.join(presets())}")

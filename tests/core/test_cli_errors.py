@@ -192,18 +192,20 @@ def test_resume_drops_a_truncated_last_metrics_line_and_keeps_the_rest(tmp_path,
     assert json.loads((run / "summary.json").read_text())["exec/real_total"] > 0
 
 
-def test_resume_of_a_comparison_root_finishes_it(tmp_path):
+def test_resume_of_a_comparison_root_finishes_it(tmp_path, capsys):
     """A comparison saves its config in its root, so ``--resume ROOT`` continues it: finished runs
     are kept as they are, a run without summary.json is completed, and the summary is rewritten."""
     (tmp_path / "cmp.yaml").write_text(COMPARE)
     root = tmp_path / "cmp"
     assert main(["run", str(tmp_path / "cmp.yaml"), "--out-dir", str(root)]) == 0
-    summary = json.loads((root / "summary.json").read_text())
+    summary = (root / "summary.json").read_text()
     real_run = snapshot(root / "real")
     (root / "summary.json").unlink()
     (root / "wmrl" / "seed0" / "summary.json").unlink()  # killed between its last checkpoint and summary
+    capsys.readouterr()
     assert main(["run", "--resume", str(root)]) == 0
-    assert json.loads((root / "summary.json").read_text()) == summary
+    assert capsys.readouterr().out.startswith("method ")  # the comparison's table
+    assert (root / "summary.json").read_text() == summary  # the same figures, byte for byte
     assert snapshot(root / "real") == real_run
     assert (root / "wmrl" / "seed0" / "summary.json").exists()
 
