@@ -85,10 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     _log_warnings_as_lines()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv[:1] == ["run"] and {"-h", "--help"} & set(argv) and _positionals(argv[1:]):
-        # `wmrl run PRESET --help`: the command's help, then the preset's fields.
-        print(parser.run_parser.format_help())
-        argv = ["config", *[a for a in argv[1:] if a not in ("-h", "--help")]]
+    help_flags = {"-h", "--help"}
+    if argv[:1] == ["run"] and help_flags & set(argv):
+        args, overrides = parser.parse_known_args([a for a in argv if a not in help_flags])
+        if args.preset:  # `wmrl run PRESET --help`: the command's help, then the preset's fields
+            print(parser.run_parser.format_help())
+            argv = ["config", args.preset, *overrides]
     args, overrides = parser.parse_known_args(argv)
     try:
         if args.command == "presets":
@@ -104,10 +106,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wmrl: error: {e}", file=sys.stderr)
         return 2
     return 0
-
-
-def _positionals(args: list[str]) -> list[str]:
-    return [a for a in args if not a.startswith("-")]
 
 
 class _StderrLines(logging.Handler):

@@ -225,8 +225,11 @@ def test_config_prints_every_field_with_value_and_comment(capsys, tmp_path):
     assert load_config(tmp_path / "listed.yaml") == load_config("toy", ["--grpo.group_size=4"])
 
 
-def test_run_preset_help_lists_the_presets_fields(capsys):
-    assert main(["run", "research-debug", "--help"]) == 0
+def test_run_preset_help_lists_the_presets_fields(capsys, tmp_path):
+    argv = ["run", "research-debug", "--out-dir", str(tmp_path / "run"), "--grpo.steps=5", "--help"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: wmrl run")
     assert "# Task ids to train on" in out and "train_tasks: [iris_cls]" in out
+    assert "  steps: 5  # default: 100" in out  # with the overrides applied
+    assert not (tmp_path / "run").exists()  # help runs nothing
