@@ -2,17 +2,30 @@
 
 wmrl run PRESET [--out-dir DIR] [--grpo.group_size=8 --anchors.fraction=0.25 ...]
 wmrl run --resume RUN_DIR
+wmrl config PRESET [overrides]     # every field with its value and comment (also: wmrl run PRESET --help)
 wmrl tasks DOMAIN
 wmrl presets
+
+Every bad input ends in one line on stderr, ``wmrl: error: ...``, exit status 2, and nothing
+written before is touched.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
-from wmrl.config import METHODS, ConfigError, load_config, load_domains, presets
+from wmrl.config import (
+    METHODS,
+    ConfigError,
+    describe_config,
+    did_you_mean,
+    load_config,
+    load_domains,
+    presets,
+)
 
 
 def _epilog() -> str:
@@ -20,7 +33,8 @@ def _epilog() -> str:
         f"methods: {', '.join(METHODS)}\n"
         f"presets: {', '.join(presets()) or '(none)'}\n"
         "config overrides: any field as --section.field=value, e.g. --method=real --grpo.group_size=8 "
-        "--anchors.fraction=0.25 --executor.type=ray"
+        "--anchors.fraction=0.25 --executor.type=ray\n"
+        "every field of a preset with its value and comment: wmrl config PRESET (or wmrl run PRESET --help)"
     )
 
 
@@ -41,9 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_epilog(),
         formatter_class=fmt,
     )
+    parser.run_parser = run  # for `wmrl run PRESET --help`
     run.add_argument("preset", nargs="?", help="preset name or YAML file (see the list below)")
     run.add_argument("--out-dir", help="run directory (default: runs/<preset>)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
+    config = sub.add_parser(
+        "config",
+        help="print every config field of a preset with its value and comment (as a YAML preset)",
+        description="Print the configuration that `wmrl run PRESET [overrides]` would use: every field "
+        "with its value, the comment that documents it and its default where the value differs. The "
+        "output is itself a valid preset.",
+        epilog=_epilog(),
+        formatter_class=fmt,
+    )
+    config.add_argument("preset", help="preset name or YAML file")
     tasks = sub.add_parser(
         "tasks",
         help="print every registered task id of a domain, one per line",
@@ -57,7 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _log_warnings_as_lines()
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    help_flags = {"-h", "--help"}
+    if argv[:1] == ["run"] and help_flags & set(argv):
+        args, overrides = parser.parse_known_args([a for a in argv if a not in help_flags])
+        if args.preset:  # `wmrl run PRESET --help`: the command's help, then the preset's fields
+            print(parser.run_parser.format_help())
+            argv = ["config", args.preset, *overrides]
     args, overrides = parser.parse_known_args(argv)
     try:
         if args.command == "presets":
@@ -65,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}\t{path}")
         elif args.command == "tasks":
             _tasks(args.domain)
+        elif args.command == "config":
+            print(describe_config(load_config(args.preset, overrides)), end="")
         elif args.command == "run":
             _run(args, overrides)
     except (ConfigError, RuntimeError, FileNotFoundError) as e:
@@ -73,12 +108,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+class _StderrLines(logging.Handler):
+    """Each record as one ``wmrl: warning: ...`` line on the current ``sys.stderr``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"wmrl: {record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
+
+
+def _log_warnings_as_lines() -> None:
+    """The library's warnings (``logging.getLogger("wmrl")``) as one line each on stderr."""
+    logger = logging.getLogger("wmrl")
+    if not any(isinstance(h, _StderrLines) for h in logger.handlers):
+        logger.addHandler(_StderrLines(logging.WARNING))
+        logger.propagate = False
+
+
 def _tasks(domain: str) -> None:
     from wmrl.config import DomainConfig
 
     known = load_domains()
     if domain not in known:
-        raise ConfigError(f"unknown domain {domain!r}; known domains: {', '.join(known)}")
+        raise ConfigError(
+            f"unknown domain {domain!r}{did_you_mean(domain, known)} (known: {', '.join(known)})"
+        )
     for line in DomainConfig.get_choice_class(domain).task_lines():
         print(line)
 
@@ -89,20 +141,37 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     if args.resume:
         if args.preset or overrides:
             raise ConfigError("--resume RUN_DIR takes no preset or overrides: the run keeps its own config")
-        last = resume_run(args.resume)
-        print(_brief(last))
+        result = resume_run(args.resume)
+        print(format_table(result) if "methods" in result else _brief(result))
         return
     if not args.preset:
         raise ConfigError(f"wmrl run needs a preset; known presets: {', '.join(presets())}")
     out_dir = args.out_dir or os.path.join("runs", os.path.splitext(os.path.basename(args.preset))[0])
     cfg = load_config(args.preset, [*overrides, f"--out_dir={out_dir}"])
     if cfg.compare.methods:
+        _refuse_ignored_overrides(cfg, overrides)
         summary = compare(cfg)
         print(format_table(summary))
         print(f"\nsummary: {out_dir}/summary.json   plot: {out_dir}/comparison.png")
     else:
         print(_brief(train_run(cfg)))
         print(f"run directory: {out_dir}")
+
+
+def _refuse_ignored_overrides(cfg, overrides: list[str]) -> None:
+    """A comparison sets each run's method (and seed, with compare.seeds) itself: an explicit
+    ``--method`` (or ``--seed``) would be silently ignored, so it is refused with the two ways to
+    say what was meant."""
+    for name, sweep in (("method", "methods"), ("seed", "seeds")):
+        given = [o for o in overrides if o == f"--{name}" or o.startswith(f"--{name}=")]
+        swept = getattr(cfg.compare, sweep)
+        if given and swept:
+            value = getattr(cfg, name)
+            raise ConfigError(
+                f"--{name}={value} has no effect in a comparison (compare.{sweep}="
+                f"[{', '.join(map(str, swept))}]): pass --compare.{sweep}=[{value}] to run only it in the "
+                f"comparison, or --compare.methods=[] for one run with --{name}={value}"
+            )
 
 
 def _brief(metrics: dict[str, float]) -> str:

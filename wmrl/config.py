@@ -12,13 +12,19 @@ core never imports a domain package until that domain is asked for.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import math
+import re
+import textwrap
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import draccus
+from draccus.utils import DraccusException
+from draccus.wrappers.docstring import HelpOrder, get_attribute_docstring, get_preferred_help_text
 
 if TYPE_CHECKING:
     from wmrl.domain import Domain
@@ -47,7 +53,27 @@ def _check(cond: bool, message: str) -> None:
 
 
 def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
-    _check(value in choices, f"{name}={value!r} is not one of {', '.join(choices)}")
+    _check(
+        value in choices, f"{name}={value!r} is not one of {', '.join(choices)}{did_you_mean(value, choices)}"
+    )
+
+
+def did_you_mean(name: str, choices, cutoff: float = 0.6) -> str:
+    """``"; did you mean 'x'?"`` for the valid name closest to ``name`` (difflib), or ``""``."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=cutoff)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_ids(field_name: str, given, known, listing: str) -> None:
+    """Raise a ConfigError naming the first of ``given`` not in ``known``, with the closest known id
+    and the command that lists them (``listing``). For task ids, before anything is built."""
+    known = list(known)
+    for task_id in given or ():
+        if task_id not in known:
+            raise ConfigError(
+                f"{field_name}: unknown task id {task_id!r}{did_you_mean(task_id, known)} "
+                f"(`{listing}` lists the {len(known)} ids)"
+            )
 
 
 @dataclass
@@ -83,7 +109,7 @@ class GRPOConfig:
             f"grpo.group_size={self.group_size} must be >= 2 (advantages are within-group)",
         )
         _check(self.tasks_per_step >= 1, f"grpo.tasks_per_step={self.tasks_per_step} must be >= 1")
-        _check(self.steps >= 0, f"grpo.steps={self.steps} must be >= 0")
+        _check(self.steps >= 1, f"grpo.steps={self.steps} must be >= 1")
         _check(self.lr > 0, f"grpo.lr={self.lr} must be > 0")
         _check(0 < self.clip_eps < 1, f"grpo.clip_eps={self.clip_eps} must lie in (0, 1)")
         _check(self.epochs >= 1, f"grpo.epochs={self.epochs} must be >= 1")
@@ -312,7 +338,10 @@ def resolve_preset(name_or_path: str) -> Path:
         return path
     known = presets()
     if name_or_path not in known:
-        raise ConfigError(f"unknown preset {name_or_path!r}; known presets: {', '.join(known) or '(none)'}")
+        raise ConfigError(
+            f"unknown preset {name_or_path!r}; known presets: {', '.join(known) or '(none)'}"
+            + did_you_mean(name_or_path, known)
+        )
     return known[name_or_path]
 
 
@@ -326,6 +355,7 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
 
     load_domains()
     path = resolve_preset(str(preset)) if preset is not None else None
+    content = None
     if path is not None:
         try:
             content = yaml.safe_load(path.read_text())
@@ -340,7 +370,9 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
         if cause is not None:
             raise cause from None
         where = f" (preset {path})" if path else ""
-        raise ConfigError(f"invalid configuration{where}: {e}") from None
+        raise ConfigError(f"invalid configuration{where}: {_with_suggestion(str(e), content)}") from None
+    except DraccusException as e:  # unrecognized --flags
+        raise ConfigError(_unknown_flags_message(list(overrides or []), content, str(e))) from None
     except SystemExit as e:  # argparse exits on unknown flags even with exit_on_error=False
         raise ConfigError(f"invalid command-line overrides {overrides}: see the message above") from e
 
@@ -378,3 +410,132 @@ def config_fingerprint(cfg: RunConfig) -> dict:
 def half_life_to_alpha(half_life: float) -> float:
     """EWMA weight of a new observation so that an old one's weight halves every ``half_life`` steps."""
     return 1.0 - math.pow(0.5, 1.0 / half_life)
+
+
+# ---- field listing and messages for the command line ---------------------------------------------
+
+
+def field_names(cls: type, prefix: str = "") -> list[str]:
+    """Every dotted field name of a config dataclass (``grpo.group_size``); for ``RunConfig``, the
+    ``domain`` section lists ``domain.type`` and the fields of every registered domain."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        name, sub = prefix + f.name, hints.get(f.name)
+        if sub is DomainConfig:
+            out.append(f"{name}.type")
+            for dom in load_domains():
+                out += field_names(DomainConfig.get_choice_class(dom), f"{name}.")
+        elif isinstance(sub, type) and dataclasses.is_dataclass(sub):
+            out += field_names(sub, f"{name}.")
+        else:
+            out.append(name)
+    return sorted(set(out))
+
+
+def _selected_domain(overrides: list[str], content: dict | None) -> str | None:
+    for arg in overrides:
+        m = re.fullmatch(r"--domain\.type=(\w+)", arg)
+        if m:
+            return m.group(1)
+    dom = (content or {}).get("domain")
+    return dom.get("type") if isinstance(dom, dict) else None
+
+
+def _known_names(domain: str | None) -> list[str]:
+    names = [n for n in field_names(RunConfig) if not n.startswith("domain.")]
+    dom_cls = DomainConfig.get_choice_class(domain) if domain in load_domains() else None
+    if dom_cls is None:
+        return names + [n for n in field_names(RunConfig) if n.startswith("domain.")]
+    return names + ["domain.type"] + field_names(dom_cls, "domain.")
+
+
+def _unknown_flags_message(overrides: list[str], content: dict | None, fallback: str) -> str:
+    """One line naming every override that is no config field, each with the closest field name."""
+    domain = _selected_domain(overrides, content)
+    known = _known_names(domain)
+    bad = []
+    for arg in overrides:
+        if not arg.startswith("--"):
+            continue
+        key = arg[2:].split("=", 1)[0]
+        if key in known or key == "config_path" or key in {n.split(".")[0] for n in known}:
+            continue
+        # A known section: suggest one of its fields (grpo.group_sise -> grpo.group_size).
+        section, _, leaf = key.rpartition(".")
+        same = [n.rpartition(".")[2] for n in known if n.rpartition(".")[0] == section]
+        close = difflib.get_close_matches(leaf, same, n=1) if same else []
+        if not same:
+            close = [c[2:] for c in difflib.get_close_matches(f"--{key}", [f"--{n}" for n in known], n=1)]
+            leaf, section = (close[0], "") if close else (leaf, section)
+        hint = f"; did you mean --{section + '.' if section else ''}{close[0]}?" if close else ""
+        if not hint and 0 < len(same) <= 16:
+            hint = f"; {section}'s fields: {', '.join(same)}"
+        where = f" for domain.type={domain}" if domain and key.startswith("domain.") else ""
+        bad.append(f"unknown config field --{key}{where}{hint}")
+    if not bad:
+        return f"invalid command-line overrides {overrides}: {fallback}"
+    return "; ".join(bad) + " (`wmrl config PRESET` lists every field)"
+
+
+def _with_suggestion(message: str, content: dict | None) -> str:
+    """Add the closest valid name to draccus's message about unknown fields of a YAML file."""
+    m = re.search(r"`([\w.]+)`: The fields `([^`]*)` are not valid for (\w+)", message)
+    if not m:
+        return message
+    section, fields, _ = m.groups()
+    known = [
+        n.rpartition(".")[2]
+        for n in _known_names(_selected_domain([], content))
+        if n.rpartition(".")[0] == section
+    ]
+    hints = [did_you_mean(f.strip(), known) for f in fields.split(",")]
+    return message + "".join(h for h in hints if h)
+
+
+def describe_config(cfg: Any) -> str:
+    """``cfg`` as commented YAML: every field with its value, the comment above its declaration
+    (read by draccus, the same text as ``--help``) and its default where the value differs. The
+    output is itself a valid preset."""
+    return "\n".join(_describe(cfg, 0)) + "\n"
+
+
+def _describe(obj: Any, depth: int) -> list[str]:
+    pad = "  " * depth
+    lines: list[str] = []
+    if isinstance(obj, DomainConfig):
+        lines.append(f"{pad}type: {DomainConfig.get_choice_name(type(obj))}")
+    for f in dataclasses.fields(obj):
+        doc = get_preferred_help_text(get_attribute_docstring(type(obj), f.name), HelpOrder.above)
+        if doc:
+            text = " ".join(doc.split())
+            lines += [f"{pad}# {line}" for line in textwrap.wrap(text, max(40, 100 - len(pad)))]
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            lines.append(f"{pad}{f.name}:")
+            lines += _describe(value, depth + 1)
+            continue
+        encoded = draccus.encode(value)
+        line = f"{f.name}: {_yaml_value(encoded)}"
+        default = _default_of(f)
+        if default is not dataclasses.MISSING and draccus.encode(default) != encoded:
+            line += f"  # default: {_yaml_value(draccus.encode(default))}"
+        lines.append(pad + line)
+    return lines
+
+
+def _yaml_value(value: Any) -> str:
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return text.removesuffix("...").strip()
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return dataclasses.MISSING

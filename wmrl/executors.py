@@ -158,7 +158,7 @@ class RayExecutor(Executor):
             if not ray.is_initialized():
                 kwargs = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
                 if address is None:
-                    ray.init(num_cpus=max(int(max_concurrent * num_cpus), 1), **kwargs)
+                    _start_local_ray(ray, num_cpus=max(int(max_concurrent * num_cpus), 1), **kwargs)
                 else:
                     _check_reachable(address)
                     ray.init(address=address, **kwargs)
@@ -202,6 +202,19 @@ class RayExecutor(Executor):
                     running.pop(ref)
                     out[i] = JobResult("timeout", error=f"cancelled after {self.timeout_s:g} s")
         return [r if r is not None else JobResult("cancelled") for r in out]
+
+
+def _start_local_ray(ray, attempts: int = 3, **kwargs) -> None:
+    """``ray.init`` of a local cluster, retried: Ray gives its raylet a fixed 30 s to register with
+    the GCS, which a loaded machine can miss ("The current node timed out during startup")."""
+    for attempt in range(attempts):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as e:
+            if "timed out during startup" not in str(e) or attempt == attempts - 1:
+                raise
+            ray.shutdown()
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

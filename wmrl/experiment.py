@@ -5,28 +5,124 @@ from __future__ import annotations
 import copy
 import json
 import math
+import tempfile
 from pathlib import Path
 from statistics import mean
 
-from wmrl.config import WM_METHODS, RunConfig, load_config
-from wmrl.tracking import read_metrics
+from wmrl.config import WM_METHODS, RunConfig, load_config, save_config, to_dict
+from wmrl.tracking import CHECKPOINT, RunDirError, _diff, prepare_run_dir, read_metrics
 
 
 def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
-    """Build the domain and train one run in ``cfg.out_dir``; returns the last step's metrics."""
+    """Build the domain and train one run in ``cfg.out_dir``; returns the last step's metrics.
+
+    The run directory is checked before anything is built: a fresh run needs an unused, writable
+    directory; a resumed one a checkpoint and steps left to train."""
     from wmrl.trainer import Trainer
 
+    out = Path(cfg.out_dir)
+    if resume:
+        _check_resumable(out, cfg)
+    else:
+        if comparison_runs(out):
+            raise RunDirError(f"{out} holds a comparison ({_runs_brief(out)}); choose another --out-dir")
+        writable_dir(out)
+        prepare_run_dir(out, resume=False)
     domain = cfg.domain.build(cfg)
     trainer = Trainer(cfg, domain, resume=resume)
     last = trainer.train()
-    (Path(cfg.out_dir) / "summary.json").write_text(json.dumps(last, indent=2))
+    if not last:  # killed after its last checkpoint but before summary.json: the last row is the summary
+        rows = read_metrics(out)
+        last = {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
+    if last:
+        (out / "summary.json").write_text(json.dumps(last, indent=2))
     return last
 
 
-def resume_run(run_dir: str | Path) -> dict[str, float]:
-    """Continue a killed run from its last checkpoint, with the config it was started with."""
-    cfg = load_config(Path(run_dir) / "config.yaml", [f"--out_dir={run_dir}"])
+def resume_run(run_dir: str | Path) -> dict:
+    """Continue a killed run (or comparison) from its last checkpoint, with the config it was
+    started with. Returns the run's last metrics, or the comparison's summary."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").exists():
+        if comparison_runs(run_dir):
+            raise RunDirError(
+                f"{run_dir} is the root of a comparison ({_runs_brief(run_dir)}) started before "
+                f"comparisons saved their config: rerun the command that started it with --out-dir "
+                f"{run_dir} to finish it (finished runs are kept, killed ones resume), or resume one run "
+                f"with --resume {comparison_runs(run_dir)[0]}"
+            )
+        raise RunDirError(f"cannot resume {run_dir}: it holds no run (no config.yaml)")
+    cfg = load_config(run_dir / "config.yaml", [f"--out_dir={run_dir}"])
+    if cfg.compare.methods:
+        return compare(cfg, resume=True)
     return train_run(cfg, resume=True)
+
+
+def _check_resumable(out: Path, cfg: RunConfig) -> None:
+    rows = read_metrics(out) if (out / "metrics.jsonl").exists() else []
+    done = rows and rows[-1].get("step", 0) >= cfg.grpo.steps and (out / "summary.json").exists()
+    if done:
+        raise RunDirError(
+            f"{out} already finished its grpo.steps={cfg.grpo.steps} steps (summary.json); nothing to "
+            "resume. To train further, start a new run (--out-dir) from a preset"
+        )
+    if not (out / CHECKPOINT).exists():
+        raise RunDirError(f"cannot resume {out}: it holds no checkpoint ({CHECKPOINT})")
+
+
+def writable_dir(path: Path) -> None:
+    """Create ``path`` (with its parents) and check that a file can be written there, or raise one
+    RunDirError that names the directory and why."""
+    for parent in [path, *path.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise RunDirError(f"out_dir={str(path)!r} cannot be created: {parent} is a file")
+            break
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise RunDirError(
+            f"out_dir={str(path)!r} is not a writable directory: {e.strerror} ({e.filename or path})"
+        ) from None
+
+
+def comparison_runs(root: Path) -> list[Path]:
+    """The run directories of a comparison rooted at ``root`` (``root/<method>/seed<k>``)."""
+    return sorted(p.parent for p in Path(root).glob("*/seed*/config.yaml"))
+
+
+def _runs_brief(root: Path) -> str:
+    runs = comparison_runs(root)
+    return f"{len(runs)} runs: {', '.join(str(r.relative_to(root)) for r in runs[:4])}" + (
+        ", ..." if len(runs) > 4 else ""
+    )
+
+
+# Fields that do not change a run's results: where it runs, how it reports.
+_BOOKKEEPING = ("out_dir", "executor", "torch_threads", "tracking.progress", "tracking.wandb")
+
+
+def _result_fields(cfg: RunConfig | dict) -> dict:
+    d = copy.deepcopy(cfg if isinstance(cfg, dict) else to_dict(cfg))
+    for key in _BOOKKEEPING:
+        section, _, leaf = key.rpartition(".")
+        (d.get(section, {}) if section else d).pop(leaf, None)
+    return d
+
+
+def _config_diffs(path: Path, want: RunConfig, extra_ignore: tuple[str, ...] = ()) -> list[str]:
+    """``field: there X vs now Y`` for every result-relevant field where the run config saved at
+    ``path`` differs from ``want``."""
+    import yaml
+
+    got = _result_fields(yaml.safe_load(path.read_text()) or {})
+    return [
+        f"{k}: {a!r} there vs {b!r} now"
+        for k, a, b in _diff(got, _result_fields(want))
+        if not k.startswith(extra_ignore)
+    ]
 
 
 def run_summary(run_dir: Path, threshold: float | None, metric: str) -> dict[str, float]:
@@ -52,25 +148,35 @@ def _mean_key(rows: list[dict], key: str) -> float:
     return mean(vals) if vals else math.nan
 
 
-def compare(cfg: RunConfig) -> dict:
+def compare(cfg: RunConfig, resume: bool = False) -> dict:
     """Train every ``cfg.compare.methods`` x ``cfg.compare.seeds`` run under ``cfg.out_dir/<method>/seed<k>``,
-    then write ``summary.json`` (means over seeds, plus per-seed values) and ``comparison.png``."""
+    then write ``summary.json`` (means over seeds, plus per-seed values) and ``comparison.png``.
+
+    The comparison's config is saved as ``config.yaml`` in its root. Running again into the same
+    root continues it (finished runs are kept, killed ones resume) if the config is the same, and is
+    refused, naming the fields that differ, if it is not."""
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     seeds = cfg.compare.seeds or [cfg.seed]
     methods = with_control(cfg.compare.methods)
-    per_seed: dict[str, list[dict]] = {}
+    plan = []
     for method in methods:
         for seed in seeds:
             run = copy.deepcopy(cfg)
             run.method, run.seed, run.out_dir = method, seed, str(out / method / f"seed{seed}")
             run.compare.methods, run.compare.seeds = [], []
-            if not (Path(run.out_dir) / "summary.json").exists():  # finished runs are kept, not redone
-                resume = (Path(run.out_dir) / "checkpoints" / "latest.pt").exists()
-                train_run(run, resume=resume)
-            per_seed.setdefault(method, []).append(
-                run_summary(Path(run.out_dir), cfg.compare.threshold, cfg.compare.threshold_metric)
-            )
+            plan.append(run)
+    _check_comparison_root(out, cfg, plan, resume)
+    writable_dir(out)
+    if not (out / "config.yaml").exists():
+        save_config(cfg, out / "config.yaml")
+    per_seed: dict[str, list[dict]] = {}
+    for run in plan:
+        run_dir = Path(run.out_dir)
+        if not (run_dir / "summary.json").exists():  # finished runs are kept, not redone
+            train_run(run, resume=(run_dir / CHECKPOINT).exists())
+        per_seed.setdefault(run.method, []).append(
+            run_summary(run_dir, cfg.compare.threshold, cfg.compare.threshold_metric)
+        )
     summary = {
         "methods": {m: _mean_dicts(v) | {"per_seed": v} for m, v in per_seed.items()},
         "seeds": seeds,
@@ -91,6 +197,27 @@ def with_control(methods: list[str]) -> list[str]:
     return [*methods[:at], "anchors_only", *methods[at:]]
 
 
+def _check_comparison_root(out: Path, cfg: RunConfig, plan: list[RunConfig], resume: bool) -> None:
+    """Refuse a root that holds a single run or a comparison with another config; refuse to resume a
+    comparison that has nothing left to do."""
+    if (out / "metrics.jsonl").exists() or (out / CHECKPOINT).exists():
+        raise RunDirError(f"{out} holds a single run, not a comparison; choose another --out-dir")
+    diffs = _config_diffs(out / "config.yaml", cfg) if (out / "config.yaml").exists() else []
+    for run in plan:  # roots written before comparisons saved their config, and hand-made ones
+        saved = Path(run.out_dir) / "config.yaml"
+        if not diffs and saved.exists():
+            diffs = [f"{run.method}/seed{run.seed}: {d}" for d in _config_diffs(saved, run, ("compare",))]
+    if diffs:
+        raise RunDirError(
+            f"{out} holds a comparison run with a different config ({'; '.join(diffs[:6])}"
+            f"{'; ...' if len(diffs) > 6 else ''}): choose another --out-dir, or run the same config "
+            "to finish it"
+        )
+    finished = all((Path(r.out_dir) / "summary.json").exists() for r in plan)
+    if resume and finished and (out / "summary.json").exists():
+        raise RunDirError(f"{out}: the comparison already finished (summary.json); nothing to resume")
+
+
 def _mean_dicts(rows: list[dict]) -> dict[str, float]:
     """Mean over seeds of each figure; a run that never reached the threshold counts as NaN."""
     keys = rows[0].keys()
@@ -99,10 +226,10 @@ def _mean_dicts(rows: list[dict]) -> dict[str, float]:
 
 def format_table(summary: dict) -> str:
     cols = ["final_true_reward", "real_executions", "steps_to_threshold", "update_error"]
-    head = f"{'method':<9}" + "".join(f"{c:>20}" for c in cols)
+    head = f"{'method':<13}" + "".join(f"{c:>20}" for c in cols)
     lines = [head, "-" * len(head)]
     for m, s in summary["methods"].items():
-        lines.append(f"{m:<9}" + "".join(f"{s[c]:>20.4f}" for c in cols))
+        lines.append(f"{m:<13}" + "".join(f"{s[c]:>20.4f}" for c in cols))
     return "\n".join(lines)
 
 

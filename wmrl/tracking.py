@@ -9,6 +9,7 @@ moves metric rows newer than the checkpoint to ``metrics.orphaned.jsonl`` instea
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 from wmrl.config import RunConfig, config_fingerprint, to_dict
 
 CHECKPOINT = "checkpoints/latest.pt"
+log = logging.getLogger("wmrl")
 
 
 class RunDirError(RuntimeError):
@@ -76,10 +78,27 @@ def _plain(v: Any) -> Any:
 
 
 def read_metrics(run_dir: Path | str) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
+    """The rows of ``metrics.jsonl``; a truncated last line (a run killed mid-write) is left out."""
+    return _read_rows(Path(run_dir) / "metrics.jsonl")[0]
+
+
+def _read_rows(path: Path) -> tuple[list[dict], str | None]:
+    """(rows, the truncated last line or None). A bad line before the last one is an error: that is
+    not a killed write but a damaged file, and guessing would lose data."""
     if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [], None
+    lines = path.read_text().splitlines()
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                return rows, line
+            raise RunDirError(f"{path}: line {i + 1} is not JSON ({e.msg}); repair or remove it") from None
+    return rows, None
 
 
 def prepare_run_dir(run_dir: Path, resume: bool) -> None:
@@ -98,12 +117,21 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> None:
 def trim_metrics_after(run_dir: Path, step: int) -> int:
     """Keep metric rows with ``step <= step`` in ``metrics.jsonl``; move later rows (logged after the
     last checkpoint by a run that was killed) to ``metrics.orphaned.jsonl``. Returns how many moved."""
-    rows = read_metrics(run_dir)
+    rows, truncated = _read_rows(run_dir / "metrics.jsonl")
+    if truncated is not None:
+        log.warning(
+            "%s: dropped its truncated last line (%d characters: %r), kept the %d rows before it",
+            run_dir / "metrics.jsonl",
+            len(truncated),
+            truncated[:60],
+            len(rows),
+        )
     keep = [r for r in rows if r["step"] <= step]
     moved = [r for r in rows if r["step"] > step]
-    if moved:
-        with open(run_dir / "metrics.orphaned.jsonl", "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in moved)
+    if moved or truncated is not None:
+        if moved:
+            with open(run_dir / "metrics.orphaned.jsonl", "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in moved)
         tmp = run_dir / "metrics.jsonl.tmp"
         tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
         os.replace(tmp, run_dir / "metrics.jsonl")

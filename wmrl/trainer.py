@@ -141,6 +141,10 @@ class Trainer:
         jobs = self.domain.execution_jobs(batch, anchor_rows.tolist()) if anchor_rows.numel() else []
         r_true = torch.full((batch.n_rollouts,), float("nan"))
         pred = None
+        if jobs and self.executor is None:
+            # Created here, in the calling (main) thread, never in the worker thread below: a local
+            # Ray cluster started from a thread that exits loses its GCS and raylet within seconds.
+            self.executor = make_executor(self.cfg.executor, self.cfg.anchors.max_concurrent)
         with ThreadPoolExecutor(max_workers=1) as pool:
             future = None
             if jobs:
@@ -316,8 +320,7 @@ class Trainer:
         return adv, used, out
 
     def _execute(self, jobs):
-        if self.executor is None:
-            self.executor = make_executor(self.cfg.executor, self.cfg.anchors.max_concurrent)
+        assert self.executor is not None, "the executor is created in the main thread (train_step)"
         return self.executor.run(jobs)
 
     def _correct(

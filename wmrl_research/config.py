@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from wmrl.config import ConfigError, DomainConfig
+from wmrl.config import ConfigError, DomainConfig, check_ids
 
 if TYPE_CHECKING:
     from wmrl.config import RunConfig
@@ -100,6 +100,8 @@ class ResearchConfig(DomainConfig):
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if self.train_tasks:  # checked here, before anything is built
+            check_ids("domain.train_tasks", self.train_tasks, task_ids(), "wmrl tasks research")
         if self.world_model not in WORLD_MODELS:
             raise ConfigError(
                 f"domain.world_model={self.world_model!r} is not one of {', '.join(WORLD_MODELS)}"
@@ -158,3 +160,12 @@ class ResearchConfig(DomainConfig):
         from wmrl_research.tasks import task_lines
 
         return task_lines()
+
+
+def task_ids() -> list[str]:
+    """Every task id (a task is a sub-package of ``wmrl_research.tasks``), without importing any task."""
+    import importlib.util
+    import pkgutil
+
+    spec = importlib.util.find_spec("wmrl_research.tasks")
+    return sorted(m.name for m in pkgutil.iter_modules(spec.submodule_search_locations) if m.ispkg)

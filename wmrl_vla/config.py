@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from wmrl.config import ConfigError, DomainConfig
+from wmrl.config import ConfigError, DomainConfig, check_ids
 
 if TYPE_CHECKING:
     from wmrl.config import RunConfig
@@ -96,6 +96,9 @@ class VLAConfig(DomainConfig):
     def __post_init__(self) -> None:
         if not self.tasks:
             raise ConfigError("domain.tasks is empty; list task ids (see `wmrl tasks vla`)")
+        from sims.registry import TASKS  # a static table: checked here, before anything is built
+
+        check_ids("domain.tasks", self.tasks, TASKS, "wmrl tasks vla")
         if self.policy not in POLICIES:
             raise ConfigError(f"domain.policy={self.policy!r} is not one of {', '.join(POLICIES)}")
         if self.world_model not in WORLD_MODELS:

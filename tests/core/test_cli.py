@@ -39,4 +39,7 @@ def test_run_single_and_resume_finished_run(tmp_path, capsys):
     assert main(["run", str(preset), "--out-dir", str(out), "--method=mix"]) == 0
     assert (out / "summary.json").exists() and (out / "config.yaml").exists()
     assert "eval/true_reward" in capsys.readouterr().out
-    assert main(["run", "--resume", str(out)]) == 0  # already at its last step: nothing more to do
+    summary = (out / "summary.json").read_bytes()
+    assert main(["run", "--resume", str(out)]) == 2  # already at its last step: nothing to resume
+    assert "already finished" in capsys.readouterr().err
+    assert (out / "summary.json").read_bytes() == summary  # not overwritten with {}

@@ -1,13 +1,14 @@
 import os
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 from executor_jobs import boom, pid_job, sleepy, span, square
 
-from wmrl.config import ExecutorConfig
 from wmrl.domain import Job
-from wmrl.executors import ExecutorError, InlineExecutor, ProcessPoolExecutor, RayExecutor, make_executor
+from wmrl.executors import InlineExecutor, ProcessPoolExecutor, RayExecutor
 
 
 def _jobs():
@@ -60,16 +61,12 @@ def test_inline_reports_errors_without_raising():
 
 
 @pytest.fixture(scope="module")
-def ray_executor():
+def ray_executor(ray_cluster):
     import executor_jobs
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(executor_jobs)  # Ray workers do not see the tests' sys.path
-    ex = RayExecutor(max_concurrent=2, timeout_s=5.0)
-    yield ex
-    import ray
-
-    ray.shutdown()
+    return RayExecutor(max_concurrent=2, timeout_s=5.0)
 
 
 def test_ray_same_semantics_as_process_pool(ray_executor):
@@ -80,11 +77,14 @@ def test_ray_same_semantics_as_process_pool(ray_executor):
 
 
 def test_unreachable_ray_cluster_is_a_clear_error():
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    with pytest.raises(
-        ExecutorError, match="could not start or reach a Ray cluster at address='127.0.0.1:1'"
-    ):
-        make_executor(ExecutorConfig(type="ray", ray_address="127.0.0.1:1"), 1)
+    # In a process of its own: this one may hold the session's Ray cluster, which an executor joins.
+    code = (
+        "from wmrl.config import ExecutorConfig\n"
+        "from wmrl.executors import ExecutorError, make_executor\n"
+        "try:\n"
+        "    make_executor(ExecutorConfig(type='ray', ray_address='127.0.0.1:1'), 1)\n"
+        "except ExecutorError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "could not start or reach a Ray cluster at address='127.0.0.1:1'" in out.stdout, out.stderr
