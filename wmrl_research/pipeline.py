@@ -272,7 +272,7 @@ def pretrain_world_model(
     )
     info_path = path.with_suffix(".json")
     if path.exists() and info_path.exists():
-        wm.load_state_dict_full(torch.load(path, weights_only=False))
+        wm.load_state_dict_full(torch.load(path, weights_only=True))
         return json.loads(info_path.read_text())
     tasks = {t.id: t for t in list_tasks()}
     examples = [wm_example(tasks[e.task_id], e, cfg.wm_input) for e in examples]

@@ -189,7 +189,7 @@ class ACTGaussianPolicy(GaussianActionHead):
 
     @classmethod
     def load(cls, path) -> ACTGaussianPolicy:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
         model = cls(ACTBridgeConfig(**ckpt["config"]))
         model.load_state_dict(ckpt["state_dict"])
         return model
