@@ -4,6 +4,7 @@ wmrl run PRESET [--out-dir DIR] [--grpo.group_size=8 --anchors.fraction=0.25 ...
 wmrl run --resume RUN_DIR
 wmrl tasks DOMAIN
 wmrl presets
+wmrl export RUN_DIR --out DIR [--adapter] [--push-to-hub REPO [--dry-run]]
 """
 
 from __future__ import annotations
@@ -52,6 +53,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tasks.add_argument("domain", help=f"one of: {', '.join(load_domains())}")
     sub.add_parser("presets", help="print the named presets", epilog=_epilog(), formatter_class=fmt)
+    export = sub.add_parser(
+        "export",
+        help="write a run's trained policy and world model as folders transformers / lerobot / "
+        "huggingface_hub load, with a model card",
+        description="Export RUN_DIR's last checkpoint to DIR (see wmrl/export.py for what each domain writes).",
+    )
+    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory")
+    export.add_argument(
+        "--adapter",
+        action="store_true",
+        help="LoRA research agents: write the peft adapter, not merged weights",
+    )
+    export.add_argument("--push-to-hub", metavar="REPO", help="then upload DIR to this Hub model repo")
+    export.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --push-to-hub: list what would be uploaded, upload nothing",
+    )
     return parser
 
 
@@ -67,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
             _tasks(args.domain)
         elif args.command == "run":
             _run(args, overrides)
+        elif args.command == "export":
+            if overrides:
+                raise ConfigError(f"wmrl export takes no overrides: {' '.join(overrides)}")
+            try:
+                _export(args)
+            except (OSError, ValueError) as e:  # e.g. offline push, a run whose domain cannot export
+                raise ConfigError(f"{type(e).__name__}: {e}") from e
     except (ConfigError, RuntimeError, FileNotFoundError) as e:
         print(f"wmrl: error: {e}", file=sys.stderr)
         return 2
@@ -103,6 +130,26 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     else:
         print(_brief(train_run(cfg)))
         print(f"run directory: {out_dir}")
+
+
+def _export(args: argparse.Namespace) -> None:
+    from wmrl.export import export_run, push_to_hub
+
+    if args.dry_run and not args.push_to_hub:
+        raise ConfigError("--dry-run goes with --push-to-hub REPO")
+    manifest = export_run(args.run_dir, args.out, adapter=args.adapter)
+    print(f"exported {manifest['domain']} run ({manifest['method']}, step {manifest['step']}) to {args.out}")
+    print(f"  policy: {manifest['policy']['format']}")
+    if manifest.get("world_model"):
+        print(f"  world model: {manifest['world_model']['format']}")
+    if args.push_to_hub:
+        ops = push_to_hub(args.out, args.push_to_hub, dry_run=args.dry_run)
+        verb = "would upload" if args.dry_run else "uploaded"
+        print(f"{verb} {len(ops)} files to {args.push_to_hub}:")
+        for op in ops:
+            print(
+                f"  {op.path_in_repo}  {op.upload_info.size} bytes  sha256 {op.upload_info.sha256.hex()[:12]}"
+            )
 
 
 def _brief(metrics: dict[str, float]) -> str:

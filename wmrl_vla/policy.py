@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 PAD_ID = 0
@@ -217,11 +218,22 @@ class TargetLocator(nn.Module):
         return {"logits": logits, "keypoint": kp, "xy": self.to_xy(kp)}
 
 
-class SmallVLA(nn.Module):
-    """Image + instruction + proprioception -> per-dimension action-bin logits."""
+class SmallVLA(
+    nn.Module,
+    PyTorchModelHubMixin,
+    library_name="wmrl",
+    tags=["wmrl", "robotics", "vision-language-action"],
+):
+    """Image + instruction + proprioception -> per-dimension action-bin logits.
 
-    def __init__(self, cfg: SmallVLAConfig) -> None:
+    ``save_pretrained(DIR)`` / ``SmallVLA.from_pretrained(DIR or hub repo)`` (huggingface_hub's
+    ``PyTorchModelHubMixin``) write and read ``model.safetensors`` + ``config.json`` (``{"cfg": ...}``).
+    """
+
+    def __init__(self, cfg: SmallVLAConfig | dict) -> None:
         super().__init__()
+        if isinstance(cfg, dict):  # from config.json (from_pretrained)
+            cfg = SmallVLAConfig(**cfg)
         self.cfg = cfg
         d = cfg.d_model
         self.tokenizer = InstructionTokenizer(cfg.vocab_size, cfg.max_words)
@@ -364,7 +376,7 @@ class SmallVLA(nn.Module):
 
     @classmethod
     def load(cls, path) -> SmallVLA:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
         # checkpoints from before the locator existed have none
         model = cls(SmallVLAConfig(**{"locator": False, **ckpt["config"]}))
         model.load_state_dict(ckpt["state_dict"])

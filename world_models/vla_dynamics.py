@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 FRAME_DECODERS = ("deterministic", "diffusion")
@@ -170,11 +171,17 @@ class Member(nn.Module):
         return z2, torch.sigmoid(out[:, 0]), out[:, 1]  # latent, progress, success logit
 
 
-class VLADynamics(nn.Module):
-    """The ensemble world model. See the module docstring."""
+class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["wmrl", "world-model"]):
+    """The ensemble world model. See the module docstring.
 
-    def __init__(self, cfg: VLADynamicsConfig) -> None:
+    ``save_pretrained(DIR)`` / ``VLADynamics.from_pretrained(DIR or hub repo)`` (huggingface_hub's
+    ``PyTorchModelHubMixin``): ``model.safetensors`` + ``config.json`` (``{"cfg": ...}``).
+    """
+
+    def __init__(self, cfg: VLADynamicsConfig | dict) -> None:
         super().__init__()
+        if isinstance(cfg, dict):  # from config.json (from_pretrained)
+            cfg = VLADynamicsConfig(**cfg)
         self.cfg = cfg
         chans = (16, 32, 64, 64)
         self.encoder = FrameEncoder(chans)
@@ -410,7 +417,7 @@ class VLADynamics(nn.Module):
 
     @classmethod
     def load(cls, path) -> VLADynamics:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
         model = cls(VLADynamicsConfig(**ckpt["config"]))
         model.load_state_dict(ckpt["state_dict"])
         return model
