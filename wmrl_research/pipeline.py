@@ -95,8 +95,16 @@ def _decoding_key(cfg: ResearchConfig) -> list[Any]:
     return [["search_constraint", "replace"]] if cfg.search_constraint_replace else [["search_constraint"]]
 
 
-def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout: list[Any], cache: Path):
-    """The policy after SFT (cached ``policy.pt``), and the SFT edit-validity figures."""
+def policy_cache(cfg: ResearchConfig, run: RunConfig) -> Path:
+    """The folder of the policy's cached stages (tokenizer, SFT checkpoint, execution log, WM)."""
+    train, _ = select_tasks(cfg)
+    return Path(cfg.cache_dir) / _key(_policy_fields(cfg, run, train))
+
+
+def untrained_policy(
+    cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout: list[Any], cache: Path
+) -> ResearchPolicy:
+    """The policy before SFT: tokenizer (trained once, cached under ``cache/tokenizer``), model, LoRA."""
     # Never held-out text (unless asked to): the tokenizer and SFT are both part of the policy.
     sft_tasks = train + (heldout if cfg.sft_include_heldout else [])
     tokenizer = None
@@ -129,8 +137,7 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
     )
     if cfg.lora:
         model = add_lora(model, r=cfg.lora_rank, alpha=2 * cfg.lora_rank)
-    # SFT and its validity figures below are unconstrained (sample() gets no sources there)
-    policy = ResearchPolicy(
+    return ResearchPolicy(
         model,
         tokenizer,
         temperature=cfg.temperature,
@@ -138,6 +145,13 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
         search_constraint=constrained(cfg),
         constrain_replace=cfg.search_constraint_replace,
     )
+
+
+def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout: list[Any], cache: Path):
+    """The policy after SFT (cached ``policy.pt``), and the SFT edit-validity figures."""
+    sft_tasks = train + (heldout if cfg.sft_include_heldout else [])
+    # SFT and its validity figures below are unconstrained (sample() gets no sources there)
+    policy = untrained_policy(cfg, run, train, heldout, cache)
     path = cache / "policy.pt"
     info_path = cache / "sft.json"
     if path.exists() and info_path.exists():

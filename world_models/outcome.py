@@ -259,6 +259,9 @@ class EncoderOutcomeModel(_ReplayTrainer):
         super().__init__(batch_size, lr, seed)
         if members < 1:
             raise ValueError(f"members={members} must be >= 1")
+        # what save_pretrained writes to config.json
+        self.arch = {"members": members, "dim": dim, "layers": layers, "heads": heads, "max_len": max_len,
+                     "var_floor": var_floor}  # fmt: skip
         self.tokenizer = tokenizer
         self.max_len = max_len
         self.var_floor = var_floor
@@ -337,6 +340,33 @@ class EncoderOutcomeModel(_ReplayTrainer):
             "var_scale": self.var_scale,
             **self.extra_state(),
         }
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """``model.safetensors`` (the members' weights), ``config.json`` and the tokenizer in ``path``:
+        what :meth:`predict` needs, without the replay data or the optimizer."""
+        from safetensors.torch import save_model
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        save_model(self, str(path / "model.safetensors"))
+        cfg = {"type": "encoder_outcome_model", **self.arch, "var_scale": self.var_scale}
+        (path / "config.json").write_text(json.dumps(cfg, indent=2))
+        self.tokenizer.save_pretrained(str(path))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> EncoderOutcomeModel:
+        """The model :meth:`save_pretrained` wrote (weights from safetensors, strictly), in eval mode."""
+        from safetensors.torch import load_model
+        from transformers import AutoTokenizer
+
+        path = Path(path)
+        cfg = json.loads((path / "config.json").read_text())
+        var_scale = float(cfg.pop("var_scale", 1.0))
+        cfg.pop("type", None)
+        model = cls(AutoTokenizer.from_pretrained(str(path)), **cfg)
+        load_model(model, str(path / "model.safetensors"), strict=True)
+        model.var_scale = var_scale
+        return model.eval()
 
     def load_state_dict_full(self, state: dict[str, Any]) -> None:
         self.load_state_dict(state["params"])
