@@ -112,7 +112,7 @@ def export_vla(
         lr = policy.lerobot_policy
         if cfg.policy == "lerobot_smolvla":
             vlm = Path(lr.config.vlm_model_name)
-            shutil.copytree(vlm, out / "vlm")
+            shutil.copytree(vlm, out / "vlm", ignore=shutil.ignore_patterns("wmrl_done"))
             lr.config.vlm_model_name = str((out / "vlm").resolve())
         lr.save_pretrained(out)
         files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
