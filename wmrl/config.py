@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -29,6 +30,8 @@ calibrates WM scores; `denoise` up-weights anchor advantages by w (residual on r
 does both (residual after calibration)."""
 
 EXECUTORS = ("process", "ray", "inline")
+# RunConfig.device: auto | cpu | cuda | cuda:N (resolved by wmrl.device.resolve_device)
+DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -242,6 +245,7 @@ class RunConfig:
     # Refine the WM on a step's anchors in a thread while the policy updates (the two are
     # independent). For bit-exact reruns both must draw randomness from their own generators.
     overlap_wm_update: bool = True
+    # Where the domain's models train and run: auto (CUDA when present) | cpu | cuda | cuda:N.
     device: str = "cpu"
     domain: DomainConfig = field(default_factory=_default_domain)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -255,6 +259,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         _one_of("method", self.method, METHODS)
         _check(self.torch_threads >= 1, f"torch_threads={self.torch_threads} must be >= 1")
+        _check(
+            DEVICE_RE.match(str(self.device)) is not None,
+            f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N",
+        )
         if self.method in ("mix", "debias", "denoise", "wmrl"):
             _check(
                 self.anchors.fraction > 0 or self.anchors.min_groups > 0,

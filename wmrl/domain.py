@@ -69,6 +69,21 @@ class RolloutBatch:
             extras={k: v[rows] for k, v in self.extras.items()},
         )
 
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The same batch with its tensors (``extras`` included) on ``device``; payload and tasks as they are."""
+        dev = torch.device(device)
+        if self.tokens.device == dev and all(v.device == dev for v in self.extras.values()):
+            return self
+        return RolloutBatch(
+            tokens=self.tokens.to(dev),
+            logprobs=self.logprobs.to(dev),
+            mask=self.mask.to(dev),
+            group_ids=self.group_ids.to(dev),
+            tasks=self.tasks,
+            payload=self.payload,
+            extras={k: v.to(dev) for k, v in self.extras.items()},
+        )
+
     @property
     def n_rollouts(self) -> int:
         return int(self.tokens.shape[0])

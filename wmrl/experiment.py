@@ -14,8 +14,10 @@ from wmrl.tracking import read_metrics
 
 def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
     """Build the domain and train one run in ``cfg.out_dir``; returns the last step's metrics."""
+    from wmrl.device import resolve_device
     from wmrl.trainer import Trainer
 
+    resolve_device(cfg.device)  # an unavailable device fails here, before any preparation
     domain = cfg.domain.build(cfg)
     trainer = Trainer(cfg, domain, resume=resume)
     last = trainer.train()

@@ -316,14 +316,17 @@ class SmallVLA(
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample one step: returns (bins ``[B, A]`` long, log-probs ``[B, A]`` of the sampled bins
-        under the *untempered* policy, continuous actions ``[B, A]``).
+        under the *untempered* policy, continuous actions ``[B, A]``), on the CPU.
 
         ``temperature`` 0 takes the argmax. The log-probs are those of the policy being trained
-        (temperature 1), which is what the clipped ratio compares against.
+        (temperature 1), which is what the clipped ratio compares against. Inputs may live on any
+        device (they move to the policy's); sampling draws from ``generator`` (a CPU generator), so a
+        seeded rollout samples the same bins on every device given the same logits.
         """
         if temperature < 0:
             raise ValueError(f"temperature={temperature} must be >= 0")
-        logits = self(images, states, instr)  # [B, A, K]
+        dev = self.centers.device
+        logits = self(images.to(dev), states.to(dev), instr.to(dev)).cpu()  # [B, A, K]
         if temperature == 0:
             bins = logits.argmax(-1)
         else:
@@ -331,7 +334,7 @@ class SmallVLA(
             bins = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
             bins = bins.reshape(logits.shape[:-1])
         logp = torch.log_softmax(logits, -1).gather(-1, bins.unsqueeze(-1)).squeeze(-1)
-        return bins, logp, self.centers[bins]
+        return bins, logp, self.centers.cpu()[bins]
 
     # ------------------------------------------------------------------ scoring
     def step_log_probs(

@@ -296,14 +296,16 @@ class EncoderOutcomeModel(_ReplayTrainer):
         return ids, mask
 
     def _member_preds(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        dev = self.members[0].tok.weight.device  # the model's device (--device); texts encode on the CPU
+        ids, mask = ids.to(dev), mask.to(dev)
         return torch.stack([m(ids, mask) for m in self.members])  # [K, B]
 
     def _loss(self, idx: torch.Tensor) -> torch.Tensor:
         ex = [self.examples[i] for i in idx.tolist()]
         ids, mask = self._encode([e.task_text for e in ex], [e.solution_text for e in ex])
-        y = torch.tensor([e.reward for e in ex], dtype=torch.float32)
-        w = self.boot[:, idx]  # [K, B]
         preds = self._member_preds(ids, mask)  # [K, B]
+        y = torch.tensor([e.reward for e in ex], dtype=torch.float32, device=preds.device)
+        w = self.boot[:, idx].to(preds.device)  # [K, B]
         return ((preds - y).pow(2) * w).sum() / w.sum().clamp(min=1)
 
     @torch.no_grad()
@@ -314,7 +316,7 @@ class EncoderOutcomeModel(_ReplayTrainer):
         means, vars_ = [], []
         for i in range(0, len(task_texts), batch_size):
             ids, mask = self._encode(task_texts[i : i + batch_size], solution_texts[i : i + batch_size])
-            p = self._member_preds(ids, mask)  # [K, B]
+            p = self._member_preds(ids, mask).cpu()  # [K, B]
             means.append(p.mean(0))
             spread = p.var(0, unbiased=False) if p.shape[0] > 1 else torch.zeros_like(p[0])
             vars_.append(self.var_scale * spread + self.var_floor)

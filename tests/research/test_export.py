@@ -165,3 +165,33 @@ def test_lora_run_exports_merged_weights_or_the_adapter(tmp_path):
         for m in (merged, adapted.eval()):
             got = m(input_ids=ids, attention_mask=mask, position_ids=pos).logits
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_research_models_and_update_batches_are_on_the_configured_device(tiny_run, tmp_path, monkeypatch):
+    """--device in the research domain: policy (SFT ran there), KL reference, outcome WM and every
+    learner batch on the configured device; the WM's predictions come back on the CPU."""
+    import wmrl.trainer as trainer_mod
+    from wmrl.device import resolve_device
+
+    cfg, domain, _, _ = tiny_run
+    cfg = load_config(
+        "research-debug",
+        [f"--domain.cache_dir={cfg.domain.cache_dir}", f"--out_dir={tmp_path / 'run'}", *TINY,
+         "--device=auto", "--grpo.steps=1", "--grpo.kl_coef=0.1"],
+    )  # fmt: skip
+    want = resolve_device(cfg.device)
+    seen, real = [], trainer_mod.grpo_update
+
+    def recording(policy, optimizer, batch, adv, used, *args, **kwargs):  # the real update still runs
+        seen.append({t.device for t in [batch.tokens, batch.mask, adv, used, *batch.extras.values()]})
+        return real(policy, optimizer, batch, adv, used, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_mod, "grpo_update", recording)
+    trainer = Trainer(cfg, domain)
+    trainer.train()
+    assert seen and all(s == {want} for s in seen)
+    for m in (domain.policy, trainer.reference, domain.world_model.model):
+        assert {p.device for p in m.parameters()} == {want}
+    ex = domain.world_model.log.load()[:4]
+    mean, var = domain.world_model.model.predict([e.task_text for e in ex], [e.solution_text for e in ex])
+    assert mean.device.type == var.device.type == "cpu"
