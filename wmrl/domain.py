@@ -72,7 +72,8 @@ class RolloutBatch:
     def to(self, device: torch.device | str) -> RolloutBatch:
         """The same batch with its tensors (``extras`` included) on ``device``; payload and tasks as they are."""
         dev = torch.device(device)
-        if self.tokens.device == dev and all(v.device == dev for v in self.extras.values()):
+        tensors = [self.tokens, self.logprobs, self.mask, self.group_ids, *self.extras.values()]
+        if all(t.device == dev for t in tensors):
             return self
         return RolloutBatch(
             tokens=self.tokens.to(dev),

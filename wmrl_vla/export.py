@@ -115,7 +115,9 @@ def export_vla(
             shutil.copytree(vlm, out / "vlm", ignore=shutil.ignore_patterns("wmrl_done"))
             lr.config.vlm_model_name = str((out / "vlm").resolve())
         lr.save_pretrained(out)
-        files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+        files = sorted(
+            p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p.name != "README.md"
+        )
         files += _save_gaussian_head(policy, out)
         cls = "ACTPolicy" if cfg.policy == "lerobot_act" else "SmolVLAPolicy"
         mod = "act.modeling_act" if cfg.policy == "lerobot_act" else "smolvla.modeling_smolvla"
