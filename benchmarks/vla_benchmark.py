@@ -153,6 +153,7 @@ def reeval(run_dirs: list[Path], episodes: int) -> dict:
     evaluation: the error of one evaluation of 40 episodes per task (about 5 points) is most of the
     seed-to-seed spread. Runs are grouped as ``<benchmark folder>/<method>``."""
     from wmrl.config import load_config
+    from wmrl.tracking import safe_load
 
     per_run: dict = {}
     sft: dict | None = None
@@ -168,7 +169,7 @@ def reeval(run_dirs: list[Path], episodes: int) -> dict:
             domain = cfg.domain.build(cfg)
             if sft is None:
                 sft = {k: v for k, v in domain.evaluate().items() if not k.endswith("_train")}
-            state = torch.load(d / "checkpoints" / "latest.pt", weights_only=False)
+            state = safe_load(d / "checkpoints" / "latest.pt")
             domain.policy.load_state_dict(state["policy"])
             res = {k: v for k, v in domain.evaluate().items() if not k.endswith("_train")}
             per_run[str(d)] = {"group": f"{d.parent.parent.name}/{d.parent.name}", "seed": cfg.seed,

@@ -5,6 +5,7 @@ wmrl run --resume RUN_DIR
 wmrl config PRESET [overrides]     # every field with its value and comment (also: wmrl run PRESET --help)
 wmrl tasks DOMAIN
 wmrl presets
+wmrl export RUN_DIR --out DIR [--adapter] [--push-to-hub REPO [--dry-run]]
 
 Every bad input ends in one line on stderr, ``wmrl: error: ...``, exit status 2, and nothing
 written before is touched.
@@ -77,6 +78,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tasks.add_argument("domain", help=f"one of: {', '.join(load_domains())}")
     sub.add_parser("presets", help="print the named presets", epilog=_epilog(), formatter_class=fmt)
+    export = sub.add_parser(
+        "export",
+        help="write a run's trained policy and world model as folders transformers / lerobot / "
+        "huggingface_hub load, with a model card",
+        description="Export RUN_DIR's last checkpoint to DIR (see wmrl/export.py for what each domain writes).",
+    )
+    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory")
+    export.add_argument(
+        "--adapter",
+        action="store_true",
+        help="LoRA research agents: write the peft adapter, not merged weights",
+    )
+    export.add_argument("--push-to-hub", metavar="REPO", help="then upload DIR to this Hub model repo")
+    export.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --push-to-hub: list what would be uploaded, upload nothing",
+    )
     return parser
 
 
@@ -102,6 +122,13 @@ def main(argv: list[str] | None = None) -> int:
             print(describe_config(load_config(args.preset, overrides)), end="")
         elif args.command == "run":
             _run(args, overrides)
+        elif args.command == "export":
+            if overrides:
+                raise ConfigError(f"wmrl export takes no overrides: {' '.join(overrides)}")
+            try:
+                _export(args)
+            except (OSError, ValueError) as e:  # e.g. offline push, a run whose domain cannot export
+                raise ConfigError(f"{type(e).__name__}: {e}") from e
     except (ConfigError, RuntimeError, FileNotFoundError) as e:
         print(f"wmrl: error: {e}", file=sys.stderr)
         return 2
@@ -171,6 +198,26 @@ def _refuse_ignored_overrides(cfg, overrides: list[str]) -> None:
                 f"--{name}={value} has no effect in a comparison (compare.{sweep}="
                 f"[{', '.join(map(str, swept))}]): pass --compare.{sweep}=[{value}] to run only it in the "
                 f"comparison, or --compare.methods=[] for one run with --{name}={value}"
+            )
+
+
+def _export(args: argparse.Namespace) -> None:
+    from wmrl.export import export_run, push_to_hub
+
+    if args.dry_run and not args.push_to_hub:
+        raise ConfigError("--dry-run goes with --push-to-hub REPO")
+    manifest = export_run(args.run_dir, args.out, adapter=args.adapter)
+    print(f"exported {manifest['domain']} run ({manifest['method']}, step {manifest['step']}) to {args.out}")
+    print(f"  policy: {manifest['policy']['format']}")
+    if manifest.get("world_model"):
+        print(f"  world model: {manifest['world_model']['format']}")
+    if args.push_to_hub:
+        ops = push_to_hub(args.out, args.push_to_hub, dry_run=args.dry_run)
+        verb = "would upload" if args.dry_run else "uploaded"
+        print(f"{verb} {len(ops)} files to {args.push_to_hub}:")
+        for op in ops:
+            print(
+                f"  {op.path_in_repo}  {op.upload_info.size} bytes  sha256 {op.upload_info.sha256.hex()[:12]}"
             )
 
 

@@ -40,6 +40,8 @@ WM_METHODS = ("wm", "mix", "debias", "denoise", "wmrl", "ppi")
 """The methods that query a world model."""
 
 EXECUTORS = ("process", "ray", "inline")
+# RunConfig.device: auto | cpu | cuda | cuda:N (resolved by wmrl.device.resolve_device)
+DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -291,6 +293,7 @@ class RunConfig:
     # Refine the WM on a step's anchors in a thread while the policy updates (the two are
     # independent). For bit-exact reruns both must draw randomness from their own generators.
     overlap_wm_update: bool = True
+    # Where the domain's models train and run: auto (CUDA when present) | cpu | cuda | cuda:N.
     device: str = "cpu"
     domain: DomainConfig = field(default_factory=_default_domain)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -305,6 +308,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         _one_of("method", self.method, METHODS)
         _check(self.torch_threads >= 1, f"torch_threads={self.torch_threads} must be >= 1")
+        _check(
+            DEVICE_RE.match(str(self.device)) is not None,
+            f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N",
+        )
         if self.method in ("anchors_only", "mix", "debias", "denoise", "wmrl", "ppi"):
             _check(
                 self.anchors.fraction > 0 or self.anchors.min_groups > 0,

@@ -81,6 +81,22 @@ class RolloutBatch:
             twin_of=self.twin_of,
         )
 
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The same batch with its tensors (``extras`` included) on ``device``; payload and tasks as they are."""
+        dev = torch.device(device)
+        tensors = [self.tokens, self.logprobs, self.mask, self.group_ids, *self.extras.values()]
+        if all(t.device == dev for t in tensors):
+            return self
+        return RolloutBatch(
+            tokens=self.tokens.to(dev),
+            logprobs=self.logprobs.to(dev),
+            mask=self.mask.to(dev),
+            group_ids=self.group_ids.to(dev),
+            tasks=self.tasks,
+            payload=self.payload,
+            extras={k: v.to(dev) for k, v in self.extras.items()},
+        )
+
     @property
     def n_rollouts(self) -> int:
         return int(self.tokens.shape[0])

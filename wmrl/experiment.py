@@ -18,8 +18,10 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
 
     The run directory is checked before anything is built: a fresh run needs an unused, writable
     directory; a resumed one a checkpoint and steps left to train."""
+    from wmrl.device import resolve_device
     from wmrl.trainer import Trainer
 
+    resolve_device(cfg.device)  # an unavailable device fails here, before any preparation
     out = Path(cfg.out_dir)
     if resume:
         _check_resumable(out, cfg)

@@ -139,13 +139,49 @@ def trim_metrics_after(run_dir: Path, step: int) -> int:
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """The process's RNG states as tensors and plain Python values, so a checkpoint holding them loads
+    with ``torch.load(..., weights_only=True)`` (numpy's state is a tuple with an array in it)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": (
+            str(name),
+            torch.from_numpy(keys.astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        ),
+        "python": random.getstate(),
+    }
 
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+    np.random.set_state((name, keys.astype(np.uint32), pos, has_gauss, cached))
     random.setstate(state["python"])
+
+
+def safe_load(path: Path | str, map_location: str | torch.device | None = "cpu") -> Any:
+    """``torch.load`` with ``weights_only=True``: tensors, plain containers and numbers, never code.
+
+    Checkpoints written before RNG states were stored as plain values hold numpy's state as an array;
+    the few numpy globals that rebuild an array (no code) are allowed for those. Anything else a
+    pickle names (a class, a function such as ``os.system``) is refused with
+    ``pickle.UnpicklingError``.
+    """
+    with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def _numpy_array_globals() -> list:
+    core = np._core if hasattr(np, "_core") else np.core  # numpy >= 2 : numpy 1
+    _reconstruct = core.multiarray._reconstruct
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+_NUMPY_ARRAY_GLOBALS = _numpy_array_globals()
 
 
 def save_checkpoint(run_dir: Path, cfg: RunConfig, state: dict) -> Path:
@@ -162,7 +198,7 @@ def load_checkpoint(run_dir: Path, cfg: RunConfig) -> dict:
     """Load the checkpoint and check it was written by a run with the same configuration."""
     path = run_dir / CHECKPOINT
     try:
-        state = torch.load(path, weights_only=False)
+        state = safe_load(path)
     except Exception as e:
         raise RunDirError(f"cannot read checkpoint {path}: {e}") from e
     want, got = config_fingerprint(cfg), state.get("fingerprint", {})

@@ -26,6 +26,7 @@ from wmrl.anchors import choose_anchor_groups
 from wmrl.config import RunConfig, save_config
 from wmrl.debias import OnlineDebiaser, centred_residual
 from wmrl.denoise import InverseVarianceDenoiser, normalise_weights, sample_weights
+from wmrl.device import module_device
 from wmrl.domain import Domain, Prediction, RolloutBatch
 from wmrl.executors import Executor, make_executor
 from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_gradient
@@ -196,13 +197,14 @@ class Trainer:
             wm_future = pool.submit(wm_update) if refine_wm and cfg.overlap_wm_update else None
             with timed("update"):
                 self.policy.train()
+                dev = module_device(self.policy)  # the domain put its policy on the run's device
                 metrics.update(
                     grpo_update(
                         self.policy,
                         self.optimizer,
-                        batch,
-                        adv,
-                        used,
+                        batch.to(dev),
+                        adv.to(dev),
+                        used.to(dev),
                         cfg.grpo,
                         self.reference,
                         self.update_gen,

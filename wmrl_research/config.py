@@ -10,11 +10,13 @@ tokenizer -> policy + SFT on knob-space edits -> execution log (SFT samples exec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from wmrl.config import ConfigError, DomainConfig, check_ids
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from wmrl.config import RunConfig
     from wmrl.domain import Domain
 
@@ -154,6 +156,13 @@ class ResearchConfig(DomainConfig):
         from wmrl_research.pipeline import build_domain
 
         return build_domain(self, run)
+
+    def export(self, run: RunConfig, state: dict, out: Path, adapter: bool = False) -> dict[str, Any]:
+        """``wmrl export``: the agent (transformers folder or LoRA adapter) and the outcome WM of a
+        run's checkpoint (wmrl_research.export)."""
+        from wmrl_research.export import export_research
+
+        return export_research(self, run, state, out, adapter)
 
     @classmethod
     def task_lines(cls) -> list[str]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from wmrl.device import module_device, resolve_device
 from wmrl.executors import make_executor
 from wmrl_research.agent import ResearchPolicy, add_lora, build_prompt, build_tokenizer, load_lm
 from wmrl_research.domain import (
@@ -95,8 +96,16 @@ def _decoding_key(cfg: ResearchConfig) -> list[Any]:
     return [["search_constraint", "replace"]] if cfg.search_constraint_replace else [["search_constraint"]]
 
 
-def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout: list[Any], cache: Path):
-    """The policy after SFT (cached ``policy.pt``), and the SFT edit-validity figures."""
+def policy_cache(cfg: ResearchConfig, run: RunConfig) -> Path:
+    """The folder of the policy's cached stages (tokenizer, SFT checkpoint, execution log, WM)."""
+    train, _ = select_tasks(cfg)
+    return Path(cfg.cache_dir) / _key(_policy_fields(cfg, run, train))
+
+
+def untrained_policy(
+    cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout: list[Any], cache: Path
+) -> ResearchPolicy:
+    """The policy before SFT: tokenizer (trained once, cached under ``cache/tokenizer``), model, LoRA."""
     # Never held-out text (unless asked to): the tokenizer and SFT are both part of the policy.
     sft_tasks = train + (heldout if cfg.sft_include_heldout else [])
     tokenizer = None
@@ -129,8 +138,7 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
     )
     if cfg.lora:
         model = add_lora(model, r=cfg.lora_rank, alpha=2 * cfg.lora_rank)
-    # SFT and its validity figures below are unconstrained (sample() gets no sources there)
-    policy = ResearchPolicy(
+    return ResearchPolicy(
         model,
         tokenizer,
         temperature=cfg.temperature,
@@ -138,10 +146,17 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
         search_constraint=constrained(cfg),
         constrain_replace=cfg.search_constraint_replace,
     )
+
+
+def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout: list[Any], cache: Path):
+    """The policy after SFT (cached ``policy.pt``), and the SFT edit-validity figures."""
+    sft_tasks = train + (heldout if cfg.sft_include_heldout else [])
+    # SFT and its validity figures below are unconstrained (sample() gets no sources there)
+    policy = untrained_policy(cfg, run, train, heldout, cache).to(resolve_device(run.device))
     path = cache / "policy.pt"
     info_path = cache / "sft.json"
     if path.exists() and info_path.exists():
-        policy.load_state_dict(torch.load(path, weights_only=True))
+        policy.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         return policy, json.loads(info_path.read_text())
     info: dict[str, Any] = {"params": policy.n_params(), "trainable_params": policy.n_params(True)}
     if cfg.sft_steps > 0:
@@ -178,12 +193,13 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
     info["validity_heldout"] = edit_validity(policy, heldout, 8, gen, cfg.edit_mode, cfg.prompt_style)
     _say(cfg, f"SFT edits apply: train {info['validity_train']['apply_fraction']:.2f}, "
          f"held-out {info['validity_heldout']['apply_fraction']:.2f}")  # fmt: skip
-    torch.save(policy.state_dict(), path)
+    torch.save({k: v.cpu() for k, v in policy.state_dict().items()}, path)
     info_path.write_text(json.dumps(info, indent=2))
     return policy, info
 
 
 def build_world_model(cfg: ResearchConfig, run: RunConfig, policy: ResearchPolicy):
+    """The outcome WM, untrained, on the policy's device."""
     if cfg.world_model == "encoder":
         return EncoderOutcomeModel(
             policy.tokenizer,
@@ -192,7 +208,7 @@ def build_world_model(cfg: ResearchConfig, run: RunConfig, policy: ResearchPolic
             batch_size=cfg.wm_batch_size,
             lr=cfg.wm_lr,
             seed=run.seed,
-        )
+        ).to(module_device(policy))
     # A causal LM of the policy's architecture, initialised from the SFT policy (shares the tokenizer).
     lm_model, tok = load_lm(
         cfg.policy,
@@ -209,7 +225,7 @@ def build_world_model(cfg: ResearchConfig, run: RunConfig, policy: ResearchPolic
         batch_size=cfg.wm_batch_size,
         lr=cfg.wm_lr,
         seed=run.seed,
-    )
+    ).to(module_device(policy))
 
 
 def build_execution_log(
@@ -272,7 +288,7 @@ def pretrain_world_model(
     )
     info_path = path.with_suffix(".json")
     if path.exists() and info_path.exists():
-        wm.load_state_dict_full(torch.load(path, weights_only=False))
+        wm.load_state_dict_full(torch.load(path, map_location="cpu", weights_only=True))
         return json.loads(info_path.read_text())
     tasks = {t.id: t for t in list_tasks()}
     examples = [wm_example(tasks[e.task_id], e, cfg.wm_input) for e in examples]

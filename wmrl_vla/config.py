@@ -8,11 +8,13 @@ record expert demos (LeRobot dataset) -> SFT of the policy -> world-model pretra
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from wmrl.config import ConfigError, DomainConfig, check_ids
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from wmrl.config import RunConfig
     from wmrl.domain import Domain
 
@@ -128,6 +130,12 @@ class VLAConfig(DomainConfig):
         from wmrl_vla.pipeline import build_domain
 
         return build_domain(self, run)
+
+    def export(self, run: RunConfig, state: dict, out: Path, adapter: bool = False) -> dict[str, Any]:
+        """``wmrl export``: the policy and the world model of a run's checkpoint (wmrl_vla.export)."""
+        from wmrl_vla.export import export_vla
+
+        return export_vla(self, run, state, out, adapter)
 
     @classmethod
     def task_lines(cls) -> list[str]:

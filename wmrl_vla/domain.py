@@ -92,7 +92,7 @@ class VLAWorldModel:
         prog, succ = self.model.score_actions(
             ex["init_images"], ex["init_states"], ex["actions"], ex["step_mask"].float()
         )  # [K, N, T]
-        scores = rollout_score(prog, succ)  # [K, N]
+        scores = rollout_score(prog.cpu(), succ.cpu())  # [K, N]
         var = scores.var(0, unbiased=False) if scores.shape[0] > 1 else None
         return Prediction(mean=scores.mean(0), var=var)
 

@@ -88,8 +88,10 @@ class GaussianActionHead(nn.Module):
         sampled actions ``[B, A]``); ``temperature`` scales the standard deviation (0: the mean)."""
         if temperature < 0:
             raise ValueError(f"temperature={temperature} must be >= 0")
-        mu = self.step_mean(images, states, instr)
-        log_std = self.clamped_log_std().expand_as(mu)
+        dev = self.log_std.device  # inputs move to the policy's device; outputs come back on the CPU
+        instr = instr.to(dev) if instr is not None else None
+        mu = self.step_mean(images.to(dev), states.to(dev), instr).cpu()
+        log_std = self.clamped_log_std().cpu().expand_as(mu)
         noise = torch.randn(mu.shape, generator=generator)
         a = mu + temperature * log_std.exp() * noise
         return torch.zeros_like(mu, dtype=torch.long), gaussian_log_prob(a, mu, log_std), a
@@ -117,7 +119,7 @@ class GaussianActionHead(nn.Module):
             j = idx[s : s + chunk]
             mu = self.step_mean(flat_img[j], flat_state[j], None if flat_instr is None else flat_instr[j])
             pieces.append(gaussian_log_prob(flat_act[j], mu, log_std.expand_as(mu)))
-        out = torch.zeros(n * t, a)
+        out = torch.zeros(n * t, a, device=actions.device)
         if pieces:
             out = out.index_put((idx,), torch.cat(pieces))
         return out.reshape(n, t * a)
@@ -189,7 +191,7 @@ class ACTGaussianPolicy(GaussianActionHead):
 
     @classmethod
     def load(cls, path) -> ACTGaussianPolicy:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
         model = cls(ACTBridgeConfig(**ckpt["config"]))
         model.load_state_dict(ckpt["state_dict"])
         return model
@@ -216,6 +218,9 @@ def sft_gaussian(
     if policy.uses_instr:
         instr = policy.tokenizer.encode([r["instruction"] for r in records])
         ins = torch.cat([instr[i : i + 1].expand(len(e["actions"]), -1) for i, e in enumerate(eps)])
+    dev = policy.log_std.device  # train where the policy lives (--device)
+    imgs, sts, acts = imgs.to(dev), sts.to(dev), acts.to(dev)
+    ins = ins.to(dev) if ins is not None else None
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr)
     hist = []

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from wmrl.device import DeviceError, resolve_device
 from wmrl_vla.domain import VLADomain, VLAWorldModel
 from wmrl_vla.policy import SmallVLA, SmallVLAConfig
 from wmrl_vla.sft import SFTConfig, sft
@@ -107,19 +108,25 @@ def _policy_fields(cfg: VLAConfig) -> dict[str, Any]:
     return fields
 
 
-def prepare_policy(cfg: VLAConfig, demos: list[dict]):
+def prepare_policy(cfg: VLAConfig, demos: list[dict], device: torch.device | str = "cpu"):
+    """The SFT policy on ``device`` (trained there once, then cached)."""
+    device = torch.device(device)
     fields = _policy_fields(cfg)
     path = Path(cfg.cache_dir) / f"sft-{_key(fields)}.pt"
     if cfg.policy == "lerobot_act":
-        return _prepare_act(cfg, demos, path, fields)
+        return _prepare_act(cfg, demos, path, fields, device)
     if cfg.policy == "lerobot_smolvla":
+        if device.type != "cpu":
+            raise DeviceError(
+                f"domain.policy=lerobot_smolvla runs on the CPU only (device={device}); use --device=cpu"
+            )
         return _prepare_smolvla(cfg, demos, path, fields)
     if cfg.policy != "small_vla":
         from wmrl_vla.config import POLICIES
 
         raise ValueError(f"domain.policy={cfg.policy!r} is not one of {', '.join(POLICIES)}")
     if path.exists():
-        return SmallVLA.load(path)
+        return SmallVLA.load(path).to(device)
     state_dim, action_dim = _dims(cfg.tasks)
     torch.manual_seed(cfg.demo_seed)
     policy = SmallVLA(
@@ -127,7 +134,7 @@ def prepare_policy(cfg: VLAConfig, demos: list[dict]):
             image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, n_bins=cfg.n_bins,
             d_model=cfg.d_model, n_layers=cfg.n_layers, locator=cfg.locator,
         )
-    )  # fmt: skip
+    ).to(device)  # fmt: skip
     t0 = time.perf_counter()
     if cfg.locator and cfg.sft_aux_goal > 0:
         demos = label_goals(list(demos), split=cfg.demo_split)
@@ -278,18 +285,18 @@ def dagger_records(
     return out
 
 
-def _prepare_act(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict):
+def _prepare_act(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict, device: torch.device):
     """lerobot ACT with a Gaussian head (see :mod:`wmrl_vla.lerobot_bridge`), cloned by max-likelihood."""
     from wmrl_vla.lerobot_bridge import ACTBridgeConfig, ACTGaussianPolicy
 
     if path.exists():
-        return ACTGaussianPolicy.load(path)
+        return ACTGaussianPolicy.load(path).to(device)
     state_dim, action_dim = _dims(cfg.tasks)
     torch.manual_seed(cfg.demo_seed)
     policy = ACTGaussianPolicy(
         ACTBridgeConfig(image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, dim_model=cfg.d_model,
                         n_encoder_layers=cfg.n_layers)
-    )  # fmt: skip
+    ).to(device)  # fmt: skip
     return _sft_gaussian_and_save(cfg, policy, demos, path, fields)
 
 
@@ -371,8 +378,11 @@ def prepare_policy_rollouts(cfg: VLAConfig, policy) -> list[dict]:
     return load_episodes(root, ROLLOUT_REPO)
 
 
-def prepare_world_model(cfg: VLAConfig, episodes: list[dict]) -> tuple[VLADynamics, dict[str, float]]:
-    """Pretrain (once) the world model on demos + SFT-policy rollouts; quality on held-out episodes."""
+def prepare_world_model(
+    cfg: VLAConfig, episodes: list[dict], device: torch.device | str = "cpu"
+) -> tuple[VLADynamics, dict[str, float]]:
+    """Pretrain (once) the world model on demos + SFT-policy rollouts, on ``device``; quality on
+    held-out episodes."""
     fields = {**_rollout_fields(cfg), "world_model": cfg.world_model, "wm_members": cfg.wm_members,
               "wm_latent_dim": cfg.wm_latent_dim, "wm_train_steps": cfg.wm_train_steps,
               "wm_batch_size": cfg.wm_batch_size, "wm_horizon": cfg.wm_horizon, "wm_lr": cfg.wm_lr,
@@ -381,7 +391,7 @@ def prepare_world_model(cfg: VLAConfig, episodes: list[dict]) -> tuple[VLADynami
     qpath = path.with_suffix(".json")
     if path.exists():
         quality = json.loads(qpath.read_text()) if qpath.exists() else {}
-        return VLADynamics.load(path), quality
+        return VLADynamics.load(path).to(device), quality
     state_dim, action_dim = _dims(cfg.tasks)
     torch.manual_seed(cfg.demo_seed + 1)
     model = VLADynamics(
@@ -389,7 +399,7 @@ def prepare_world_model(cfg: VLAConfig, episodes: list[dict]) -> tuple[VLADynami
             image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, latent_dim=cfg.wm_latent_dim,
             n_members=cfg.wm_members, frame_decoder=cfg.world_model, diffusion_steps=cfg.diffusion_steps,
         )
-    )  # fmt: skip
+    ).to(device)  # fmt: skip
     # hold out every 10th episode to measure quality
     held = [e for i, e in enumerate(episodes) if i % 10 == 9] or episodes[-1:]
     train = [e for i, e in enumerate(episodes) if i % 10 != 9] or episodes
@@ -408,10 +418,11 @@ def prepare_world_model(cfg: VLAConfig, episodes: list[dict]) -> tuple[VLADynami
 
 def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
     torch.set_num_threads(run.torch_threads)
+    device = resolve_device(run.device)  # policy, SFT, world model, imagination and evaluation run there
     records = prepare_demos(cfg)
-    policy = prepare_policy(cfg, records)
+    policy = prepare_policy(cfg, records, device)
     episodes = episodes_from_records(records) + episodes_from_records(prepare_policy_rollouts(cfg, policy))
-    model, quality = prepare_world_model(cfg, episodes)
+    model, quality = prepare_world_model(cfg, episodes, device)
     out = Path(run.out_dir)
     if quality:
         out.mkdir(parents=True, exist_ok=True)

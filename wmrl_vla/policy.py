@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 PAD_ID = 0
@@ -217,11 +218,22 @@ class TargetLocator(nn.Module):
         return {"logits": logits, "keypoint": kp, "xy": self.to_xy(kp)}
 
 
-class SmallVLA(nn.Module):
-    """Image + instruction + proprioception -> per-dimension action-bin logits."""
+class SmallVLA(
+    nn.Module,
+    PyTorchModelHubMixin,
+    library_name="wmrl",
+    tags=["wmrl", "robotics", "vision-language-action"],
+):
+    """Image + instruction + proprioception -> per-dimension action-bin logits.
 
-    def __init__(self, cfg: SmallVLAConfig) -> None:
+    ``save_pretrained(DIR)`` / ``SmallVLA.from_pretrained(DIR or hub repo)`` (huggingface_hub's
+    ``PyTorchModelHubMixin``) write and read ``model.safetensors`` + ``config.json`` (``{"cfg": ...}``).
+    """
+
+    def __init__(self, cfg: SmallVLAConfig | dict) -> None:
         super().__init__()
+        if isinstance(cfg, dict):  # from config.json (from_pretrained)
+            cfg = SmallVLAConfig(**cfg)
         self.cfg = cfg
         d = cfg.d_model
         self.tokenizer = InstructionTokenizer(cfg.vocab_size, cfg.max_words)
@@ -304,14 +316,17 @@ class SmallVLA(nn.Module):
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample one step: returns (bins ``[B, A]`` long, log-probs ``[B, A]`` of the sampled bins
-        under the *untempered* policy, continuous actions ``[B, A]``).
+        under the *untempered* policy, continuous actions ``[B, A]``), on the CPU.
 
         ``temperature`` 0 takes the argmax. The log-probs are those of the policy being trained
-        (temperature 1), which is what the clipped ratio compares against.
+        (temperature 1), which is what the clipped ratio compares against. Inputs may live on any
+        device (they move to the policy's); sampling draws from ``generator`` (a CPU generator), so a
+        seeded rollout samples the same bins on every device given the same logits.
         """
         if temperature < 0:
             raise ValueError(f"temperature={temperature} must be >= 0")
-        logits = self(images, states, instr)  # [B, A, K]
+        dev = self.centers.device
+        logits = self(images.to(dev), states.to(dev), instr.to(dev)).cpu()  # [B, A, K]
         if temperature == 0:
             bins = logits.argmax(-1)
         else:
@@ -319,7 +334,7 @@ class SmallVLA(nn.Module):
             bins = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
             bins = bins.reshape(logits.shape[:-1])
         logp = torch.log_softmax(logits, -1).gather(-1, bins.unsqueeze(-1)).squeeze(-1)
-        return bins, logp, self.centers[bins]
+        return bins, logp, self.centers.cpu()[bins]
 
     # ------------------------------------------------------------------ scoring
     def step_log_probs(
@@ -364,7 +379,7 @@ class SmallVLA(nn.Module):
 
     @classmethod
     def load(cls, path) -> SmallVLA:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
         # checkpoints from before the locator existed have none
         model = cls(SmallVLAConfig(**{"locator": False, **ckpt["config"]}))
         model.load_state_dict(ckpt["state_dict"])

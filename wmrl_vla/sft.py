@@ -115,7 +115,8 @@ def sft(
     from tqdm.auto import tqdm
 
     cfg = cfg or SFTConfig()
-    data = flatten_demos(records, policy)
+    dev = policy.centers.device  # train where the policy lives (--device)
+    data = {k: v.to(dev) for k, v in flatten_demos(records, policy).items()}
     n = data["bins"].shape[0]
     g = torch.Generator().manual_seed(cfg.seed)
     params = list(policy.parameters())
@@ -126,7 +127,7 @@ def sft(
         hook = policy.locator.register_forward_hook(lambda m, i, o: feats.append(o))
     elif cfg.aux_goal > 0:
         d = policy.cfg.d_model
-        aux_head = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 2))
+        aux_head = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, 2)).to(dev)
         params += list(aux_head.parameters())
         hook = policy.image_enc.register_forward_hook(lambda m, i, o: feats.append(o[1][:, 0]))
         g_mean, g_std = data["goal"].mean(0), data["goal"].std(0).clamp(min=1e-3)

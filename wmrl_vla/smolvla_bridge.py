@@ -357,7 +357,7 @@ class SmolVLAGaussianPolicy(GaussianActionHead):
     def load(cls, path, vlm_cache_dir: str | None = None) -> SmolVLAGaussianPolicy:
         """Rebuild from a checkpoint; the local SmolVLM directory is rewritten if missing (optionally
         under ``vlm_cache_dir`` instead of the saved one)."""
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
         c = dict(ckpt["config"])
         if vlm_cache_dir is not None:
             c["vlm_cache_dir"] = vlm_cache_dir

@@ -259,6 +259,9 @@ class EncoderOutcomeModel(_ReplayTrainer):
         super().__init__(batch_size, lr, seed)
         if members < 1:
             raise ValueError(f"members={members} must be >= 1")
+        # what save_pretrained writes to config.json
+        self.arch = {"members": members, "dim": dim, "layers": layers, "heads": heads, "max_len": max_len,
+                     "var_floor": var_floor}  # fmt: skip
         self.tokenizer = tokenizer
         self.max_len = max_len
         self.var_floor = var_floor
@@ -293,14 +296,16 @@ class EncoderOutcomeModel(_ReplayTrainer):
         return ids, mask
 
     def _member_preds(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        dev = self.members[0].tok.weight.device  # the model's device (--device); texts encode on the CPU
+        ids, mask = ids.to(dev), mask.to(dev)
         return torch.stack([m(ids, mask) for m in self.members])  # [K, B]
 
     def _loss(self, idx: torch.Tensor) -> torch.Tensor:
         ex = [self.examples[i] for i in idx.tolist()]
         ids, mask = self._encode([e.task_text for e in ex], [e.solution_text for e in ex])
-        y = torch.tensor([e.reward for e in ex], dtype=torch.float32)
-        w = self.boot[:, idx]  # [K, B]
         preds = self._member_preds(ids, mask)  # [K, B]
+        y = torch.tensor([e.reward for e in ex], dtype=torch.float32, device=preds.device)
+        w = self.boot[:, idx].to(preds.device)  # [K, B]
         return ((preds - y).pow(2) * w).sum() / w.sum().clamp(min=1)
 
     @torch.no_grad()
@@ -311,7 +316,7 @@ class EncoderOutcomeModel(_ReplayTrainer):
         means, vars_ = [], []
         for i in range(0, len(task_texts), batch_size):
             ids, mask = self._encode(task_texts[i : i + batch_size], solution_texts[i : i + batch_size])
-            p = self._member_preds(ids, mask)  # [K, B]
+            p = self._member_preds(ids, mask).cpu()  # [K, B]
             means.append(p.mean(0))
             spread = p.var(0, unbiased=False) if p.shape[0] > 1 else torch.zeros_like(p[0])
             vars_.append(self.var_scale * spread + self.var_floor)
@@ -337,6 +342,33 @@ class EncoderOutcomeModel(_ReplayTrainer):
             "var_scale": self.var_scale,
             **self.extra_state(),
         }
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """``model.safetensors`` (the members' weights), ``config.json`` and the tokenizer in ``path``:
+        what :meth:`predict` needs, without the replay data or the optimizer."""
+        from safetensors.torch import save_model
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        save_model(self, str(path / "model.safetensors"))
+        cfg = {"type": "encoder_outcome_model", **self.arch, "var_scale": self.var_scale}
+        (path / "config.json").write_text(json.dumps(cfg, indent=2))
+        self.tokenizer.save_pretrained(str(path))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> EncoderOutcomeModel:
+        """The model :meth:`save_pretrained` wrote (weights from safetensors, strictly), in eval mode."""
+        from safetensors.torch import load_model
+        from transformers import AutoTokenizer
+
+        path = Path(path)
+        cfg = json.loads((path / "config.json").read_text())
+        var_scale = float(cfg.pop("var_scale", 1.0))
+        cfg.pop("type", None)
+        model = cls(AutoTokenizer.from_pretrained(str(path)), **cfg)
+        load_model(model, str(path / "model.safetensors"), strict=True)
+        model.var_scale = var_scale
+        return model.eval()
 
     def load_state_dict_full(self, state: dict[str, Any]) -> None:
         self.load_state_dict(state["params"])

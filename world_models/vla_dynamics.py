@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 FRAME_DECODERS = ("deterministic", "diffusion")
@@ -170,11 +171,17 @@ class Member(nn.Module):
         return z2, torch.sigmoid(out[:, 0]), out[:, 1]  # latent, progress, success logit
 
 
-class VLADynamics(nn.Module):
-    """The ensemble world model. See the module docstring."""
+class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["wmrl", "world-model"]):
+    """The ensemble world model. See the module docstring.
 
-    def __init__(self, cfg: VLADynamicsConfig) -> None:
+    ``save_pretrained(DIR)`` / ``VLADynamics.from_pretrained(DIR or hub repo)`` (huggingface_hub's
+    ``PyTorchModelHubMixin``): ``model.safetensors`` + ``config.json`` (``{"cfg": ...}``).
+    """
+
+    def __init__(self, cfg: VLADynamicsConfig | dict) -> None:
         super().__init__()
+        if isinstance(cfg, dict):  # from config.json (from_pretrained)
+            cfg = VLADynamicsConfig(**cfg)
         self.cfg = cfg
         chans = (16, 32, 64, 64)
         self.encoder = FrameEncoder(chans)
@@ -209,15 +216,20 @@ class VLADynamics(nn.Module):
             self.scheduler = DDIMScheduler(num_train_timesteps=cfg.diffusion_train_timesteps)
             self.scheduler.set_timesteps(cfg.diffusion_steps)
 
+    @property
+    def device(self) -> torch.device:
+        return self.to_latent[0].weight.device
+
     # ------------------------------------------------------------------ observe
     def observe(self, images: torch.Tensor, states: torch.Tensor):
         """First frame ``[B, 3, H, W]`` uint8 + state ``[B, S]`` -> (z ``[B, D]``, context)."""
         s = self.cfg.image_size
         if images.dim() != 4 or images.shape[1:] != (3, s, s):
             raise ValueError(f"images have shape {tuple(images.shape)}, expected [B, 3, {s}, {s}]")
-        frame0 = _to_unit(images)
+        dev = self.device
+        frame0 = _to_unit(images.to(dev))
         maps = self.encoder(frame0)
-        z = self.to_latent(torch.cat([maps[-1].flatten(1), states.float()], -1))
+        z = self.to_latent(torch.cat([maps[-1].flatten(1), states.to(dev).float()], -1))
         return z, (maps, frame0)
 
     # ------------------------------------------------------------------ decoding
@@ -238,7 +250,7 @@ class VLADynamics(nn.Module):
             return _to_uint8(self.decoder.decode(z, prepared))
         _, frame0 = context
         cond = self.cond_proj(z)
-        x = torch.randn(frame0.shape, generator=generator)
+        x = torch.randn(frame0.shape, generator=generator).to(frame0.device)
         for t in self.scheduler.timesteps:
             eps = self.unet(torch.cat([x, frame0], 1), t, class_labels=cond).sample
             x = self.scheduler.step(eps, t, x).prev_sample
@@ -248,7 +260,7 @@ class VLADynamics(nn.Module):
         """Epsilon-prediction loss of the UNet on target frames ``[B, 3, H, W]`` in [-1, 1]."""
         _, frame0 = context
         noise = torch.randn_like(target)
-        t = torch.randint(0, self.cfg.diffusion_train_timesteps, (target.shape[0],))
+        t = torch.randint(0, self.cfg.diffusion_train_timesteps, (target.shape[0],), device=target.device)
         noisy = self.scheduler.add_noise(target, noise, t)
         eps = self.unet(torch.cat([noisy, frame0], 1), t, class_labels=self.cond_proj(z.detach())).sample
         return F.mse_loss(eps, noise)
@@ -261,9 +273,10 @@ class VLADynamics(nn.Module):
 
         images ``[B, 3, H, W]`` uint8 and states ``[B, S]``: the first observation; actions
         ``[B, T, A]``; mask ``[B, T]`` (1 on real steps). Returns progress ``[K, B, T]`` and success
-        probabilities ``[K, B, T]`` (0 after the mask ends).
+        probabilities ``[K, B, T]`` (0 after the mask ends), on the model's device.
         """
         z0, _ = self.observe(images, states)
+        actions, mask = actions.to(z0.device), mask.to(z0.device)
         progs, succs = [], []
         for m in self.members:
             z, p_k, s_k = z0, [], []
@@ -295,24 +308,26 @@ class VLADynamics(nn.Module):
 
         Returns ``images`` ``[B, T, 3, H, W]`` (the frames the policy saw), ``states`` ``[B, T, S]``,
         ``actions`` ``[B, T, A]``, ``progress`` / ``success`` ``[B, T]`` (the member's predictions
-        after each action) and ``mask`` ``[B, T]``.
+        after each action) and ``mask`` ``[B, T]``, all on the CPU. The model runs on its own device;
+        ``policy`` gets frames and states there and may return actions on any device.
         """
         b = images.shape[0]
         k = self.cfg.n_members
-        members = torch.arange(b) % k if members is None else members
+        dev = self.device
+        members = torch.arange(b, device=dev) % k if members is None else members.to(dev)
         z, context = self.observe(images, states)
         prepared = self.decoder.prepare(*context) if self.unet is None else None
-        frame, state = images, states.float()
-        alive = torch.ones(b, dtype=torch.bool)
+        frame, state = images.to(dev), states.to(dev).float()
+        alive = torch.ones(b, dtype=torch.bool, device=dev)
         out = {n: [] for n in ("images", "states", "actions", "progress", "success", "mask")}
         for t in range(horizon):
             out["images"].append(frame)
             out["states"].append(state)
             out["mask"].append(alive.float())
-            a = policy(frame, state, t).float()  # [B, A]
+            a = policy(frame, state, t).to(dev).float()  # [B, A]
             z_next = torch.empty_like(z)
-            prog = torch.empty(b)
-            succ = torch.empty(b)
+            prog = torch.empty(b, device=dev)
+            succ = torch.empty(b, device=dev)
             for j, m in enumerate(self.members):
                 sel = (members == j).nonzero().squeeze(-1)
                 if sel.numel():
@@ -331,10 +346,12 @@ class VLADynamics(nn.Module):
                 for _ in range(t + 1, horizon):
                     for n in out:
                         out[n].append(
-                            out[n][-1] if n not in ("mask", "progress", "success") else torch.zeros(b)
+                            out[n][-1]
+                            if n not in ("mask", "progress", "success")
+                            else torch.zeros(b, device=dev)
                         )
                 break
-        return {n: torch.stack(v, 1) for n, v in out.items()}
+        return {n: torch.stack(v, 1).cpu() for n, v in out.items()}
 
     # ------------------------------------------------------------------ training
     def loss(
@@ -356,7 +373,11 @@ class VLADynamics(nn.Module):
         losses = {"frame": 0.0, "state": 0.0, "progress": 0.0, "success": 0.0, "diffusion": 0.0}
         n_members = len(self.members)
         for j, m in enumerate(self.members):
-            rows = torch.arange(b) if member_ids is None else (member_ids == j).nonzero().squeeze(-1)
+            rows = (
+                torch.arange(b, device=z0.device)
+                if member_ids is None
+                else (member_ids.to(z0.device) == j).nonzero().squeeze(-1)
+            )
             if rows.numel() == 0:
                 continue
             z = z0[rows]
@@ -410,7 +431,7 @@ class VLADynamics(nn.Module):
 
     @classmethod
     def load(cls, path) -> VLADynamics:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
         model = cls(VLADynamicsConfig(**ckpt["config"]))
         model.load_state_dict(ckpt["state_dict"])
         return model
@@ -525,7 +546,7 @@ def train_dynamics(
     it = tqdm(range(steps), desc="world model", disable=not progress)
     k = model.cfg.n_members
     for _ in it:
-        batch = sample_windows(episodes, batch_size, horizon, rng)
+        batch = {n: v.to(model.device) for n, v in sample_windows(episodes, batch_size, horizon, rng).items()}
         member_ids = torch.from_numpy(rng.integers(k, size=batch_size)) if k > 1 else None
         loss, _ = model.loss(batch, member_ids)
         opt.zero_grad()
@@ -567,7 +588,7 @@ def evaluate_dynamics(
     """
     model.eval()
     rng = np.random.default_rng(seed)
-    w = sample_windows(episodes, max_windows, horizon, rng)
+    w = {n: v.to(model.device) for n, v in sample_windows(episodes, max_windows, horizon, rng).items()}
     z, ctx = model.observe(w["images"][:, 0], w["states"][:, 0])
     member = model.members[0]
     mse_steps, state_mse1 = [], None
@@ -611,7 +632,7 @@ def evaluate_dynamics(
     imgs = torch.from_numpy(np.stack([e["images"][0] for e in eps]))
     sts = torch.from_numpy(np.stack([e["states"][0] for e in eps]))
     prog, succ = model.score_actions(imgs, sts, acts, mask)
-    scores = rollout_score(prog, succ)  # [K, E]
+    scores = rollout_score(prog.cpu(), succ.cpu())  # [K, E]
     mean, var = (
         scores.mean(0),
         scores.var(0, unbiased=False) if scores.shape[0] > 1 else torch.zeros(len(eps)),

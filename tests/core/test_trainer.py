@@ -136,8 +136,8 @@ def test_killed_run_resumes_to_the_same_state(tmp_path):
     assert 12 <= n_before < 30, "the kill must land part-way"
     assert _run_cli(["run", "--resume", str(run)]).wait(timeout=300) == 0
 
-    a = torch.load(ref / CHECKPOINT, weights_only=False)
-    b = torch.load(run / CHECKPOINT, weights_only=False)
+    a = torch.load(ref / CHECKPOINT, weights_only=True)
+    b = torch.load(run / CHECKPOINT, weights_only=True)
     assert a["step"] == b["step"] == 30
     assert torch.equal(a["policy"]["theta"], b["policy"]["theta"])
     assert a["debiaser"] == b["debiaser"] and a["denoiser"] == b["denoiser"]

@@ -1,0 +1,168 @@
+"""Export a VLA run (``wmrl export``; the core's hook is :meth:`wmrl_vla.config.VLAConfig.export`).
+
+The policy and the world model are rebuilt from the run's config (the architectures the pipeline
+builds, see :mod:`wmrl_vla.pipeline`) and filled from the run's last checkpoint, strictly: a key
+missing or left over is an error, never a silently random weight. Written:
+
+- ``small_vla``: ``DIR/model.safetensors`` + ``DIR/config.json``; ``SmallVLA.from_pretrained(DIR)``.
+- ``lerobot_act``: ``DIR`` is lerobot's own policy folder (``ACTPolicy.from_pretrained(DIR)``: ACT's
+  deterministic action, the Gaussian's mean), and ``DIR/gaussian_head.safetensors`` holds the
+  learnable ``log_std`` of the bridge's Gaussian; ``DIR/wmrl_bridge.json`` its config.
+- ``lerobot_smolvla``: ``DIR`` is lerobot's SmolVLA policy folder with the local SmolVLM
+  directory it was built around copied to ``DIR/vlm`` (``vlm_model_name`` points there), plus the
+  Gaussian head as above.
+- the world model: ``DIR/world_model/{model.safetensors,config.json}``; ``VLADynamics.from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from wmrl.config import RunConfig
+    from wmrl_vla.config import VLAConfig
+
+
+def build_policy(cfg: VLAConfig):
+    """The run's policy architecture, untrained (the same constructor arguments as the pipeline's)."""
+    from wmrl_vla.pipeline import _dims
+
+    state_dim, action_dim = _dims(cfg.tasks)
+    if cfg.policy == "small_vla":
+        from wmrl_vla.policy import SmallVLA, SmallVLAConfig
+
+        return SmallVLA(
+            SmallVLAConfig(
+                image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, n_bins=cfg.n_bins,
+                d_model=cfg.d_model, n_layers=cfg.n_layers, locator=cfg.locator,
+            )
+        )  # fmt: skip
+    if cfg.policy == "lerobot_act":
+        from wmrl_vla.lerobot_bridge import ACTBridgeConfig, ACTGaussianPolicy
+
+        return ACTGaussianPolicy(
+            ACTBridgeConfig(image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim,
+                            dim_model=cfg.d_model, n_encoder_layers=cfg.n_layers)
+        )  # fmt: skip
+    if cfg.policy == "lerobot_smolvla":
+        from wmrl_vla.pipeline import _key, _policy_fields
+        from wmrl_vla.smolvla_bridge import SmolVLAGaussianPolicy
+
+        # Its tokenizer (trained on the demos' instructions) lives in the SFT stage's cached checkpoint.
+        path = Path(cfg.cache_dir) / f"sft-{_key(_policy_fields(cfg))}.pt"
+        if not path.exists():
+            raise FileNotFoundError(
+                f"the SmolVLA bridge's tokenizer is in its SFT checkpoint {path}, which is missing; "
+                "export on the machine (domain.cache_dir) the run was trained with"
+            )
+        return SmolVLAGaussianPolicy.load(path, vlm_cache_dir=str(Path(cfg.cache_dir) / "smolvlm"))
+    raise ValueError(f"cannot export domain.policy={cfg.policy!r}")
+
+
+def build_world_model(cfg: VLAConfig):
+    from wmrl_vla.pipeline import _dims
+    from world_models.vla_dynamics import VLADynamics, VLADynamicsConfig
+
+    state_dim, action_dim = _dims(cfg.tasks)
+    return VLADynamics(
+        VLADynamicsConfig(
+            image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, latent_dim=cfg.wm_latent_dim,
+            n_members=cfg.wm_members, frame_decoder=cfg.world_model, diffusion_steps=cfg.diffusion_steps,
+        )
+    )  # fmt: skip
+
+
+def _save_gaussian_head(policy, out: Path) -> list[str]:
+    from safetensors.torch import save_file
+
+    save_file(
+        {"log_std": policy.log_std.detach().clone().contiguous()}, str(out / "gaussian_head.safetensors")
+    )
+    bridge = {k: v for k, v in asdict(policy.cfg).items() if k != "corpus"}
+    (out / "wmrl_bridge.json").write_text(json.dumps({"type": type(policy).__name__, **bridge}, indent=2))
+    return ["gaussian_head.safetensors", "wmrl_bridge.json"]
+
+
+def export_vla(
+    cfg: VLAConfig, run: RunConfig, state: dict, out: Path, adapter: bool = False
+) -> dict[str, Any]:
+    if adapter:
+        raise ValueError("--adapter applies to LoRA research agents; a VLA run has no adapter")
+    policy = build_policy(cfg)
+    policy.load_state_dict(state["policy"], strict=True)
+    policy.eval()
+    notes: list[str] = []
+    if cfg.policy == "small_vla":
+        policy.save_pretrained(out)
+        info = {
+            "format": "safetensors + config.json (huggingface_hub PyTorchModelHubMixin)",
+            "library": "wmrl",
+            "class": "wmrl_vla.policy.SmallVLA",
+            "files": ["model.safetensors", "config.json"],
+            "load": "from wmrl_vla.policy import SmallVLA\n"
+            "policy = SmallVLA.from_pretrained(DIR).eval()\n"
+            "ids = policy.tokenizer.encode([instruction])              # [1, L]\n"
+            "bins, logp, action = policy.act(image_chw_uint8[None], state[None], ids, temperature=0)",
+        }
+    else:
+        lr = policy.lerobot_policy
+        if cfg.policy == "lerobot_smolvla":
+            vlm = Path(lr.config.vlm_model_name)
+            shutil.copytree(vlm, out / "vlm", ignore=shutil.ignore_patterns("wmrl_done"))
+            lr.config.vlm_model_name = str((out / "vlm").resolve())
+        lr.save_pretrained(out)
+        files = sorted(
+            p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p.name != "README.md"
+        )
+        files += _save_gaussian_head(policy, out)
+        cls = "ACTPolicy" if cfg.policy == "lerobot_act" else "SmolVLAPolicy"
+        mod = "act.modeling_act" if cfg.policy == "lerobot_act" else "smolvla.modeling_smolvla"
+        info = {
+            "format": "lerobot policy folder (config.json + model.safetensors)",
+            "library": "lerobot",
+            "class": f"lerobot.policies.{mod}.{cls}",
+            "files": files,
+            "load": f"from lerobot.policies.{mod} import {cls}\n"
+            f"policy = {cls}.from_pretrained(DIR)   # the Gaussian's mean network\n"
+            "from safetensors.torch import load_file\n"
+            "log_std = load_file(f'{DIR}/gaussian_head.safetensors')['log_std']  # the bridge's exploration",
+        }
+        notes.append(
+            "This policy was post-trained through WMRL's lerobot bridge: lerobot's network is the mean "
+            "of a diagonal Gaussian whose learnable `log_std` (`gaussian_head.safetensors`) set the "
+            "exploration; inputs were unnormalised (images in [0, 1], states and actions as the env gives "
+            "them), and actions are sampled as `mean + exp(log_std) * noise`."
+        )
+        if cfg.policy == "lerobot_smolvla":
+            notes.append(
+                "`config.json`'s `vlm_model_name` is the absolute path of `vlm/` at export time; after "
+                "moving the folder, point it at the new `vlm/`."
+            )
+    wm = build_world_model(cfg)
+    wm.load_state_dict(state["domain"]["world_model"]["model"], strict=True)
+    wm.save_pretrained(out / "world_model")
+    (out / "world_model" / "README.md").unlink(missing_ok=True)  # the folder's card is DIR/README.md
+    world_model = {
+        "format": "safetensors + config.json (huggingface_hub PyTorchModelHubMixin)",
+        "class": "world_models.vla_dynamics.VLADynamics",
+        "files": ["world_model/model.safetensors", "world_model/config.json"],
+        "load": "from world_models.vla_dynamics import VLADynamics\n"
+        "wm = VLADynamics.from_pretrained(f'{DIR}/world_model').eval()\n"
+        "progress, success_logit = wm.score_actions(init_images, init_states, actions, step_mask)  # [K, N, T]",
+    }
+    return {
+        "policy": {"type": cfg.policy, **info},
+        "world_model": world_model,
+        "tags": [
+            "robotics",
+            "vision-language-action",
+            "mujoco",
+            *(["lerobot"] if cfg.policy != "small_vla" else []),
+        ],
+        "notes": notes,
+        "tasks": list(cfg.tasks),
+    }
