@@ -95,6 +95,7 @@ class RolloutBatch:
             tasks=self.tasks,
             payload=self.payload,
             extras={k: v.to(dev) for k, v in self.extras.items()},
+            twin_of=None if self.twin_of is None else self.twin_of.to(dev),
         )
 
     @property

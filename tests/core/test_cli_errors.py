@@ -142,7 +142,7 @@ BAD_INPUTS = {
     ),
     "resume an old comparison root": (
         ["run", "--resume", "{root}/legacy"],
-        ["root of a comparison", "--out-dir", "--resume", "/real/seed0"],
+        ["root of a comparison", "--out-dir", "--resume", "/anchors_only/seed0"],
     ),
     "resume a directory without a run": (
         ["run", "--resume", "{root}/nothing"],
