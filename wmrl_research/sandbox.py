@@ -102,6 +102,30 @@ KEEP_JOB_DIRS = 32
 _WORKER_IDS = itertools.count()  # process-wide: names each worker's cgroups uniquely
 
 
+# Where the sandbox sees the virtual environment and the worker script (not at their host paths,
+# which lie inside the project's folder).
+VENV_DIR = Path("/opt/venv")
+WORKER_DIR = Path("/opt/wmrl")
+# The packages' bundled copies of datasets (and their test folders, which hold more copies: iris in
+# scipy's and statsmodels' tests, co2 in statsmodels' STL tests), relative to a site-packages folder:
+# covered by empty mounts, so a solution cannot rebuild a task's labels from them by matching rows.
+BUNDLED_DATA = (
+    "sklearn/datasets/data",
+    "sklearn/datasets/descr",
+    "sklearn/datasets/images",
+    "sklearn/datasets/tests",
+    "statsmodels/datasets/*/*.csv",
+    "statsmodels/datasets/*/*.s",
+    "statsmodels/datasets/*/src",
+    "statsmodels/**/tests",
+    "scipy/**/tests",
+    "vega_datasets/_data",
+    "palmerpenguins/data",
+    "pydataset/resources",
+    "sktime/datasets/data",
+    "seaborn/data",
+)
+
 UID_BASE = 200_000
 MAX_SLOTS = 64
 
@@ -229,9 +253,8 @@ class _Worker:
             (group / "pids.max").write_text(str(cfg.nproc + 16))
             self.cgroups.append(group)
         argv = sandbox._bwrap_argv() + [
-            sys.executable,
-            "-m",
-            "wmrl_research.worker",
+            sandbox._python(),
+            str(WORKER_DIR / "worker.py"),
             json.dumps(
                 {"preload": list(cfg.preload) if cfg.warm else [], "uid": self.uid, "disk_mb": cfg.disk_mb}
             ),
@@ -359,11 +382,24 @@ class Sandbox:
             raise ValueError(
                 f"data_dir {data_dir} is not under the sandbox's data root {self.data_root}"
             ) from None
+        if rel == Path("."):
+            raise ValueError(f"data_dir must be one task's folder under {self.data_root}, got the root itself")
+        try:
+            encoded = source.encode("utf-8")
+        except UnicodeEncodeError as e:  # e.g. a lone surrogate: the solution's fault, graded as such
+            return SandboxResult(
+                status="error",
+                stdout="",
+                stderr="",
+                seconds=0.0,
+                predictions_path=None,
+                message=f"solution source is not valid UTF-8 text ({e.reason} at character {e.start})",
+            )
         t0 = time.monotonic()
         job = f"job{next(self._ids):06d}"
         job_dir = self.jobs_root / job
         job_dir.mkdir(mode=0o755)
-        (job_dir / "solution.py").write_text(source)
+        (job_dir / "solution.py").write_bytes(encoded)
         cfg = self.config
         cpu_s = cfg.cpu_s if cfg.cpu_s is not None else 2 * timeout_s + 1
         worker = self._acquire()
@@ -374,7 +410,8 @@ class Sandbox:
             "mem_mb": cfg.mem_mb,
             "disk_mb": cfg.disk_mb,
             "nproc": cfg.nproc,
-            "env": self._job_env(f"/tmp/data/{rel.as_posix()}"),
+            "data": rel.as_posix(),
+            "env": self._job_env("/tmp/data"),
         }
         healthy = False
         try:
@@ -467,6 +504,8 @@ class Sandbox:
             status, msg = "killed", f"killed by {sig} (memory, CPU-time or process limit, or a signal)"
         elif code != 0:
             status, msg = "error", f"exit code {code}"
+            if info.get("status_error"):
+                msg += f" ({info['status_error']})"
         elif not preds.exists():
             status, msg = "invalid", info.get("predictions") or "no predictions file"
         else:
@@ -509,7 +548,13 @@ class Sandbox:
         return env
 
     def _bwrap_argv(self) -> list[str]:
-        """bubblewrap arguments: an empty root with read-only binds of what Python needs."""
+        """bubblewrap arguments: an empty root with read-only binds of what Python needs.
+
+        Mounted: ``/usr``, ``/etc``, the base interpreter's installation, the virtual environment
+        (at :data:`VENV_DIR`: its ``lib`` and ``pyvenv.cfg`` only), this module's worker script (at
+        :data:`WORKER_DIR`) and the public data root; never the project tree or the host's cwd. The
+        packages' bundled copies of datasets (:data:`BUNDLED_DATA`) are covered by empty mounts.
+        """
         argv = [
             bwrap_path() or "bwrap",
             "--unshare-ipc",
@@ -532,30 +577,48 @@ class Sandbox:
                 argv += ["--ro-bind", str(p), str(p)]
         made: set[Path] = {Path("/"), Path("/usr"), Path("/etc"), Path("/tmp")}
 
-        def bind_ro(src: Path) -> list[str]:
+        def parents(dst: Path) -> list[str]:
             out = []
-            for parent in reversed(src.parents):
+            for parent in reversed(dst.parents):
                 if parent not in made:
                     out += ["--perms", "0755", "--dir", str(parent)]
                     made.add(parent)
-            made.add(src)
-            return [*out, "--ro-bind", str(src), str(src)]
+            made.add(dst)
+            return out
+
+        def bind_ro(src: Path, dst: Path | None = None) -> list[str]:
+            dst = src if dst is None else dst
+            return [*parents(dst), "--ro-bind", str(src), str(dst)]
 
         tmp = Path("/tmp")
-        roots = _python_roots()
-        for src in (r for r in roots if tmp not in r.parents):
-            argv += bind_ro(src)
+        layout = _python_layout()
+        binds = [(src, dst) for src, dst in layout.binds if tmp not in dst.parents]
+        late = [(src, dst) for src, dst in layout.binds if tmp in dst.parents]
+        for src, dst in binds:
+            argv += bind_ro(src, dst)
+        for target, dst in layout.symlinks:
+            argv += [*parents(dst), "--symlink", target, str(dst)]
+        argv += bind_ro(Path(wmrl_research.__file__).resolve().parent / "worker.py", WORKER_DIR / "worker.py")
         argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "0755", "--tmpfs", "/tmp"]
         argv += ["--perms", "0755", "--dir", "/tmp/work", "--perms", "0755", "--dir", "/tmp/jobs"]
-        # A project or venv that lives under /tmp (a CI clone, say) is bound in after /tmp's tmpfs.
-        for src in (r for r in roots if tmp in r.parents):
-            argv += bind_ro(src)
+        # An interpreter that lives under /tmp (a CI runner's, say) is bound in after /tmp's tmpfs.
+        for src, dst in late:
+            argv += bind_ro(src, dst)
+        for path in layout.masked_dirs:
+            argv += ["--tmpfs", str(path)]
+        for path in layout.masked_files:
+            argv += ["--ro-bind", "/dev/null", str(path)]
         argv += ["--ro-bind", str(self.data_root), "/tmp/data", "--bind", str(self.jobs_root), "/tmp/jobs"]
         hidden = self.hidden_root.resolve()
-        if any(hidden == r or r in hidden.parents for r in _python_roots()):
-            argv += ["--tmpfs", str(hidden)]  # labels under a mounted path: cover them
-        argv += ["--chdir", "/tmp", "--setenv", "PYTHONPATH", str(_project_root())]
+        for src, dst in layout.binds:  # labels under a mounted path: cover them
+            if hidden == src or src in hidden.parents:
+                argv += ["--tmpfs", str(dst / hidden.relative_to(src))]
+        argv += ["--chdir", "/tmp"]
         return argv
+
+    def _python(self) -> str:
+        """The interpreter's path inside the sandbox."""
+        return str(_python_layout().python)
 
 
 def _remove_stale() -> None:
@@ -597,23 +660,67 @@ def _project_root() -> Path:
     return Path(wmrl_research.__file__).resolve().parent.parent
 
 
+@dataclass(frozen=True)
+class _Layout:
+    python: Path  # the interpreter, as the sandbox sees it
+    binds: tuple[tuple[Path, Path], ...]  # (host path, sandbox path), read-only
+    symlinks: tuple[tuple[str, Path], ...]  # (target, sandbox path)
+    masked_dirs: tuple[Path, ...]  # sandbox paths covered by an empty tmpfs
+    masked_files: tuple[Path, ...]  # sandbox paths covered by an empty file
+
+
+def _skip(path: Path) -> bool:
+    return str(path).startswith(("/usr", "/etc", "/proc", "/dev", "/sys")) or path in (Path("/"), Path("/tmp"))
+
+
 @cache
-def _python_roots() -> tuple[Path, ...]:
-    """The folders a sandboxed interpreter needs: installation, venv, project, ``sys.path`` entries."""
-    cands = [
-        Path(sys.base_prefix),
-        Path(sys.prefix),
-        Path(sys.executable).resolve().parent.parent,
-        _project_root(),
-    ]
-    cands += [Path(p) for p in sys.path if p and Path(p).is_dir()]
-    roots: list[Path] = []
-    for c in sorted({c.resolve() for c in cands if c.exists()}, key=lambda p: len(p.parts)):
-        if str(c).startswith(("/usr", "/etc", "/proc", "/dev", "/sys")) or c in (Path("/"), Path("/tmp")):
-            continue
-        if not any(r == c or r in c.parents for r in roots):
-            roots.append(c)
-    return tuple(roots)
+def _python_layout() -> _Layout:
+    """What a sandboxed interpreter needs: the base installation (at its own path) and, when this
+    process runs in a virtual environment, the venv's ``lib`` and ``pyvenv.cfg`` at
+    :data:`VENV_DIR` (so no path of the project that holds the venv exists inside), minus the
+    bundled datasets (:data:`BUNDLED_DATA`) and anything that names the project's location."""
+    base = Path(sys.base_prefix).resolve()
+    binds: list[tuple[Path, Path]] = [] if _skip(base) else [(base, base)]
+    symlinks: list[tuple[str, Path]] = []
+    site_dirs: list[tuple[Path, Path]] = [(Path(p), Path(p)) for p in _site_dirs(base)]
+    python = Path(sys.executable).resolve()
+    venv = Path(sys.prefix)
+    if venv.resolve() != base and (venv / "pyvenv.cfg").exists():
+        binds += [(venv / "pyvenv.cfg", VENV_DIR / "pyvenv.cfg"), ((venv / "lib").resolve(), VENV_DIR / "lib")]
+        if (venv / "lib64").exists():
+            symlinks.append(("lib", VENV_DIR / "lib64"))
+        symlinks.append((str(python), VENV_DIR / "bin" / "python"))
+        site_dirs += [(s, VENV_DIR / s.relative_to(venv.resolve())) for s in _site_dirs(venv.resolve())]
+        python = VENV_DIR / "bin" / "python"
+    dirs: list[Path] = []
+    files: list[Path] = []
+    project = str(_project_root())
+    for host, inside in site_dirs:
+        found = sorted({p for pattern in BUNDLED_DATA for p in host.glob(pattern)}, key=lambda p: len(p.parts))
+        for p in found:
+            if any(d in p.parents for d in dirs):
+                continue
+            (dirs if p.is_dir() else files).append(inside / p.relative_to(host))
+        # an editable install names the project's folder: hide those files too
+        for p in list(host.glob("*.pth")) + list(host.glob("*.dist-info/direct_url.json")):
+            try:
+                if project in p.read_text(errors="replace"):
+                    files.append(inside / p.relative_to(host))
+            except OSError:
+                pass
+    # a mask's own folder must not be masked already (e.g. a tests folder inside a masked one)
+    dirs = [d for d in dirs if not any(o in d.parents for o in dirs)]
+    files = [f for f in files if not any(o in f.parents for o in dirs)]
+    return _Layout(python, tuple(binds), tuple(symlinks), tuple(dirs), tuple(files))
+
+
+def _site_dirs(prefix: Path) -> list[Path]:
+    """``lib/python3.X/site-packages`` (and ``dist-packages``) folders under ``prefix``."""
+    out = []
+    for lib in ("lib", "lib64"):
+        for name in ("site-packages", "dist-packages"):
+            out += [p.resolve() for p in (prefix / lib).glob(f"python3*/{name}") if p.is_dir()]
+    return sorted(set(out))
 
 
 def _tail(path: Path) -> str:
