@@ -15,6 +15,8 @@ warm sandbox (:func:`wmrl_research.sandbox.default_sandbox`), started on its fir
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
@@ -29,12 +31,13 @@ from wmrl_research.sandbox import STATUSES, SandboxError, default_sandbox
 from wmrl_research.tasks import FAILURE_SCORE, METRICS, Metric, get_task, list_tasks
 from wmrl_research.tasks.metrics import get_metric
 
-
 # Re-exported: the metrics live with the tasks (``wmrl_research/tasks/metrics.py``).
 __all__ = ["METRICS", "GradeResult", "build_scores", "execute_and_grade", "execute_raw", "reward", "warm_up"]
 
 CALIBRATION_FILE = "scores.json"  # in a task's hidden folder: this build's baseline and reference
 CALIBRATION_TIMEOUT_S = 300.0
+MIN_GAP_FRACTION = 0.25  # of the recorded reference-minus-baseline gap that a data build must keep
+MAX_REDRAWS = 4
 _CALIBRATION_LOCK = threading.Lock()
 
 
@@ -123,36 +126,57 @@ def build_scores(task_id: str) -> tuple[float, float]:
     a little from build to build (and from the recorded ``SPEC`` figures). They are measured once
     per build in the sandbox, on first use, and cached next to the hidden labels (never mounted),
     so that normalised scores mean the same on every machine: 0 at the baseline, 1 at the
-    reference. Raises :class:`SandboxError` if either fails or the reference does not beat the
-    baseline on this build (every rollout of the task is then ungraded, not mis-scored).
+    reference. A split on which the reference keeps less than :data:`MIN_GAP_FRACTION` of its
+    recorded improvement over the baseline (a small test set can do that) is discarded and redrawn
+    (at most :data:`MAX_REDRAWS` times). Raises :class:`SandboxError` if the baseline or the
+    reference fails, or no split qualifies (the task's rollouts are then ungraded, not mis-scored).
+    Calibrations are serialised across processes by a lock file next to the hidden labels.
     """
     task = get_task(task_id)
     _, hidden = task.data_dirs()
-    path = hidden / CALIBRATION_FILE
-    with _CALIBRATION_LOCK:
-        try:
-            d = json.loads(path.read_text())
-            return float(d["baseline"]), float(d["reference"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-        runs = {
-            name: execute_raw(task_id, src, CALIBRATION_TIMEOUT_S)
-            for name, src in (("baseline", task.baseline_source), ("reference", task.reference_source))
-        }
-        for name, r in runs.items():
-            if not r.ok or r.raw_score is None:
-                raise SandboxError(f"task {task_id}: its {name} solution failed on this data build: {r.message}")
-        base, ref = runs["baseline"].raw_score, runs["reference"].raw_score
-        if (ref - base) * task.direction <= 0:
-            raise SandboxError(
-                f"task {task_id}: the reference ({ref:.4g}) does not beat the baseline ({base:.4g}) "
-                f"on this data build ({hidden}); delete that folder's split secret to redraw it"
-            )
-        fd, tmp = tempfile.mkstemp(prefix=".scores-", dir=hidden)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"baseline": base, "reference": ref, "metric": task.metric}, f)
-        os.replace(tmp, path)
-        return base, ref
+    with _CALIBRATION_LOCK, _file_lock(hidden.parent / f"{hidden.name}.lock"):
+        for attempt in range(MAX_REDRAWS + 1):
+            _, hidden = task.data_dirs()
+            path = hidden / CALIBRATION_FILE
+            try:
+                d = json.loads(path.read_text())
+                return float(d["baseline"]), float(d["reference"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+            runs = {
+                name: execute_raw(task_id, src, CALIBRATION_TIMEOUT_S)
+                for name, src in (("baseline", task.baseline_source), ("reference", task.reference_source))
+            }
+            for name, r in runs.items():
+                if not r.ok or r.raw_score is None:
+                    raise SandboxError(
+                        f"task {task_id}: its {name} solution failed on this data build: {r.message}"
+                    )
+            base, ref = runs["baseline"].raw_score, runs["reference"].raw_score
+            recorded_gap = abs(task.reference_score - task.baseline_score)
+            if (ref - base) * task.direction > MIN_GAP_FRACTION * recorded_gap:
+                fd, tmp = tempfile.mkstemp(prefix=".scores-", dir=hidden)
+                with os.fdopen(fd, "w") as f:
+                    json.dump(
+                        {"baseline": base, "reference": ref, "metric": task.metric, "redraws": attempt}, f
+                    )
+                os.replace(tmp, path)
+                return base, ref
+            task.discard_data()  # this split makes the reference no better than the baseline: redraw
+    raise SandboxError(
+        f"task {task_id}: on {MAX_REDRAWS + 1} secret splits the reference did not beat the baseline "
+        f"by {MIN_GAP_FRACTION:.0%} of the recorded gap; check the task's recorded scores"
+    )
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def warm_up() -> float:

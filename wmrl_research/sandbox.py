@@ -2,40 +2,65 @@
 
 What is isolated (each point has an adversarial test in ``tests/research/test_sandbox.py``):
 
-- **Network**: none (``bwrap --unshare-net``: only a loopback device inside).
-- **Filesystem**: the sandbox sees only ``/usr``, ``/etc``, the Python installation, the virtual
-  environment and the project's code, all read-only, plus the public task data (read-only) and a
-  fresh tmpfs working folder per job (size-limited: the disk limit). The hidden test labels live in
-  a folder that is never mounted (and is covered by an empty tmpfs should it lie under a mounted
-  path). Nothing a job writes survives it except ``predictions.npy`` and its stdout/stderr.
+- **Network**: none (``bwrap --unshare-net``: only a loopback device inside). No unix sockets either:
+  a seccomp filter refuses ``socket(AF_UNIX, ...)`` (so no pathname socket on a mounted folder and
+  no abstract socket of the host is reachable; ``socketpair`` still works).
+- **Filesystem**: the sandbox sees only ``/usr``, ``/etc``, the base Python installation, the
+  virtual environment's ``lib`` and ``pyvenv.cfg`` (mounted at ``/opt/venv``, not at their host
+  path), the worker script, all read-only, plus its own task's public data (read-only, at
+  ``$WMRL_DATA_DIR``; no other task's folder) and a fresh tmpfs working folder per job
+  (size-limited: the disk limit). Never the project tree, run directories, ``.git``, the host's
+  temporary folder or the folder a run was launched from. The packages' bundled copies of datasets
+  (scikit-learn's, statsmodels', vega_datasets', palmerpenguins' data and the test folders of
+  scipy, statsmodels and scikit-learn, which hold more copies: :data:`BUNDLED_DATA`) are covered by
+  empty mounts, so test rows cannot be matched against a labelled copy. The hidden test labels
+  live in a folder that is never mounted (and is covered by an empty tmpfs should it lie under a
+  mounted path). Nothing a job writes survives it except ``predictions.npy`` and its stdout/stderr.
+- **The split**: which rows are test rows is drawn from a secret per data build, stored next to the
+  hidden labels (``tasks/base.py``), so not derivable inside even from the task's code and seed.
 - **Other jobs**: each job has its own mount and PID namespace; it cannot see other jobs' folders
   or processes (its ``/proc`` shows only its own).
 - **Privileges**: the job runs as an unprivileged uid (:func:`job_uid`: one per host process and
-  worker slot, so concurrent jobs never share a process limit) with no
-  capabilities and ``no_new_privs``; it cannot signal the worker or the host.
+  worker slot, so concurrent jobs never share a process limit) with no capabilities,
+  ``no_new_privs`` and a seccomp filter (no ``keyctl``/``add_key``/``request_key``, no io_uring,
+  no ``AF_UNIX`` sockets); it cannot signal the worker or the host. The worker replaces the session
+  keyring it inherits from the host by a new empty one, so no job possesses the host's keys.
 - **Process lifetime**: the job is PID 1 of its namespace, so when it ends, or is killed at the
-  wall-clock timeout, the kernel kills every process it started. Workers die with the host process
+  wall-clock timeout, the kernel kills every process it started; when it left any, the supervisor
+  waits until all are gone before it reports, so the next job under the same uid starts with its
+  full process limit (a fork bomb does not break its neighbour). Workers die with the host process
   (``--die-with-parent``).
+- **Status reports**: the job reports its exit code on a pipe; a report that is malformed (not
+  JSON, an exit code that is not a small int, missing fields) or longer than
+  ``worker.MAX_STATUS_BYTES`` is graded as a failed run and ends the job (so flooding the pipe
+  costs the supervisor at most one bounded read). A source that is not valid UTF-8 text (a lone
+  surrogate) is graded as an error without running. Neither raises :class:`SandboxError`.
 - **Resources**: rlimits on CPU time, file size (disk), open files, number of processes, heap
   (``RLIMIT_DATA``) and address space (``RLIMIT_AS``), the last two relative to what the worker
   has already mapped (an absolute ``RLIMIT_AS`` would stop torch from importing), so without
   cgroups a job can still use about ``mem_mb`` + 4 GiB of shared anonymous memory before its
   mappings fail. Where cgroup v1 memory/pids controllers are writable (detected by
   :func:`cgroup_support`; used automatically, ``SandboxConfig.cgroups``), each worker also gets a
-  memory cgroup (``mem_mb`` + ``disk_mb`` + the worker's own 1.5 GiB: the job is OOM-killed, not
-  the worker) and a pids cgroup (fork cap). Without them it falls back to the rlimits alone.
+  memory cgroup (``mem_mb`` + ``disk_mb`` + the worker's own 1.5 GiB: one cap on the sum over all
+  of a job's processes, which are OOM-killed, not the worker) and a pids cgroup (fork cap).
+  Without them it falls back to the rlimits alone.
 
-What is *not* isolated: the job can read the (read-only) project code, ``/usr``, ``/etc``, the
-Python environment and every task's *public* data; it shares the kernel (no seccomp filter: a
-kernel exploit is out of scope) and the CPUs with the host (a solution can slow other jobs down,
-within its CPU limit); the memory cgroup is per worker, shared by the job and its worker (the
-job's ``oom_score_adj`` makes it the OOM victim); only cgroup v1 controllers are detected (on a
-v2-only host the rlimits alone apply); a job forked from a warm worker inherits the worker's
-already-imported modules (copy-on-write: it cannot change the worker's copy), with global state
-such as RNGs identical for every job. The sandbox needs root on the host (it creates namespaces,
-mounts and uid switches through ``bwrap --cap-add``; the job itself never holds a capability).
-Without bubblewrap (``bwrap`` not on PATH) :class:`Sandbox` refuses to start rather than run
-unsandboxed.
+What is *not* isolated: the job can read ``/usr``, ``/etc``, the Python environment (minus the
+bundled datasets above) and ``/proc/self/mountinfo``, which names the host folders mounted in (names
+only, not their other contents); it shares the kernel (the seccomp filter is a short deny list, not
+an allow list: a kernel exploit is out of scope) and the CPUs with the host (a solution can slow
+other jobs down, within its CPU limit); the memory cgroup is per worker, shared by the job and its
+worker (the job's ``oom_score_adj`` makes it the OOM victim); only cgroup v1 controllers are
+detected (on a v2-only host the rlimits alone apply, so several processes each get ``mem_mb``);
+a job forked from a warm worker inherits the worker's already-imported modules (copy-on-write: it
+cannot change the worker's copy), with global state such as RNGs identical for every job. Data
+that a task *generates* with a fixed seed (``make_classification``, mnist1d, the synthetic
+sequences) could be regenerated by a solution that knows the generator and its parameters (they
+are in the project's code, which is not mounted); forecasting tasks split by time, not by the
+secret, and their test windows overlap by construction. The sandbox needs root on the host (it
+creates namespaces, mounts and uid switches through ``bwrap --cap-add``; the job itself never holds
+a capability). Without bubblewrap (``bwrap`` not on PATH) :class:`Sandbox` refuses to start rather
+than run unsandboxed.
 
 Two modes: ``warm=True`` (default) keeps pre-imported workers and forks per job (tens of ms of
 overhead); ``warm=False`` starts a fresh sandboxed interpreter per job (strongest separation, pays
@@ -383,7 +408,9 @@ class Sandbox:
                 f"data_dir {data_dir} is not under the sandbox's data root {self.data_root}"
             ) from None
         if rel == Path("."):
-            raise ValueError(f"data_dir must be one task's folder under {self.data_root}, got the root itself")
+            raise ValueError(
+                f"data_dir must be one task's folder under {self.data_root}, got the root itself"
+            )
         try:
             encoded = source.encode("utf-8")
         except UnicodeEncodeError as e:  # e.g. a lone surrogate: the solution's fault, graded as such
@@ -670,7 +697,10 @@ class _Layout:
 
 
 def _skip(path: Path) -> bool:
-    return str(path).startswith(("/usr", "/etc", "/proc", "/dev", "/sys")) or path in (Path("/"), Path("/tmp"))
+    return str(path).startswith(("/usr", "/etc", "/proc", "/dev", "/sys")) or path in (
+        Path("/"),
+        Path("/tmp"),
+    )
 
 
 @cache
@@ -686,7 +716,10 @@ def _python_layout() -> _Layout:
     python = Path(sys.executable).resolve()
     venv = Path(sys.prefix)
     if venv.resolve() != base and (venv / "pyvenv.cfg").exists():
-        binds += [(venv / "pyvenv.cfg", VENV_DIR / "pyvenv.cfg"), ((venv / "lib").resolve(), VENV_DIR / "lib")]
+        binds += [
+            (venv / "pyvenv.cfg", VENV_DIR / "pyvenv.cfg"),
+            ((venv / "lib").resolve(), VENV_DIR / "lib"),
+        ]
         if (venv / "lib64").exists():
             symlinks.append(("lib", VENV_DIR / "lib64"))
         symlinks.append((str(python), VENV_DIR / "bin" / "python"))
@@ -696,7 +729,9 @@ def _python_layout() -> _Layout:
     files: list[Path] = []
     project = str(_project_root())
     for host, inside in site_dirs:
-        found = sorted({p for pattern in BUNDLED_DATA for p in host.glob(pattern)}, key=lambda p: len(p.parts))
+        found = sorted(
+            {p for pattern in BUNDLED_DATA for p in host.glob(pattern)}, key=lambda p: len(p.parts)
+        )
         for p in found:
             if any(d in p.parents for d in dirs):
                 continue

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 import wmrl_research
-from wmrl_research.grading import build_scores, execute_and_grade
+from wmrl_research.grading import build_scores, execute_and_grade, reward
 from wmrl_research.sandbox import (
     MAX_SLOTS,
     Sandbox,
@@ -219,6 +219,7 @@ while True:
     except OSError:
         pass
 """
+    build_scores(TASK)  # the sandbox and this data build's calibration are ready: time the bomb only
     t0 = time.monotonic()
     g = grade(src, timeout_s=3.0)
     assert g.status in ("timeout", "killed", "error") and g.score == FAILURE_SCORE
@@ -471,8 +472,15 @@ if not os.path.exists("predictions.npy"):
 
 def test_no_project_runs_git_or_launch_folder_is_visible():
     project = Path(wmrl_research.__file__).resolve().parent.parent
-    paths = [project, project / ".git", project / "runs", project / "runs/latest/execution_log.jsonl",
-             Path.cwd(), Path(wmrl_research.__file__), Path(tempfile.gettempdir()) / "wmrl-sbx-probe"]
+    paths = [
+        project,
+        project / ".git",
+        project / "runs",
+        project / "runs/latest/execution_log.jsonl",
+        Path.cwd(),
+        Path(wmrl_research.__file__),
+        Path(tempfile.gettempdir()) / "wmrl-sbx-probe",
+    ]
     probe = paths[-1]
     probe.mkdir(exist_ok=True)
     src = f"""
@@ -584,7 +592,10 @@ PREDICT = "import os, numpy as np\nX = np.load(os.environ['WMRL_DATA_DIR'] + '/t
 def test_a_malformed_status_report_is_graded_as_failure(payload):
     """Valid predictions, then a garbled report on the job's status descriptor: a failure, never
     a SandboxError (the rollout would be excluded instead of scored -1)."""
-    src = PREDICT + f"np.save('predictions.npy', np.zeros(len(X), dtype=np.int64))\nos.write(1023, {payload!r})\n"
+    src = (
+        PREDICT
+        + f"np.save('predictions.npy', np.zeros(len(X), dtype=np.int64))\nos.write(1023, {payload!r})\n"
+    )
     t0 = time.monotonic()
     g = grade(src)
     assert g.status == "error" and g.score == FAILURE_SCORE and "garbled status report" in g.message, g
@@ -592,7 +603,9 @@ def test_a_malformed_status_report_is_graded_as_failure(payload):
 
 
 def test_a_source_with_a_lone_surrogate_is_graded_as_failure():
-    g = grade("print('\\udcff')\n" + get_task(TASK).reference_source.replace("# --- KNOBS", "# \udcff --- KNOBS", 1))
+    g = grade(
+        "print('\\udcff')\n" + get_task(TASK).reference_source.replace("# --- KNOBS", "# \udcff --- KNOBS", 1)
+    )
     assert g.status == "error" and g.score == FAILURE_SCORE and "not valid UTF-8" in g.message, g
     assert_still_works()
 
@@ -643,3 +656,23 @@ open("predictions.npy", "wb").write(b"x")
             assert big.status == "error" and "MemoryError" in big.stderr
         ok = sb.run("open('predictions.npy', 'wb').write(b'x')\n", public, timeout_s=60)
         assert ok.status == "ok"
+
+
+def test_the_attacks_are_graded_as_failures_through_the_process_executor_as_training_runs_them():
+    """The same attacks as above, as :class:`wmrl.domain.Job` s on the local process pool that
+    training uses (a fresh process, its own sandbox): graded -1 ("ok" results), none ungraded."""
+    from wmrl.domain import Job
+    from wmrl.executors import ProcessPoolExecutor
+
+    t = get_task(TASK)
+    hack = "import numpy as np\nfrom wmrl_research.tasks import get_task\n"
+    hack += f"np.save('predictions.npy', get_task({TASK!r}).build_data().y_test)\n"
+    status = PREDICT + "np.save('predictions.npy', np.zeros(len(X), dtype=np.int64))\n"
+    status += "os.write(1023, b'{\"code\": 1e999, \"cpu_s\": 0, \"maxrss_mb\": 0}\\n')\n"
+    attacks = [hack, "print('\udcff')\n", status, "import os\nwhile True:\n    os.fork()\n"]
+    jobs = [Job(fn=reward, args=(t.id, src, 60.0)) for src in [*attacks, t.baseline_source]]
+    build_scores(TASK)  # calibrated on disk already: the pool's process does not measure it again
+    with ProcessPoolExecutor(max_concurrent=1, timeout_s=300.0) as ex:
+        results = ex.run(jobs)
+    assert [r.status for r in results] == ["ok"] * 5, [r.error for r in results]
+    assert [r.value for r in results] == pytest.approx([FAILURE_SCORE] * 4 + [0.0], abs=1e-9)

@@ -71,11 +71,15 @@ class TaskDefinitionError(ValueError):
 
 def _load(task_id: str) -> ResearchTask:
     if not task_id.isidentifier() or not task_id.islower():
-        raise TaskDefinitionError(f"task folder {task_id!r}: a task id must be a lower-case Python identifier")
+        raise TaskDefinitionError(
+            f"task folder {task_id!r}: a task id must be a lower-case Python identifier"
+        )
     module = importlib.import_module(f"{__name__}.{task_id}")
     spec: TaskSpec = getattr(module, "SPEC", None)  # type: ignore[assignment]
     if not isinstance(spec, TaskSpec):
-        raise TaskDefinitionError(f"task folder {task_id!r} must define SPEC = TaskSpec(...) in its __init__.py")
+        raise TaskDefinitionError(
+            f"task folder {task_id!r} must define SPEC = TaskSpec(...) in its __init__.py"
+        )
     baseline = (_HERE / task_id / "solution.py").read_text()
     return task_from_spec(task_id, spec, baseline)
 
@@ -102,7 +106,9 @@ def task_from_spec(task_id: str, spec: TaskSpec, baseline: str) -> ResearchTask:
         raise TaskDefinitionError(f"task {task_id}: solution.py: {e}") from None
     unknown = (set(spec.knob_space) | set(spec.reference_knobs)) - set(knobs)
     if unknown:
-        raise TaskDefinitionError(f"task {task_id}: knobs {sorted(unknown)} are not in solution.py's knobs block")
+        raise TaskDefinitionError(
+            f"task {task_id}: knobs {sorted(unknown)} are not in solution.py's knobs block"
+        )
     for name, values in spec.knob_space.items():
         if knobs[name] not in values:
             raise TaskDefinitionError(

@@ -165,6 +165,18 @@ class ResearchTask:
             _write_atomic(folder, arrays)
         return public, hidden
 
+    def discard_data(self, root: Path | None = None) -> None:
+        """Delete this task's data build (public, hidden and its split secret): the next
+        :meth:`data_dirs` draws a new secret and builds again."""
+        root = data_root() if root is None else root
+        key = f"{self.id}-v{self.data_version}"
+        (root / "hidden" / f"{key}{SECRET_SUFFIX}").unlink(missing_ok=True)
+        for folder in (root / "public" / key, root / "hidden" / key):
+            if folder.exists():
+                trash = folder.with_name(f".{key}-discarded-{secrets.token_hex(4)}")
+                os.rename(folder, trash)  # atomic: readers see the old build or none
+                shutil.rmtree(trash, ignore_errors=True)
+
     def test_labels(self, root: Path | None = None) -> np.ndarray:
         """The hidden test labels (for the grader only)."""
         _, hidden = self.data_dirs(root)
