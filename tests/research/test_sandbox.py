@@ -668,7 +668,7 @@ def test_the_attacks_are_graded_as_failures_through_the_process_executor_as_trai
     hack = "import numpy as np\nfrom wmrl_research.tasks import get_task\n"
     hack += f"np.save('predictions.npy', get_task({TASK!r}).build_data().y_test)\n"
     status = PREDICT + "np.save('predictions.npy', np.zeros(len(X), dtype=np.int64))\n"
-    status += "os.write(1023, b'{\"code\": 1e999, \"cpu_s\": 0, \"maxrss_mb\": 0}\\n')\n"
+    status += 'os.write(1023, b\'{"code": 1e999, "cpu_s": 0, "maxrss_mb": 0}\\n\')\n'
     attacks = [hack, "print('\udcff')\n", status, "import os\nwhile True:\n    os.fork()\n"]
     jobs = [Job(fn=reward, args=(t.id, src, 60.0)) for src in [*attacks, t.baseline_source]]
     build_scores(TASK)  # calibrated on disk already: the pool's process does not measure it again

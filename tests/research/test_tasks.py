@@ -326,3 +326,33 @@ def test_a_split_on_which_the_reference_does_not_beat_the_baseline_is_redrawn(mo
     monkeypatch.undo()
     b, r = build_scores("iris_cls")  # with the real recorded scores the new build calibrates
     assert r > b and json.loads((hidden / "scores.json").read_text())["redraws"] == 0
+
+
+def test_listing_tasks_reports_a_bad_task_folder_in_one_line_before_any_run(tmp_path, monkeypatch, capsys):
+    """A user adds a task folder with a metric the registry does not know: `wmrl tasks research`
+    (and anything that loads the registry) fails at once with the task's id and the known metrics."""
+    from wmrl.cli import main
+
+    folder = tmp_path / "my_auc_task"
+    folder.mkdir()
+    (folder / "solution.py").write_text(get_task("iris_cls").baseline_source)
+    (folder / "__init__.py").write_text(
+        "from wmrl_research.tasks import TaskSpec\n"
+        "SPEC = TaskSpec(description='x', kind='tabular-classification', metric='roc-auc',\n"
+        "    build_data=lambda: None, knob_space={}, reference_knobs={}, baseline_score=0.5, reference_score=0.9)\n"
+    )
+    monkeypatch.setattr(T, "_HERE", tmp_path)
+    monkeypatch.setattr(T, "__path__", [str(tmp_path)])
+    T._registry.cache_clear()
+    try:
+        assert main(["tasks", "research"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0, err
+        assert err.startswith(
+            "wmrl: error: task my_auc_task: unknown metric 'roc-auc'; known metrics: accuracy"
+        )
+        assert "roc_auc" in err
+    finally:
+        monkeypatch.undo()
+        T._registry.cache_clear()
+    assert [t.id for t in list_tasks()] == ALL_IDS

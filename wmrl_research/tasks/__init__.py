@@ -65,8 +65,10 @@ __all__ = [
 _HERE = Path(__file__).parent
 
 
-class TaskDefinitionError(ValueError):
-    """A task folder that does not define a valid task (the message names the task and the fix)."""
+class TaskDefinitionError(ValueError, RuntimeError):
+    """A task folder that does not define a valid task (the message names the task and the fix).
+
+    Also a RuntimeError, so that command-line entry points report it as a one-line error."""
 
 
 def _load(task_id: str) -> ResearchTask:
