@@ -17,6 +17,7 @@ import pytest
 from wmrl_research import tasks as T
 from wmrl_research.grading import (
     METRICS,
+    MIN_GAP_FRACTION,
     GradeResult,
     build_scores,
     execute_and_grade,
@@ -38,9 +39,6 @@ from wmrl_research.tasks import (
 )
 
 ALL_IDS = [t.id for t in list_tasks()]
-# How far (in normalised units of the recorded scores) one data build's baseline and reference
-# may lie from the recorded ones: splits differ from build to build (a secret seeds them).
-RECORDED_TOL = 1.0
 
 
 # --- API ---------------------------------------------------------------------------------------
@@ -156,8 +154,9 @@ def measured() -> dict[str, tuple[GradeResult, GradeResult]]:
 @pytest.mark.parametrize("task_id", ALL_IDS)
 def test_baseline_and_reference_reproduce_this_builds_scores(task_id, measured):
     """Each data build has its own secret split: its baseline and reference scores are measured
-    once (``build_scores``) and normalise to exactly 0 and 1; the recorded ``SPEC`` scores (one
-    build's) stay close, so the task is the same problem on every build."""
+    once (``build_scores``) and normalise to exactly 0 and 1; the reference stays clearly ahead.
+    (How far a build's scores lie from the recorded ones depends on the task: iris' baseline
+    ranged over 0.67-0.73 on four builds, imbalanced_synth's F1 over 0.21-0.58.)"""
     t = get_task(task_id)
     base, ref = measured[task_id]
     assert base.status == "ok", base.message
@@ -168,9 +167,8 @@ def test_baseline_and_reference_reproduce_this_builds_scores(task_id, measured):
     assert base.score == pytest.approx(0.0, abs=1e-6) and ref.score == pytest.approx(1.0, abs=1e-6)
     # the reference beats the baseline in the metric's direction, as executed on this build
     assert (ref.raw_score - base.raw_score) * t.direction > 0
-    # on the recorded scale, this build's baseline and reference stay near 0 and 1
-    assert t.normalise(b) == pytest.approx(0.0, abs=RECORDED_TOL)
-    assert t.normalise(r) == pytest.approx(1.0, abs=RECORDED_TOL)
+    # and keeps at least a quarter of the recorded improvement (else the build is redrawn)
+    assert (r - b) * t.direction > MIN_GAP_FRACTION * abs(t.reference_score - t.baseline_score)
     # budgets are in epochs/steps: every execution stays cheap
     assert base.seconds < 30 and ref.seconds < 30
 
