@@ -15,13 +15,17 @@ out-of-bounds edit is rejected with a reason before any sandbox run.
 Two modes:
 
 - ``"knobs"``: every SEARCH text must lie inside the task's knobs block (strictly between the
-  ``KNOBS_START`` and ``KNOBS_END`` marker lines) and no REPLACE text may contain a marker, so the
-  fixed evaluation/IO code cannot change. Meant for small models.
+  ``KNOBS_START`` and ``KNOBS_END`` marker lines), no REPLACE text may contain a marker, and the
+  edited block must still consist of ``NAME = literal`` assignments (one per line, each NAME one of
+  the block's knobs, each value accepted by ``ast.literal_eval``), so the fixed evaluation/IO code
+  cannot change and a knob line cannot carry code (``C = 1.0; np.save = ...``). Meant for small
+  models.
 - ``"free"``: any exact edit of the file is allowed. Meant for large models.
 """
 
 from __future__ import annotations
 
+import ast
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -122,6 +126,31 @@ def parse_knobs(block: str) -> dict[str, str]:
     return out
 
 
+def check_knobs_block(block: str, names: set[str] | None = None) -> None:
+    """Raise :class:`EditError` unless ``block`` holds only ``NAME = literal`` lines (comments and
+    blank lines aside): one assignment per line, to a plain name (one of ``names`` when given), of a
+    value that ``ast.literal_eval`` accepts. What knobs mode allows an edit to leave behind."""
+    try:
+        tree = ast.parse(block)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        raise EditError(f"knobs block is not valid Python after the edit: {getattr(e, 'msg', e)}") from None
+    lines: set[int] = set()
+    for st in tree.body:
+        if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)):
+            raise EditError(f"knobs block line {st.lineno}: only `NAME = literal` assignments are allowed")
+        name = st.targets[0].id
+        if names is not None and name not in names:
+            raise EditError(f"knobs block line {st.lineno}: {name!r} is not one of the task's knobs")
+        try:
+            ast.literal_eval(st.value)
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+            raise EditError(f"knob {name}: its value is not a literal (line {st.lineno})") from None
+        span = set(range(st.lineno, (st.end_lineno or st.lineno) + 1))
+        if span & lines:
+            raise EditError(f"knobs block line {st.lineno}: one knob per line")
+        lines |= span
+
+
 def apply_edits(
     source: str,
     text: str,
@@ -134,8 +163,10 @@ def apply_edits(
         raise ValueError(f"edit mode {mode!r} is not one of {', '.join(MODES)}")
     try:
         edits = parse_edits(text)
+        names: set[str] = set()
         if mode == "knobs":
             start, end = _markers(start, end)
+            names = set(parse_knobs(knobs_block(source, start, end)))
         for i, e in enumerate(edits):
             n = source.count(e.search)
             if n == 0:
@@ -150,6 +181,8 @@ def apply_edits(
                 if start in e.replace or end in e.replace:
                     raise EditError(f"block {i}: REPLACE text contains a knobs marker")
             source = source[:pos] + e.replace + source[pos + len(e.search) :]
+        if mode == "knobs":
+            check_knobs_block(knobs_block(source, start, end), names)
         return EditResult(True, source, "", len(edits))
     except EditError as err:
         return EditResult(False, None, str(err), 0)

@@ -15,65 +15,30 @@ warm sandbox (:func:`wmrl_research.sandbox.default_sandbox`), started on its fir
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
+import tempfile
+import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from wmrl_research.sandbox import STATUSES, default_sandbox
-from wmrl_research.tasks import FAILURE_SCORE, get_task, list_tasks
+from wmrl_research.sandbox import STATUSES, SandboxError, default_sandbox
+from wmrl_research.tasks import FAILURE_SCORE, METRICS, Metric, get_task, list_tasks
+from wmrl_research.tasks.metrics import get_metric
 
+# Re-exported: the metrics live with the tasks (``wmrl_research/tasks/metrics.py``).
+__all__ = ["METRICS", "GradeResult", "build_scores", "execute_and_grade", "execute_raw", "reward", "warm_up"]
 
-def _as_labels(pred: np.ndarray) -> np.ndarray:
-    if not np.all(np.equal(np.mod(pred, 1), 0)):
-        raise ValueError("class predictions must be integer labels")
-    return pred.astype(np.int64)
-
-
-def accuracy(y: np.ndarray, p: np.ndarray) -> float:
-    return float(np.mean(_as_labels(p) == y))
-
-
-def macro_f1(y: np.ndarray, p: np.ndarray) -> float:
-    """Mean F1 over the classes present in the labels (unseen predicted classes only cost precision)."""
-    p = _as_labels(p)
-    scores = []
-    for c in np.unique(y):
-        tp = np.sum((p == c) & (y == c))
-        fp = np.sum((p == c) & (y != c))
-        fn = np.sum((p != c) & (y == c))
-        scores.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
-    return float(np.mean(scores))
-
-
-def f1(y: np.ndarray, p: np.ndarray) -> float:
-    """F1 of the positive (minority) class 1."""
-    p = _as_labels(p)
-    tp = np.sum((p == 1) & (y == 1))
-    fp = np.sum((p == 1) & (y != 1))
-    fn = np.sum((p != 1) & (y == 1))
-    return 0.0 if tp == 0 else float(2 * tp / (2 * tp + fp + fn))
-
-
-def rmse(y: np.ndarray, p: np.ndarray) -> float:
-    return float(np.sqrt(np.mean((p.astype(np.float64) - y) ** 2)))
-
-
-def mae(y: np.ndarray, p: np.ndarray) -> float:
-    return float(np.mean(np.abs(p.astype(np.float64) - y)))
-
-
-# name -> (function, direction): +1 higher is better, -1 lower is better
-METRICS: dict[str, tuple[Callable[[np.ndarray, np.ndarray], float], int]] = {
-    "accuracy": (accuracy, 1),
-    "macro_f1": (macro_f1, 1),
-    "f1": (f1, 1),
-    "rmse": (rmse, -1),
-    "mae": (mae, -1),
-}
+CALIBRATION_FILE = "scores.json"  # in a task's hidden folder: this build's baseline and reference
+CALIBRATION_TIMEOUT_S = 300.0
+MIN_GAP_FRACTION = 0.25  # of the recorded reference-minus-baseline gap that a data build must keep
+MAX_REDRAWS = 12  # imbalanced_synth: its reference beat its baseline by that margin on 2 of 6 splits tried
+_CALIBRATION_LOCK = threading.Lock()
 
 
 @dataclass
@@ -92,10 +57,9 @@ class GradeResult:
         return self.status == "ok"
 
 
-def score_predictions(metric: str, labels: np.ndarray, path: Path) -> float:
+def score_predictions(metric: str | Metric, labels: np.ndarray, path: Path) -> float:
     """The metric of the predictions file at ``path``; ValueError if the file is not valid predictions."""
-    if metric not in METRICS:
-        raise KeyError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
+    metric = get_metric(metric)
     try:
         pred = np.load(path, allow_pickle=False)
     except Exception as e:  # noqa: BLE001 (any parse failure means invalid predictions)
@@ -108,9 +72,12 @@ def score_predictions(metric: str, labels: np.ndarray, path: Path) -> float:
         raise ValueError(f"predictions have shape {pred.shape}, expected {labels.shape}")
     if not np.all(np.isfinite(pred)):
         raise ValueError("predictions contain NaN or infinity")
-    value = METRICS[metric][0](labels, pred)
+    try:
+        value = metric(labels, pred)
+    except (ValueError, TypeError, ArithmeticError) as e:  # predictions the metric cannot score
+        raise ValueError(f"metric {metric.name} rejected the predictions: {e}") from None
     if not np.isfinite(value):
-        raise ValueError(f"metric {metric} is not finite")
+        raise ValueError(f"metric {metric.name} is not finite")
     return value
 
 
@@ -131,7 +98,7 @@ def execute_raw(task_id: str, solution_source: str, timeout_s: float = 60.0) -> 
         msg = result.message + (f"\n{tail}" if tail else "")
         return GradeResult(task_id, result.status, None, FAILURE_SCORE, seconds, msg)
     try:
-        raw = score_predictions(task.metric, labels, result.predictions_path)
+        raw = score_predictions(task.scorer or task.metric, labels, result.predictions_path)
     except ValueError as e:
         return GradeResult(task_id, "invalid", None, FAILURE_SCORE, seconds, str(e))
     return GradeResult(task_id, "ok", raw, raw, seconds, "")
@@ -143,10 +110,73 @@ def execute_and_grade(task_id: str, solution_source: str, timeout_s: float = 60.
     Raises KeyError for an unknown task, TypeError/ValueError for bad arguments and
     :class:`wmrl_research.sandbox.SandboxError` when the sandbox fails (the rollout is ungraded).
     """
+    if not isinstance(solution_source, str):
+        raise TypeError(f"solution_source must be str, got {type(solution_source).__name__}")
+    scale = build_scores(task_id)
     result = execute_raw(task_id, solution_source, timeout_s)
     if result.ok and result.raw_score is not None:
-        result.score = get_task(task_id).normalise(result.raw_score)
+        result.score = get_task(task_id).normalise(result.raw_score, *scale)
     return result
+
+
+def build_scores(task_id: str) -> tuple[float, float]:
+    """``(baseline, reference)`` raw scores on this machine's data build of the task.
+
+    Each data build has its own secret split, so the baseline's and the reference's scores differ
+    a little from build to build (and from the recorded ``SPEC`` figures). They are measured once
+    per build in the sandbox, on first use, and cached next to the hidden labels (never mounted),
+    so that normalised scores mean the same on every machine: 0 at the baseline, 1 at the
+    reference. A split on which the reference keeps less than :data:`MIN_GAP_FRACTION` of its
+    recorded improvement over the baseline (a small test set can do that) is discarded and redrawn
+    (at most :data:`MAX_REDRAWS` times). Raises :class:`SandboxError` if the baseline or the
+    reference fails, or no split qualifies (the task's rollouts are then ungraded, not mis-scored).
+    Calibrations are serialised across processes by a lock file next to the hidden labels.
+    """
+    task = get_task(task_id)
+    _, hidden = task.data_dirs()
+    with _CALIBRATION_LOCK, _file_lock(hidden.parent / f"{hidden.name}.lock"):
+        for attempt in range(MAX_REDRAWS + 1):
+            _, hidden = task.data_dirs()
+            path = hidden / CALIBRATION_FILE
+            try:
+                d = json.loads(path.read_text())
+                return float(d["baseline"]), float(d["reference"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+            runs = {
+                name: execute_raw(task_id, src, CALIBRATION_TIMEOUT_S)
+                for name, src in (("baseline", task.baseline_source), ("reference", task.reference_source))
+            }
+            for name, r in runs.items():
+                if not r.ok or r.raw_score is None:
+                    raise SandboxError(
+                        f"task {task_id}: its {name} solution failed on this data build: {r.message}"
+                    )
+            base, ref = runs["baseline"].raw_score, runs["reference"].raw_score
+            recorded_gap = abs(task.reference_score - task.baseline_score)
+            if (ref - base) * task.direction > MIN_GAP_FRACTION * recorded_gap:
+                fd, tmp = tempfile.mkstemp(prefix=".scores-", dir=hidden)
+                with os.fdopen(fd, "w") as f:
+                    json.dump(
+                        {"baseline": base, "reference": ref, "metric": task.metric, "redraws": attempt}, f
+                    )
+                os.replace(tmp, path)
+                return base, ref
+            task.discard_data()  # this split makes the reference no better than the baseline: redraw
+    raise SandboxError(
+        f"task {task_id}: on {MAX_REDRAWS + 1} secret splits the reference did not beat the baseline "
+        f"by {MIN_GAP_FRACTION:.0%} of the recorded gap; check the task's recorded scores"
+    )
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def warm_up() -> float:

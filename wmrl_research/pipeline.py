@@ -33,6 +33,7 @@ from wmrl_research.domain import (
 from wmrl_research.edits import sample_knob_edit, synthetic_task
 from wmrl_research.sft import SFTConfig, edit_validity, run_sft
 from wmrl_research.tasks import FAILURE_SCORE, list_tasks
+from wmrl_research.tasks.base import DATA_LAYOUT_VERSION
 from world_models.outcome import EncoderOutcomeModel, ExecutionLog, LMOutcomeModel, outcome_metrics
 
 if TYPE_CHECKING:
@@ -85,6 +86,13 @@ def _policy_fields(cfg: ResearchConfig, run: RunConfig, train: list[Any]) -> dic
 def constrained(cfg: ResearchConfig) -> bool:
     """Whether the policy decodes SEARCH texts under the knob-line constraint (knobs mode only)."""
     return cfg.search_constraint and cfg.edit_mode == "knobs"
+
+
+def _data_key() -> list[Any]:
+    """What executed rewards depend on besides the config: the task data's layout (layout 2: secret
+    splits, scores normalised against each build's own baseline and reference), so that execution
+    logs and evaluations cached on layout 1's splits are not reused."""
+    return [] if DATA_LAYOUT_VERSION == 1 else [f"data-layout-{DATA_LAYOUT_VERSION}"]
 
 
 def _decoding_key(cfg: ResearchConfig) -> list[Any]:
@@ -336,7 +344,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     executor = make_executor(run.executor, run.anchors.max_concurrent)
     log_path = (
         cache
-        / f"execution_log-{_key([cfg.log_samples_per_task, cfg.max_new_tokens, cfg.temperature, *_decoding_key(cfg)])}.jsonl"
+        / f"execution_log-{_key([cfg.log_samples_per_task, cfg.max_new_tokens, cfg.temperature, *_decoding_key(cfg), *_data_key()])}.jsonl"
     )
     elog = build_execution_log(cfg, run, policy, train, executor, log_path)
     examples = elog.load()
@@ -365,7 +373,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     )
     eval_path = (
         cache
-        / f"sft_eval-{_key([cfg.eval_samples_per_task, cfg.eval_seed, [t.id for t in heldout], *_decoding_key(cfg)])}.json"
+        / f"sft_eval-{_key([cfg.eval_samples_per_task, cfg.eval_seed, [t.id for t in heldout], *_decoding_key(cfg), *_data_key()])}.json"
     )
     if eval_path.exists():
         sft_eval = json.loads(eval_path.read_text())

@@ -2,40 +2,65 @@
 
 What is isolated (each point has an adversarial test in ``tests/research/test_sandbox.py``):
 
-- **Network**: none (``bwrap --unshare-net``: only a loopback device inside).
-- **Filesystem**: the sandbox sees only ``/usr``, ``/etc``, the Python installation, the virtual
-  environment and the project's code, all read-only, plus the public task data (read-only) and a
-  fresh tmpfs working folder per job (size-limited: the disk limit). The hidden test labels live in
-  a folder that is never mounted (and is covered by an empty tmpfs should it lie under a mounted
-  path). Nothing a job writes survives it except ``predictions.npy`` and its stdout/stderr.
+- **Network**: none (``bwrap --unshare-net``: only a loopback device inside). No unix sockets either:
+  a seccomp filter refuses ``socket(AF_UNIX, ...)`` (so no pathname socket on a mounted folder and
+  no abstract socket of the host is reachable; ``socketpair`` still works).
+- **Filesystem**: the sandbox sees only ``/usr``, ``/etc``, the base Python installation, the
+  virtual environment's ``lib`` and ``pyvenv.cfg`` (mounted at ``/opt/venv``, not at their host
+  path), the worker script, all read-only, plus its own task's public data (read-only, at
+  ``$WMRL_DATA_DIR``; no other task's folder) and a fresh tmpfs working folder per job
+  (size-limited: the disk limit). Never the project tree, run directories, ``.git``, the host's
+  temporary folder or the folder a run was launched from. The packages' bundled copies of datasets
+  (scikit-learn's, statsmodels', vega_datasets', palmerpenguins' data and the test folders of
+  scipy, statsmodels and scikit-learn, which hold more copies: :data:`BUNDLED_DATA`) are covered by
+  empty mounts, so test rows cannot be matched against a labelled copy. The hidden test labels
+  live in a folder that is never mounted (and is covered by an empty tmpfs should it lie under a
+  mounted path). Nothing a job writes survives it except ``predictions.npy`` and its stdout/stderr.
+- **The split**: which rows are test rows is drawn from a secret per data build, stored next to the
+  hidden labels (``tasks/base.py``), so not derivable inside even from the task's code and seed.
 - **Other jobs**: each job has its own mount and PID namespace; it cannot see other jobs' folders
   or processes (its ``/proc`` shows only its own).
 - **Privileges**: the job runs as an unprivileged uid (:func:`job_uid`: one per host process and
-  worker slot, so concurrent jobs never share a process limit) with no
-  capabilities and ``no_new_privs``; it cannot signal the worker or the host.
+  worker slot, so concurrent jobs never share a process limit) with no capabilities,
+  ``no_new_privs`` and a seccomp filter (no ``keyctl``/``add_key``/``request_key``, no io_uring,
+  no ``AF_UNIX`` sockets); it cannot signal the worker or the host. The worker replaces the session
+  keyring it inherits from the host by a new empty one, so no job possesses the host's keys.
 - **Process lifetime**: the job is PID 1 of its namespace, so when it ends, or is killed at the
-  wall-clock timeout, the kernel kills every process it started. Workers die with the host process
+  wall-clock timeout, the kernel kills every process it started; when it left any, the supervisor
+  waits until all are gone before it reports, so the next job under the same uid starts with its
+  full process limit (a fork bomb does not break its neighbour). Workers die with the host process
   (``--die-with-parent``).
+- **Status reports**: the job reports its exit code on a pipe; a report that is malformed (not
+  JSON, an exit code that is not a small int, missing fields) or longer than
+  ``worker.MAX_STATUS_BYTES`` is graded as a failed run and ends the job (so flooding the pipe
+  costs the supervisor at most one bounded read). A source that is not valid UTF-8 text (a lone
+  surrogate) is graded as an error without running. Neither raises :class:`SandboxError`.
 - **Resources**: rlimits on CPU time, file size (disk), open files, number of processes, heap
   (``RLIMIT_DATA``) and address space (``RLIMIT_AS``), the last two relative to what the worker
   has already mapped (an absolute ``RLIMIT_AS`` would stop torch from importing), so without
   cgroups a job can still use about ``mem_mb`` + 4 GiB of shared anonymous memory before its
   mappings fail. Where cgroup v1 memory/pids controllers are writable (detected by
   :func:`cgroup_support`; used automatically, ``SandboxConfig.cgroups``), each worker also gets a
-  memory cgroup (``mem_mb`` + ``disk_mb`` + the worker's own 1.5 GiB: the job is OOM-killed, not
-  the worker) and a pids cgroup (fork cap). Without them it falls back to the rlimits alone.
+  memory cgroup (``mem_mb`` + ``disk_mb`` + the worker's own 1.5 GiB: one cap on the sum over all
+  of a job's processes, which are OOM-killed, not the worker) and a pids cgroup (fork cap).
+  Without them it falls back to the rlimits alone.
 
-What is *not* isolated: the job can read the (read-only) project code, ``/usr``, ``/etc``, the
-Python environment and every task's *public* data; it shares the kernel (no seccomp filter: a
-kernel exploit is out of scope) and the CPUs with the host (a solution can slow other jobs down,
-within its CPU limit); the memory cgroup is per worker, shared by the job and its worker (the
-job's ``oom_score_adj`` makes it the OOM victim); only cgroup v1 controllers are detected (on a
-v2-only host the rlimits alone apply); a job forked from a warm worker inherits the worker's
-already-imported modules (copy-on-write: it cannot change the worker's copy), with global state
-such as RNGs identical for every job. The sandbox needs root on the host (it creates namespaces,
-mounts and uid switches through ``bwrap --cap-add``; the job itself never holds a capability).
-Without bubblewrap (``bwrap`` not on PATH) :class:`Sandbox` refuses to start rather than run
-unsandboxed.
+What is *not* isolated: the job can read ``/usr``, ``/etc``, the Python environment (minus the
+bundled datasets above) and ``/proc/self/mountinfo``, which names the host folders mounted in (names
+only, not their other contents); it shares the kernel (the seccomp filter is a short deny list, not
+an allow list: a kernel exploit is out of scope) and the CPUs with the host (a solution can slow
+other jobs down, within its CPU limit); the memory cgroup is per worker, shared by the job and its
+worker (the job's ``oom_score_adj`` makes it the OOM victim); only cgroup v1 controllers are
+detected (on a v2-only host the rlimits alone apply, so several processes each get ``mem_mb``);
+a job forked from a warm worker inherits the worker's already-imported modules (copy-on-write: it
+cannot change the worker's copy), with global state such as RNGs identical for every job. Data
+that a task *generates* with a fixed seed (``make_classification``, mnist1d, the synthetic
+sequences) could be regenerated by a solution that knows the generator and its parameters (they
+are in the project's code, which is not mounted); forecasting tasks split by time, not by the
+secret, and their test windows overlap by construction. The sandbox needs root on the host (it
+creates namespaces, mounts and uid switches through ``bwrap --cap-add``; the job itself never holds
+a capability). Without bubblewrap (``bwrap`` not on PATH) :class:`Sandbox` refuses to start rather
+than run unsandboxed.
 
 Two modes: ``warm=True`` (default) keeps pre-imported workers and forks per job (tens of ms of
 overhead); ``warm=False`` starts a fresh sandboxed interpreter per job (strongest separation, pays
@@ -101,6 +126,30 @@ WORKER_MEMORY_MB = 1536
 KEEP_JOB_DIRS = 32
 _WORKER_IDS = itertools.count()  # process-wide: names each worker's cgroups uniquely
 
+
+# Where the sandbox sees the virtual environment and the worker script (not at their host paths,
+# which lie inside the project's folder).
+VENV_DIR = Path("/opt/venv")
+WORKER_DIR = Path("/opt/wmrl")
+# The packages' bundled copies of datasets (and their test folders, which hold more copies: iris in
+# scipy's and statsmodels' tests, co2 in statsmodels' STL tests), relative to a site-packages folder:
+# covered by empty mounts, so a solution cannot rebuild a task's labels from them by matching rows.
+BUNDLED_DATA = (
+    "sklearn/datasets/data",
+    "sklearn/datasets/descr",
+    "sklearn/datasets/images",
+    "sklearn/datasets/tests",
+    "statsmodels/datasets/*/*.csv",
+    "statsmodels/datasets/*/*.s",
+    "statsmodels/datasets/*/src",
+    "statsmodels/**/tests",
+    "scipy/**/tests",
+    "vega_datasets/_data",
+    "palmerpenguins/data",
+    "pydataset/resources",
+    "sktime/datasets/data",
+    "seaborn/data",
+)
 
 UID_BASE = 200_000
 MAX_SLOTS = 64
@@ -229,9 +278,8 @@ class _Worker:
             (group / "pids.max").write_text(str(cfg.nproc + 16))
             self.cgroups.append(group)
         argv = sandbox._bwrap_argv() + [
-            sys.executable,
-            "-m",
-            "wmrl_research.worker",
+            sandbox._python(),
+            str(WORKER_DIR / "worker.py"),
             json.dumps(
                 {"preload": list(cfg.preload) if cfg.warm else [], "uid": self.uid, "disk_mb": cfg.disk_mb}
             ),
@@ -359,11 +407,26 @@ class Sandbox:
             raise ValueError(
                 f"data_dir {data_dir} is not under the sandbox's data root {self.data_root}"
             ) from None
+        if rel == Path("."):
+            raise ValueError(
+                f"data_dir must be one task's folder under {self.data_root}, got the root itself"
+            )
+        try:
+            encoded = source.encode("utf-8")
+        except UnicodeEncodeError as e:  # e.g. a lone surrogate: the solution's fault, graded as such
+            return SandboxResult(
+                status="error",
+                stdout="",
+                stderr="",
+                seconds=0.0,
+                predictions_path=None,
+                message=f"solution source is not valid UTF-8 text ({e.reason} at character {e.start})",
+            )
         t0 = time.monotonic()
         job = f"job{next(self._ids):06d}"
         job_dir = self.jobs_root / job
         job_dir.mkdir(mode=0o755)
-        (job_dir / "solution.py").write_text(source)
+        (job_dir / "solution.py").write_bytes(encoded)
         cfg = self.config
         cpu_s = cfg.cpu_s if cfg.cpu_s is not None else 2 * timeout_s + 1
         worker = self._acquire()
@@ -374,7 +437,8 @@ class Sandbox:
             "mem_mb": cfg.mem_mb,
             "disk_mb": cfg.disk_mb,
             "nproc": cfg.nproc,
-            "env": self._job_env(f"/tmp/data/{rel.as_posix()}"),
+            "data": rel.as_posix(),
+            "env": self._job_env("/tmp/data"),
         }
         healthy = False
         try:
@@ -467,6 +531,8 @@ class Sandbox:
             status, msg = "killed", f"killed by {sig} (memory, CPU-time or process limit, or a signal)"
         elif code != 0:
             status, msg = "error", f"exit code {code}"
+            if info.get("status_error"):
+                msg += f" ({info['status_error']})"
         elif not preds.exists():
             status, msg = "invalid", info.get("predictions") or "no predictions file"
         else:
@@ -509,7 +575,13 @@ class Sandbox:
         return env
 
     def _bwrap_argv(self) -> list[str]:
-        """bubblewrap arguments: an empty root with read-only binds of what Python needs."""
+        """bubblewrap arguments: an empty root with read-only binds of what Python needs.
+
+        Mounted: ``/usr``, ``/etc``, the base interpreter's installation, the virtual environment
+        (at :data:`VENV_DIR`: its ``lib`` and ``pyvenv.cfg`` only), this module's worker script (at
+        :data:`WORKER_DIR`) and the public data root; never the project tree or the host's cwd. The
+        packages' bundled copies of datasets (:data:`BUNDLED_DATA`) are covered by empty mounts.
+        """
         argv = [
             bwrap_path() or "bwrap",
             "--unshare-ipc",
@@ -532,30 +604,48 @@ class Sandbox:
                 argv += ["--ro-bind", str(p), str(p)]
         made: set[Path] = {Path("/"), Path("/usr"), Path("/etc"), Path("/tmp")}
 
-        def bind_ro(src: Path) -> list[str]:
+        def parents(dst: Path) -> list[str]:
             out = []
-            for parent in reversed(src.parents):
+            for parent in reversed(dst.parents):
                 if parent not in made:
                     out += ["--perms", "0755", "--dir", str(parent)]
                     made.add(parent)
-            made.add(src)
-            return [*out, "--ro-bind", str(src), str(src)]
+            made.add(dst)
+            return out
+
+        def bind_ro(src: Path, dst: Path | None = None) -> list[str]:
+            dst = src if dst is None else dst
+            return [*parents(dst), "--ro-bind", str(src), str(dst)]
 
         tmp = Path("/tmp")
-        roots = _python_roots()
-        for src in (r for r in roots if tmp not in r.parents):
-            argv += bind_ro(src)
+        layout = _python_layout()
+        binds = [(src, dst) for src, dst in layout.binds if tmp not in dst.parents]
+        late = [(src, dst) for src, dst in layout.binds if tmp in dst.parents]
+        for src, dst in binds:
+            argv += bind_ro(src, dst)
+        for target, dst in layout.symlinks:
+            argv += [*parents(dst), "--symlink", target, str(dst)]
+        argv += bind_ro(Path(wmrl_research.__file__).resolve().parent / "worker.py", WORKER_DIR / "worker.py")
         argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "0755", "--tmpfs", "/tmp"]
         argv += ["--perms", "0755", "--dir", "/tmp/work", "--perms", "0755", "--dir", "/tmp/jobs"]
-        # A project or venv that lives under /tmp (a CI clone, say) is bound in after /tmp's tmpfs.
-        for src in (r for r in roots if tmp in r.parents):
-            argv += bind_ro(src)
+        # An interpreter that lives under /tmp (a CI runner's, say) is bound in after /tmp's tmpfs.
+        for src, dst in late:
+            argv += bind_ro(src, dst)
+        for path in layout.masked_dirs:
+            argv += ["--tmpfs", str(path)]
+        for path in layout.masked_files:
+            argv += ["--ro-bind", "/dev/null", str(path)]
         argv += ["--ro-bind", str(self.data_root), "/tmp/data", "--bind", str(self.jobs_root), "/tmp/jobs"]
         hidden = self.hidden_root.resolve()
-        if any(hidden == r or r in hidden.parents for r in _python_roots()):
-            argv += ["--tmpfs", str(hidden)]  # labels under a mounted path: cover them
-        argv += ["--chdir", "/tmp", "--setenv", "PYTHONPATH", str(_project_root())]
+        for src, dst in layout.binds:  # labels under a mounted path: cover them
+            if hidden == src or src in hidden.parents:
+                argv += ["--tmpfs", str(dst / hidden.relative_to(src))]
+        argv += ["--chdir", "/tmp"]
         return argv
+
+    def _python(self) -> str:
+        """The interpreter's path inside the sandbox."""
+        return str(_python_layout().python)
 
 
 def _remove_stale() -> None:
@@ -597,23 +687,75 @@ def _project_root() -> Path:
     return Path(wmrl_research.__file__).resolve().parent.parent
 
 
+@dataclass(frozen=True)
+class _Layout:
+    python: Path  # the interpreter, as the sandbox sees it
+    binds: tuple[tuple[Path, Path], ...]  # (host path, sandbox path), read-only
+    symlinks: tuple[tuple[str, Path], ...]  # (target, sandbox path)
+    masked_dirs: tuple[Path, ...]  # sandbox paths covered by an empty tmpfs
+    masked_files: tuple[Path, ...]  # sandbox paths covered by an empty file
+
+
+def _skip(path: Path) -> bool:
+    return str(path).startswith(("/usr", "/etc", "/proc", "/dev", "/sys")) or path in (
+        Path("/"),
+        Path("/tmp"),
+    )
+
+
 @cache
-def _python_roots() -> tuple[Path, ...]:
-    """The folders a sandboxed interpreter needs: installation, venv, project, ``sys.path`` entries."""
-    cands = [
-        Path(sys.base_prefix),
-        Path(sys.prefix),
-        Path(sys.executable).resolve().parent.parent,
-        _project_root(),
-    ]
-    cands += [Path(p) for p in sys.path if p and Path(p).is_dir()]
-    roots: list[Path] = []
-    for c in sorted({c.resolve() for c in cands if c.exists()}, key=lambda p: len(p.parts)):
-        if str(c).startswith(("/usr", "/etc", "/proc", "/dev", "/sys")) or c in (Path("/"), Path("/tmp")):
-            continue
-        if not any(r == c or r in c.parents for r in roots):
-            roots.append(c)
-    return tuple(roots)
+def _python_layout() -> _Layout:
+    """What a sandboxed interpreter needs: the base installation (at its own path) and, when this
+    process runs in a virtual environment, the venv's ``lib`` and ``pyvenv.cfg`` at
+    :data:`VENV_DIR` (so no path of the project that holds the venv exists inside), minus the
+    bundled datasets (:data:`BUNDLED_DATA`) and anything that names the project's location."""
+    base = Path(sys.base_prefix).resolve()
+    binds: list[tuple[Path, Path]] = [] if _skip(base) else [(base, base)]
+    symlinks: list[tuple[str, Path]] = []
+    site_dirs: list[tuple[Path, Path]] = [(Path(p), Path(p)) for p in _site_dirs(base)]
+    python = Path(sys.executable).resolve()
+    venv = Path(sys.prefix)
+    if venv.resolve() != base and (venv / "pyvenv.cfg").exists():
+        binds += [
+            (venv / "pyvenv.cfg", VENV_DIR / "pyvenv.cfg"),
+            ((venv / "lib").resolve(), VENV_DIR / "lib"),
+        ]
+        if (venv / "lib64").exists():
+            symlinks.append(("lib", VENV_DIR / "lib64"))
+        symlinks.append((str(python), VENV_DIR / "bin" / "python"))
+        site_dirs += [(s, VENV_DIR / s.relative_to(venv.resolve())) for s in _site_dirs(venv.resolve())]
+        python = VENV_DIR / "bin" / "python"
+    dirs: list[Path] = []
+    files: list[Path] = []
+    project = str(_project_root())
+    for host, inside in site_dirs:
+        found = sorted(
+            {p for pattern in BUNDLED_DATA for p in host.glob(pattern)}, key=lambda p: len(p.parts)
+        )
+        for p in found:
+            if any(d in p.parents for d in dirs):
+                continue
+            (dirs if p.is_dir() else files).append(inside / p.relative_to(host))
+        # an editable install names the project's folder: hide those files too
+        for p in list(host.glob("*.pth")) + list(host.glob("*.dist-info/direct_url.json")):
+            try:
+                if project in p.read_text(errors="replace"):
+                    files.append(inside / p.relative_to(host))
+            except OSError:
+                pass
+    # a mask's own folder must not be masked already (e.g. a tests folder inside a masked one)
+    dirs = [d for d in dirs if not any(o in d.parents for o in dirs)]
+    files = [f for f in files if not any(o in f.parents for o in dirs)]
+    return _Layout(python, tuple(binds), tuple(symlinks), tuple(dirs), tuple(files))
+
+
+def _site_dirs(prefix: Path) -> list[Path]:
+    """``lib/python3.X/site-packages`` (and ``dist-packages``) folders under ``prefix``."""
+    out = []
+    for lib in ("lib", "lib64"):
+        for name in ("site-packages", "dist-packages"):
+            out += [p.resolve() for p in (prefix / lib).glob(f"python3*/{name}") if p.is_dir()]
+    return sorted(set(out))
 
 
 def _tail(path: Path) -> str:

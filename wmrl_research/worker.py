@@ -43,10 +43,22 @@ PREFORK_GRACE_S = 0.03  # a job that ends within this is answered before the nex
 SOLUTION = "solution.py"
 PREDICTIONS = "predictions.npy"
 
+DATA_DIR = "/tmp/data"  # every task's public data (bwrap); a job sees only its own task's folder here
+MAX_STATUS_BYTES = 4096  # a status report longer than this (without a newline) is garbled: the job fails
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+KEYCTL_JOIN_SESSION_KEYRING = 1
+# Syscalls the job may not make, per architecture: the kernel keyring (keyctl, add_key, request_key),
+# io_uring (its operations bypass seccomp, e.g. IORING_OP_SOCKET) and socket(AF_UNIX, ...)
+# (pathname and abstract unix sockets; socketpair() stays allowed, which multiprocessing.Pipe uses).
+_ARCH = {  # machine -> (AUDIT_ARCH_*, socket, keyctl, add_key, request_key, io_uring_{setup,enter,register})
+    "x86_64": (0xC000003E, 41, 250, 248, 249, 425, 426, 427),
+    "aarch64": (0xC00000B7, 198, 219, 217, 218, 425, 426, 427),
+}
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -109,6 +121,60 @@ def _copy_predictions(dir_fd: int) -> str:
 STATUS_FD = 1023  # where the job reports its exit code (kept across the close of other fds)
 
 
+def _seccomp_program() -> bytes:
+    """A classic-BPF seccomp filter (``struct sock_filter[]``) for this machine's architecture.
+
+    Another architecture's syscalls (e.g. i386 ``socketcall`` from an x86-64 process) kill the job;
+    x32 syscall numbers fail with ENOSYS.
+    """
+    import errno
+    import platform
+    import struct
+
+    machine = platform.machine()
+    if machine not in _ARCH:
+        raise OSError(errno.ENOSYS, f"no seccomp filter for architecture {machine!r}")
+    arch, sys_socket, *denied = _ARCH[machine]
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, kill = 0x7FFF0000, 0x80000000
+
+    def err(code: int) -> int:
+        return 0x00050000 | code
+
+    ins = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (ld, 0, 0, 0)]
+    if machine == "x86_64":
+        ins += [(jge, 0, 1, 0x40000000), (ret, 0, 0, err(errno.ENOSYS))]
+    for nr in denied:
+        ins += [(jeq, 0, 1, nr), (ret, 0, 0, err(errno.EPERM))]
+    ins += [(jeq, 0, 3, sys_socket), (ld, 0, 0, 16), (jeq, 0, 1, 1), (ret, 0, 0, err(errno.EAFNOSUPPORT))]
+    ins += [(ret, 0, 0, allow)]
+    return b"".join(struct.pack("=HBBI", *i) for i in ins)
+
+
+def _install_seccomp(program: bytes) -> None:
+    class _Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _Prog(len(program) // 8, ctypes.cast(buf, ctypes.c_char_p))
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp")
+
+
+def _join_new_session_keyring() -> None:
+    """Replace the session keyring inherited from the host by a new, empty one (for every job)."""
+    import platform
+
+    nr = {"x86_64": 250, "aarch64": 219}.get(platform.machine())
+    if nr is None:
+        return  # the job's seccomp filter refuses to start on an unknown architecture anyway
+    _libc.syscall.restype = ctypes.c_long
+    if _libc.syscall(nr, KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        err = ctypes.get_errno()
+        if err not in (38, 1):  # ENOSYS / EPERM: no keyring support here, nothing to inherit
+            raise OSError(err, f"keyctl(JOIN_SESSION_KEYRING): {os.strerror(err)}")
+
+
 def _run_job(go_fd: int, status_fd: int) -> None:
     """The job process: PID 1 of a fresh PID namespace, forked ahead of time. Never returns.
 
@@ -135,6 +201,12 @@ def _run_job(go_fd: int, status_fd: int) -> None:
         out_fd = os.open(os.path.join(job_dir, "stdout"), flags, 0o644)
         err_fd = os.open(os.path.join(job_dir, "stderr"), flags, 0o644)
         _mount("tmpfs", JOBS_DIR, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755")
+        # Only this job's task data stays visible: its folder is bound over the whole data root.
+        data = str(req["data"])
+        if data.startswith("/") or ".." in data.split("/") or not data.strip("/"):
+            raise ValueError(f"bad data folder {data!r}")
+        _mount(os.path.join(DATA_DIR, data), DATA_DIR, None, MS_BIND | MS_REC)
+        program = _seccomp_program()
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_fd, 1)
@@ -147,6 +219,7 @@ def _run_job(go_fd: int, status_fd: int) -> None:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)  # from here on: no capabilities, no way back
+        _install_seccomp(program)
         os.chdir(WORK_DIR)
         with open(SOLUTION, "w") as f:
             f.write(source)
@@ -220,6 +293,8 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int) -> None:
     _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare")
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", WORK_DIR, "tmpfs", MS_NOSUID | MS_NODEV, f"size={disk_mb}m,mode=0700,uid={uid},gid={uid}")
+    # The job mounts its own /proc over this mount namespace's: keep a handle on the worker's view.
+    proc_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
     go_r, go_w = os.pipe()
     st_r, st_w = os.pipe()
     pid = os.fork()
@@ -253,29 +328,22 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int) -> None:
             break
         ready, _, _ = select.select(watch, [], [], left)
         if st_r in ready:
-            chunk = os.read(st_r, 4096)
+            chunk = os.read(st_r, MAX_STATUS_BYTES + 1 - len(report))
             if not chunk:  # closed (it died, or closed the pipe itself): the pidfd decides
                 watch.remove(st_r)
             report += chunk
-            if b"\n" in report:
+            if b"\n" in report or len(report) > MAX_STATUS_BYTES:  # a report, or a flood: stop reading
                 break
         if pidfd in ready:
             exited = True
             break
     seconds = time.monotonic() - t0
-    timed_out = b"\n" not in report and not exited
+    reported = b"\n" in report or len(report) > MAX_STATUS_BYTES
+    timed_out = not reported and not exited
     os.kill(pid, signal.SIGKILL)  # the job's PID namespace dies with it
-    info = {"exit_code": None, "cpu_s": 0.0, "maxrss_mb": 0.0}
-    if b"\n" in report:
-        try:
-            msg = json.loads(report.split(b"\n", 1)[0])
-            info = {
-                "exit_code": int(msg["code"]),
-                "cpu_s": float(msg["cpu_s"]),
-                "maxrss_mb": float(msg["maxrss_mb"]),
-            }
-        except (ValueError, KeyError, TypeError):
-            info["exit_code"] = 1  # a garbled report: treat as a failed run
+    info: dict = {"exit_code": None, "cpu_s": 0.0, "maxrss_mb": 0.0}
+    if reported:
+        info = _parse_status(report)
     if info["exit_code"] is None:
         _, status, usage = os.wait4(pid, 0)
         exited = True
@@ -284,6 +352,13 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int) -> None:
             "cpu_s": usage.ru_utime + usage.ru_stime,
             "maxrss_mb": usage.ru_maxrss / 1024,
         }
+    elif _job_processes(proc_fd, uid) - {pid}:
+        # The job left other processes (a fork bomb, say): they die with its PID namespace, but
+        # until they are gone they count against the next job's process limits (same uid). The
+        # namespace's init exits only after every process in it is reaped, so wait for that.
+        _, _, _ = select.select([pidfd], [], [], 30.0)
+        os.waitpid(pid, 0)
+        exited = True
     why = _copy_predictions(dir_fd)
     _write_json_at(
         dir_fd, "result.json", {**info, "timed_out": timed_out, "seconds": seconds, "predictions": why}
@@ -292,6 +367,35 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int) -> None:
     if not exited:
         os.waitpid(pid, 0)
     os.close(pidfd)
+    os.close(proc_fd)
+
+
+def _parse_status(report: bytes) -> dict:
+    """The job's status report, checked; anything malformed is a failed run (exit code 1)."""
+    garbled = {"exit_code": 1, "cpu_s": 0.0, "maxrss_mb": 0.0, "status_error": "garbled status report"}
+    if b"\n" not in report:
+        return garbled
+    try:
+        msg = json.loads(report.split(b"\n", 1)[0])
+        code, cpu_s, rss = msg["code"], float(msg["cpu_s"]), float(msg["maxrss_mb"])
+    except Exception:  # noqa: BLE001 (RecursionError, OverflowError, ...: anything is a bad report)
+        return garbled
+    if type(code) is not int or not -255 <= code <= 255 or not (0 <= cpu_s < 1e9 and 0 <= rss < 1e9):
+        return garbled
+    return {"exit_code": code, "cpu_s": cpu_s, "maxrss_mb": rss}
+
+
+def _job_processes(proc_fd: int, uid: int) -> set[int]:
+    """Pids (as the worker's ``/proc`` at ``proc_fd`` numbers them) of the processes of ``uid``."""
+    out = set()
+    for name in os.listdir(proc_fd):
+        if name.isdigit():
+            try:
+                if os.stat(name, dir_fd=proc_fd).st_uid == uid:
+                    out.add(int(name))
+            except OSError:
+                pass
+    return out
 
 
 def _prefork(config: dict) -> tuple[int, int, int, int]:
@@ -333,6 +437,7 @@ def _serve(config: dict) -> None:
     def reply(obj: dict) -> None:
         os.write(reply_fd, (json.dumps(obj) + "\n").encode())
 
+    _join_new_session_keyring()  # before any job is forked: none inherits the host's keys
     t0 = time.monotonic()
     failed = []
     for name in config.get("preload", []):

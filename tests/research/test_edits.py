@@ -1,4 +1,5 @@
 import random
+import re
 
 import pytest
 from research_fixtures import END, SOURCE, START, FakeTask
@@ -138,3 +139,48 @@ def test_randomise_knobs_moves_the_starting_point_within_the_space():
             assert k not in task.knob_space or v in {format_value(c) for c in task.knob_space[k]}
         seen.add(tuple(knobs.values()))
     assert len(seen) > 3
+
+
+# --- knobs mode: a knob line cannot carry code -----------------------------------------------------
+@pytest.mark.parametrize(
+    "replace, reason",
+    [
+        # the issue's one-line hack: keep the knob, patch np.save to write rebuilt labels
+        (
+            "ALPHA = 1.0; _sv = np.save; np.save = lambda f, a: _sv(f, a)",
+            "'_sv' is not one of the task's knobs",
+        ),
+        ("ALPHA = 1.0\nSCALE = (np.save, True)[1]", "SCALE: its value is not a literal"),
+        ("ALPHA = 1.0; SCALE = False", "one knob per line"),
+        ("ALPHA = __import__('os').system('id')", "not a literal"),
+        ("ALPHA = 2 ** 10", "not a literal"),
+        ("ALPHA = [x for x in range(3)]", "not a literal"),
+        ("ALPHA = 1.0\nimport os", "only `NAME = literal`"),
+        ("ALPHA = 1.0\nnp.save = print", "only `NAME = literal`"),
+        ("ALPHA, SCALE = 1.0, True", "only `NAME = literal`"),
+        ("ALPHA = 1.0\nEVIL = 'x'", "not one of the task's knobs"),
+        ('ALPHA = """', "not valid Python"),
+        ("ALPHA = 1.0 \\", "not valid Python"),  # a continuation into the end marker's line
+        ("ALPHA = " + "[" * 500 + "]" * 500, "literal|not valid Python"),
+    ],
+)
+def test_knobs_mode_accepts_only_literal_knob_values(replace, reason):
+    res = apply_edits(SOURCE, block("ALPHA = 1.0", replace), "knobs", **KW)
+    assert not res.ok and res.source is None
+    assert re.search(reason, res.reason), res.reason
+
+
+@pytest.mark.parametrize(
+    "replace",
+    [
+        "ALPHA = -0.5",
+        "ALPHA = 1e-3  # smaller",
+        "ALPHA = None",
+        "ALPHA = (1, 2.0, 'a')",
+        "ALPHA = [\n  1,\n  2]",
+    ],
+)
+def test_knobs_mode_still_accepts_literal_values(replace):
+    res = apply_edits(SOURCE, block("ALPHA = 1.0", replace), "knobs", **KW)
+    assert res.ok, res.reason
+    assert apply_edits(SOURCE, block("ALPHA = 1.0", "ALPHA = np.pi"), "free", **KW).ok  # free mode: any edit

@@ -6,8 +6,12 @@ real predictions only), and the next execution must still work.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import os
+import platform
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -17,7 +21,7 @@ import psutil
 import pytest
 
 import wmrl_research
-from wmrl_research.grading import execute_and_grade
+from wmrl_research.grading import build_scores, execute_and_grade, reward
 from wmrl_research.sandbox import (
     MAX_SLOTS,
     Sandbox,
@@ -30,6 +34,9 @@ from wmrl_research.sandbox import (
 from wmrl_research.tasks import FAILURE_SCORE, get_task
 
 TASK = "wine_cls"
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_NR = {"x86_64": (250, 248), "aarch64": (219, 217)}[platform.machine()]  # keyctl, add_key
 SANDBOX_UIDS = range(job_uid(0), job_uid(MAX_SLOTS - 1) + 1)  # this test process's jobs
 
 
@@ -212,6 +219,7 @@ while True:
     except OSError:
         pass
 """
+    build_scores(TASK)  # the sandbox and this data build's calibration are ready: time the bomb only
     t0 = time.monotonic()
     g = grade(src, timeout_s=3.0)
     assert g.status in ("timeout", "killed", "error") and g.score == FAILURE_SCORE
@@ -407,3 +415,264 @@ def test_concurrent_jobs_run_in_separate_workers():
             th.join()
         assert all(r.status == "ok" for r in results)
         assert {r.stdout.strip() for r in results} == {str(job_uid(0)), str(job_uid(1))}  # one uid per slot
+
+
+# --- reward hacks: labels rebuilt from what the sandbox shows -------------------------------------
+def test_labels_cannot_be_rebuilt_from_the_project_code():
+    """The issue's hack: ``np.save("predictions.npy", get_task(...).build_data().y_test)``. The
+    project is not mounted; and even with its code the split is not the build's (secret seed)."""
+    hack = f"""
+import numpy as np
+from wmrl_research.tasks import get_task
+np.save("predictions.npy", get_task({TASK!r}).build_data().y_test)
+"""
+    g = grade(hack)
+    assert g.status == "error" and g.score == FAILURE_SCORE, g
+    assert "No module named 'wmrl_research'" in g.message
+    # Outside the sandbox, with the code and the task's fixed seed, the split still differs from the
+    # build's: which rows are test rows depends on the build's secret, stored with the hidden labels.
+    public, _ = get_task(TASK).data_dirs()
+    rebuilt = get_task(TASK).build_data()
+    with np.load(public / "test.npz") as d:
+        x_test = d["X"]
+    assert rebuilt.X_test.shape == x_test.shape and not np.array_equal(rebuilt.X_test, x_test)
+
+
+def test_labels_cannot_be_rebuilt_from_the_packages_bundled_datasets():
+    """Matching test rows against scikit-learn's bundled copy (or the copies in scipy's and
+    statsmodels' test folders) would give every label: those files are not readable inside."""
+    attack = """
+import glob, os, sys, numpy as np
+X = np.load(os.environ["WMRL_DATA_DIR"] + "/test.npz")["X"]
+def match(full_X, full_y):
+    idx = [int(np.argmin(np.abs(full_X - row).sum(1))) for row in X]
+    np.save("predictions.npy", full_y[idx].astype(np.int64))
+    print("MATCHED")
+try:
+    from sklearn.datasets import load_wine
+    match(*load_wine(return_X_y=True))
+except OSError as e:
+    print("load_wine blocked", type(e).__name__)
+site = [p for p in sys.path if p.endswith("site-packages")]
+copies = [f for s in site for pat in ("sklearn/datasets/data/*", "scipy/**/iris*", "statsmodels/**/iris*",
+          "statsmodels/datasets/co2/*.csv", "vega_datasets/_data/*", "palmerpenguins/data/*")
+          for f in glob.glob(os.path.join(s, pat), recursive=True)]
+print("copies", [f for f in copies if os.path.isfile(f) and os.path.getsize(f) > 0])
+import statsmodels.api  # the packages themselves still import
+if not os.path.exists("predictions.npy"):
+    raise SystemExit(1)
+"""
+    r = run(attack)
+    assert "load_wine blocked FileNotFoundError" in r.stdout and "copies []" in r.stdout, r.stdout + r.stderr
+    assert "MATCHED" not in r.stdout and r.status == "error" and r.exit_code == 1, r.stderr
+    g = grade(attack)
+    assert g.status == "error" and g.score == FAILURE_SCORE
+    assert_still_works()
+
+
+def test_no_project_runs_git_or_launch_folder_is_visible():
+    project = Path(wmrl_research.__file__).resolve().parent.parent
+    paths = [
+        project,
+        project / ".git",
+        project / "runs",
+        project / "runs/latest/execution_log.jsonl",
+        Path.cwd(),
+        Path(wmrl_research.__file__),
+        Path(tempfile.gettempdir()) / "wmrl-sbx-probe",
+    ]
+    probe = paths[-1]
+    probe.mkdir(exist_ok=True)
+    src = f"""
+import importlib.util, os
+for p in {[str(p) for p in paths]!r}:
+    print("VISIBLE" if os.path.exists(p) else "absent", p)
+for mod in ("wmrl", "wmrl_research", "world_models", "sims"):
+    print("IMPORTABLE" if importlib.util.find_spec(mod) else "absent", mod)
+print("jobs", os.listdir("/tmp/jobs"), "data", sorted(os.listdir(os.environ["WMRL_DATA_DIR"])))
+"""
+    try:
+        r = run(src)
+    finally:
+        probe.rmdir()
+    assert r.status == "invalid", r.stderr
+    assert "VISIBLE" not in r.stdout and "IMPORTABLE" not in r.stdout, r.stdout
+    assert r.stdout.count("absent") == len(paths) + 4
+    # only this task's public files: no other task's folder, no hidden labels
+    assert "jobs [] data ['test.npz', 'train.npz', 'val.npz']" in r.stdout
+
+
+def test_unix_sockets_on_the_host_and_the_session_keyring_are_unreachable():
+    sockets, accepted = [], []
+    public, _ = get_task(TASK).data_dirs()
+    paths = [Path(tempfile.gettempdir()) / f"wmrl-test-{os.getpid()}.sock", public / "wmrl-test.sock"]
+    for path in paths:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        os.chmod(path, 0o777)
+        s.listen(1)
+        s.settimeout(0.2)
+        sockets.append(s)
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind(f"\0wmrl-test-{os.getpid()}")
+    abstract.listen(1)
+    abstract.settimeout(0.2)
+    sockets.append(abstract)
+    key = _add_session_key(b"wmrl-test-key", b"hunter2")
+    src = f"""
+import ctypes, socket
+for addr in {[str(p) for p in paths]!r} + ["/tmp/data/wmrl-test.sock", "\\0wmrl-test-{os.getpid()}"]:
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(addr)
+        print("CONNECTED", addr)
+    except OSError as e:
+        print("blocked", e.errno)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+buf = ctypes.create_string_buffer(4096)
+keyctl, add_key = {_NR[0]}, {_NR[1]}
+# keyctl: GET_KEYRING_ID and READ of the session keyring (-3), READ of the host's key
+for args in ((0, -3, 0), (11, -3, buf, 4096), (11, {key or 0}, buf, 4096)):
+    r = libc.syscall(keyctl, *args)
+    print("KEYCTL", r, buf.raw[:40]) if r >= 0 else print("blocked", ctypes.get_errno())
+r = libc.syscall(add_key, b"user", b"planted", b"x", 1, -3)
+print("ADDED" if r >= 0 else "blocked", ctypes.get_errno())
+print("proc keys", "wmrl-test-key" in open("/proc/keys").read())
+"""
+    try:
+        r = run(src)
+        for s in sockets:
+            try:
+                accepted.append(s.accept())
+            except OSError:
+                pass
+    finally:
+        for s in sockets:
+            s.close()
+        for path in paths:
+            path.unlink(missing_ok=True)
+        if key:
+            _keyctl(21, key)  # KEYCTL_INVALIDATE
+    assert "CONNECTED" not in r.stdout and "KEYCTL" not in r.stdout and "ADDED" not in r.stdout, r.stdout
+    assert r.stdout.count("blocked") == 8 and "proc keys False" in r.stdout, r.stdout + r.stderr
+    assert not accepted
+
+
+def _keyctl(*args) -> int:
+    return _libc.syscall(_NR[0], *args)
+
+
+def _add_session_key(desc: bytes, payload: bytes) -> int | None:
+    """A key in this process's session keyring (None where the host has no keyring to add to)."""
+    key = _libc.syscall(_NR[1], b"user", desc, payload, len(payload), ctypes.c_int(-3))
+    return key if key >= 0 else None
+
+
+# --- reward hacks: a failing solution turns its -1 into "ungraded" --------------------------------
+PREDICT = "import os, numpy as np\nX = np.load(os.environ['WMRL_DATA_DIR'] + '/test.npz')['X']\n"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"code": 1e999, "cpu_s": 0, "maxrss_mb": 0}\n',  # OverflowError in int()
+        b"[" * 100000,  # RecursionError in json (and no newline)
+        b"[" * 100000 + b"\n",
+        b'{"code": 0}\n',  # fields missing
+        b'{"code": 0.0, "cpu_s": 0, "maxrss_mb": 0}\n',  # not an int
+        b'{"code": true, "cpu_s": 0, "maxrss_mb": 0}\n',
+        b'{"code": 99999999999999999999999, "cpu_s": 0, "maxrss_mb": 0}\n',
+        b'{"code": 0, "cpu_s": NaN, "maxrss_mb": 0}\n',
+        b"\xff\xfe\n",
+        b"x" * 10_000_000,  # a flood: the supervisor reads at most MAX_STATUS_BYTES of it
+    ],
+    ids=lambda p: repr(p[:24]),
+)
+def test_a_malformed_status_report_is_graded_as_failure(payload):
+    """Valid predictions, then a garbled report on the job's status descriptor: a failure, never
+    a SandboxError (the rollout would be excluded instead of scored -1)."""
+    src = (
+        PREDICT
+        + f"np.save('predictions.npy', np.zeros(len(X), dtype=np.int64))\nos.write(1023, {payload!r})\n"
+    )
+    t0 = time.monotonic()
+    g = grade(src)
+    assert g.status == "error" and g.score == FAILURE_SCORE and "garbled status report" in g.message, g
+    assert time.monotonic() - t0 < 15  # a flood is cut short, not read to the end
+
+
+def test_a_source_with_a_lone_surrogate_is_graded_as_failure():
+    g = grade(
+        "print('\\udcff')\n" + get_task(TASK).reference_source.replace("# --- KNOBS", "# \udcff --- KNOBS", 1)
+    )
+    assert g.status == "error" and g.score == FAILURE_SCORE and "not valid UTF-8" in g.message, g
+    assert_still_works()
+
+
+# --- a job's processes do not outlive it ---------------------------------------------------------
+def test_the_job_right_after_a_fork_bomb_grades_normally():
+    bomb = "import os\nwhile True:\n    os.fork()\n"  # PID 1 fails first and reports; the rest race on
+    g = grade(bomb, timeout_s=10.0)
+    assert g.score == FAILURE_SCORE
+    neighbour = PREDICT + (
+        "import subprocess\n"
+        "for _ in range(8):\n    subprocess.run(['true'], check=True)\n"
+        "np.save('predictions.npy', np.zeros(len(X), dtype=np.int64))\n"
+    )
+    r = grade(neighbour)  # the next job, same worker and uid, at once
+    assert r.status == "ok", r.message
+    assert_still_works()
+
+
+def test_memory_is_capped_across_all_of_a_jobs_processes():
+    """Four processes of 120 MiB each, under mem_mb=256: each is within its own rlimit, the sum is
+    not. With cgroup v1 memory (the worker's group: the job and everything it starts) they are
+    OOM-killed; without it each process is still held to mem_mb by its rlimits."""
+    src = """
+import os, time
+kids = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        block = b"\\x01" * (120 * 2**20)  # touched: charged to the cgroup
+        time.sleep(3)
+        os._exit(0)
+    kids.append(pid)
+codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids]
+print("codes", codes)
+if any(codes):
+    raise SystemExit(9)
+open("predictions.npy", "wb").write(b"x")
+"""
+    with Sandbox(SandboxConfig(warm=False, mem_mb=256)) as sb:  # cold: the cgroup holds mem_mb + disk_mb
+        public, _ = get_task(TASK).data_dirs()
+        r = sb.run(src, public, timeout_s=60)
+        if cgroup_support()["memory"] is not None:
+            assert r.status in ("error", "killed") and "-9" in r.stdout, (r.status, r.stdout, r.stderr[-300:])
+        else:
+            assert r.status == "ok"  # documented: without cgroups only per-process limits apply
+            big = sb.run("b = b'x' * (512 * 2**20)\n", public, timeout_s=60)
+            assert big.status == "error" and "MemoryError" in big.stderr
+        ok = sb.run("open('predictions.npy', 'wb').write(b'x')\n", public, timeout_s=60)
+        assert ok.status == "ok"
+
+
+def test_the_attacks_are_graded_as_failures_through_the_process_executor_as_training_runs_them():
+    """The same attacks as above, as :class:`wmrl.domain.Job` s on the local process pool that
+    training uses (a fresh process, its own sandbox): graded -1 ("ok" results), none ungraded."""
+    from wmrl.domain import Job
+    from wmrl.executors import ProcessPoolExecutor
+
+    t = get_task(TASK)
+    hack = "import numpy as np\nfrom wmrl_research.tasks import get_task\n"
+    hack += f"np.save('predictions.npy', get_task({TASK!r}).build_data().y_test)\n"
+    status = PREDICT + "np.save('predictions.npy', np.zeros(len(X), dtype=np.int64))\n"
+    status += 'os.write(1023, b\'{"code": 1e999, "cpu_s": 0, "maxrss_mb": 0}\\n\')\n'
+    attacks = [hack, "print('\udcff')\n", status, "import os\nwhile True:\n    os.fork()\n"]
+    jobs = [Job(fn=reward, args=(t.id, src, 60.0)) for src in [*attacks, t.baseline_source]]
+    build_scores(TASK)  # calibrated on disk already: the pool's process does not measure it again
+    with ProcessPoolExecutor(max_concurrent=1, timeout_s=300.0) as ex:
+        results = ex.run(jobs)
+    assert [r.status for r in results] == ["ok"] * 5, [r.error for r in results]
+    assert [r.value for r in results] == pytest.approx([FAILURE_SCORE] * 4 + [0.0], abs=1e-9)

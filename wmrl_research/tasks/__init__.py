@@ -9,6 +9,11 @@ Public API (the agent, the world model and the grader use only this)::
     get_task(task_id) -> ResearchTask
     task_lines() -> list[str]          # "id<TAB>split<TAB>kind<TAB>metric", for `wmrl tasks research`
     KNOBS_START, KNOBS_END, FAILURE_SCORE
+    Metric, METRICS                    # a task's metric (tasks/metrics.py)
+
+Loading the registry (any of the above) checks every task's definition (id, split, metric and its
+direction, knobs) and raises :class:`TaskDefinitionError` with a one-line reason, before any data is
+built or any sandbox runs.
 """
 
 from __future__ import annotations
@@ -33,17 +38,21 @@ from wmrl_research.tasks.base import (
     read_knobs,
     set_knobs,
 )
+from wmrl_research.tasks.metrics import METRICS, Metric, get_metric
 
 __all__ = [
     "DATA_ENV",
     "FAILURE_SCORE",
     "KNOBS_END",
     "KNOBS_START",
+    "METRICS",
+    "Metric",
     "PREDICTIONS_FILE",
     "SCORE_CLIP",
     "SPLITS",
     "ResearchTask",
     "Splits",
+    "TaskDefinitionError",
     "TaskSpec",
     "data_root",
     "get_task",
@@ -56,23 +65,55 @@ __all__ = [
 _HERE = Path(__file__).parent
 
 
+class TaskDefinitionError(ValueError, RuntimeError):
+    """A task folder that does not define a valid task (the message names the task and the fix).
+
+    Also a RuntimeError, so that command-line entry points report it as a one-line error."""
+
+
 def _load(task_id: str) -> ResearchTask:
+    if not task_id.isidentifier() or not task_id.islower():
+        raise TaskDefinitionError(
+            f"task folder {task_id!r}: a task id must be a lower-case Python identifier"
+        )
     module = importlib.import_module(f"{__name__}.{task_id}")
     spec: TaskSpec = getattr(module, "SPEC", None)  # type: ignore[assignment]
     if not isinstance(spec, TaskSpec):
-        raise TypeError(f"task folder {task_id!r} must define SPEC = TaskSpec(...) in its __init__.py")
-    if spec.split not in SPLITS:
-        raise ValueError(f"task {task_id}: split {spec.split!r} is not one of {SPLITS}")
-    if spec.direction not in (1, -1):
-        raise ValueError(f"task {task_id}: direction must be +1 or -1, got {spec.direction!r}")
+        raise TaskDefinitionError(
+            f"task folder {task_id!r} must define SPEC = TaskSpec(...) in its __init__.py"
+        )
     baseline = (_HERE / task_id / "solution.py").read_text()
-    knobs = read_knobs(baseline)
+    return task_from_spec(task_id, spec, baseline)
+
+
+def task_from_spec(task_id: str, spec: TaskSpec, baseline: str) -> ResearchTask:
+    """Check ``spec`` (and the baseline ``solution.py``) and build the task; raises
+    :class:`TaskDefinitionError` naming the task and what is wrong."""
+    if spec.split not in SPLITS:
+        raise TaskDefinitionError(f"task {task_id}: split {spec.split!r} is not one of {', '.join(SPLITS)}")
+    try:
+        metric = get_metric(spec.metric)
+    except KeyError as e:
+        raise TaskDefinitionError(f"task {task_id}: {e.args[0]}") from None
+    if spec.direction is not None and spec.direction != metric.direction:
+        raise TaskDefinitionError(
+            f"task {task_id}: direction={spec.direction!r} contradicts metric {metric.name} "
+            f"(direction {metric.direction:+d}); leave direction out to use the metric's"
+        )
+    if not callable(spec.build_data):
+        raise TaskDefinitionError(f"task {task_id}: build_data must be a function returning Splits")
+    try:
+        knobs = read_knobs(baseline)
+    except (ValueError, SyntaxError) as e:
+        raise TaskDefinitionError(f"task {task_id}: solution.py: {e}") from None
     unknown = (set(spec.knob_space) | set(spec.reference_knobs)) - set(knobs)
     if unknown:
-        raise ValueError(f"task {task_id}: knobs {sorted(unknown)} are not in solution.py's knobs block")
+        raise TaskDefinitionError(
+            f"task {task_id}: knobs {sorted(unknown)} are not in solution.py's knobs block"
+        )
     for name, values in spec.knob_space.items():
         if knobs[name] not in values:
-            raise ValueError(
+            raise TaskDefinitionError(
                 f"task {task_id}: baseline value {knobs[name]!r} of {name} not in its knob space"
             )
     return ResearchTask(
@@ -80,8 +121,8 @@ def _load(task_id: str) -> ResearchTask:
         split=spec.split,
         kind=spec.kind,
         description=spec.description.strip(),
-        metric=spec.metric,
-        direction=spec.direction,
+        metric=metric.name,
+        direction=metric.direction,
         baseline_source=baseline,
         reference_source=set_knobs(baseline, spec.reference_knobs),
         knob_space={k: list(v) for k, v in spec.knob_space.items()},
@@ -89,6 +130,7 @@ def _load(task_id: str) -> ResearchTask:
         reference_score=spec.reference_score,
         build_data=spec.build_data,
         data_version=spec.data_version,
+        scorer=metric,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wmrl_research.tasks.base import Splits
+from wmrl_research.tasks.base import Splits, split_seed
 
 
 def random_split(
@@ -16,9 +16,11 @@ def random_split(
 ) -> Splits:
     """Shuffle and cut into train/val/test (``fractions`` = train, val; test gets the rest).
 
-    With ``stratify`` each class is cut separately, so rare classes appear in every split.
+    With ``stratify`` each class is cut separately, so rare classes appear in every split. The
+    shuffle is seeded by ``seed`` *and* the secret of the data build (:func:`split_seed`), so which
+    rows are test rows cannot be derived from the task's code.
     """
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(split_seed(seed))
     groups = [np.flatnonzero(y == c) for c in np.unique(y)] if stratify else [np.arange(len(y))]
     parts: list[list[np.ndarray]] = [[], [], []]
     for idx in groups:

@@ -16,18 +16,23 @@ The contract between a solution and the grader (the why: labels never enter the 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import math
 import os
 import re
+import secrets
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from wmrl_research.tasks.metrics import Metric
 
 KNOBS_START = "# --- KNOBS START ---"
 KNOBS_END = "# --- KNOBS END ---"
@@ -38,8 +43,11 @@ SCORE_CLIP = (-1.0, 2.0)
 SPLITS = ("train", "heldout")
 PREDICTIONS_FILE = "predictions.npy"
 DATA_ENV = "WMRL_DATA_DIR"
-# Bump to invalidate every cached data set (e.g. after changing the layout).
-DATA_LAYOUT_VERSION = 1
+# Bump to invalidate every cached data set (e.g. after changing the layout). 2: random splits are
+# seeded by a secret per data build (before: by the task's fixed seed alone).
+DATA_LAYOUT_VERSION = 2
+SECRET_SUFFIX = ".secret"
+_SPLIT_SECRET: contextvars.ContextVar[str | None] = contextvars.ContextVar("split_secret", default=None)
 
 
 @dataclass(frozen=True)
@@ -61,20 +69,21 @@ class TaskSpec:
     Attributes:
         description: what the agent is told (data shapes, the goal, the metric).
         kind: e.g. ``tabular-classification``, ``ts-forecasting``.
-        metric: a name in :data:`wmrl_research.grading.METRICS`.
-        direction: +1 if higher is better, -1 if lower is better.
+        metric: the name of a metric in :data:`wmrl_research.tasks.metrics.METRICS`, or the task's
+            own :class:`~wmrl_research.tasks.metrics.Metric` (name, direction, function).
         build_data: ``() -> Splits``, deterministic; runs once per machine (the result is cached).
         knob_space: knob name -> candidate values (Python literals), for generating valid edits.
         reference_knobs: knob values that turn the baseline into the stronger reference solution.
         baseline_score, reference_score: measured with ``python -m wmrl_research.tasks measure``.
         split: ``train`` (used for training) or ``heldout`` (evaluation only).
         data_version: bump when ``build_data`` changes, so cached data is rebuilt.
+        direction: optional; +1 if higher is better, -1 if lower is better. The metric decides it;
+            if given, it must agree (a check that the author meant that metric).
     """
 
     description: str
     kind: str
-    metric: str
-    direction: int
+    metric: str | Metric
     build_data: Callable[[], Splits]
     knob_space: dict[str, list[Any]]
     reference_knobs: dict[str, Any]
@@ -82,6 +91,7 @@ class TaskSpec:
     reference_score: float
     split: str = "train"
     data_version: int = 1
+    direction: int | None = None
 
 
 @dataclass
@@ -101,23 +111,28 @@ class ResearchTask:
     reference_score: float
     build_data: Callable[[], Splits] = field(repr=False, compare=False)
     data_version: int = 1
+    scorer: Metric | None = field(default=None, repr=False, compare=False)  # the metric itself
 
-    def normalise(self, raw: float) -> float:
+    def normalise(self, raw: float, baseline: float | None = None, reference: float | None = None) -> float:
         """``(raw - baseline) / (reference - baseline)``: 0 at the baseline, 1 at the reference.
 
+        ``baseline`` and ``reference`` default to the recorded scores (``SPEC``); the grader passes
+        the ones measured on this machine's data build (:func:`wmrl_research.grading.build_scores`).
         Signed by the metric's direction (the reference is better than the baseline in that
         direction, so the ratio is already positive for improvements), clipped to
         :data:`SCORE_CLIP`; a non-finite raw score is a failure.
         """
         if raw is None or not math.isfinite(raw):
             return FAILURE_SCORE
-        gap = self.reference_score - self.baseline_score
+        baseline = self.baseline_score if baseline is None else baseline
+        reference = self.reference_score if reference is None else reference
+        gap = reference - baseline
         if gap * self.direction <= 0:
             raise ValueError(
-                f"task {self.id}: reference {self.reference_score} does not beat baseline "
-                f"{self.baseline_score} in direction {self.direction:+d}"
+                f"task {self.id}: reference {reference} does not beat baseline "
+                f"{baseline} in direction {self.direction:+d}"
             )
-        value = (raw - self.baseline_score) / gap
+        value = (raw - baseline) / gap
         return float(min(max(value, SCORE_CLIP[0]), SCORE_CLIP[1]))
 
     # --- data on disk -------------------------------------------------------------------------
@@ -133,7 +148,8 @@ class ResearchTask:
         public, hidden = root / "public" / key, root / "hidden" / key
         if (public / "test.npz").exists() and (hidden / "y_test.npy").exists():
             return public, hidden
-        splits = self.build_data()
+        with split_secret(build_secret(root / "hidden", key)):
+            splits = self.build_data()
         _check_splits(self.id, splits)
         for folder, arrays in (
             (hidden, {"y_test.npy": splits.y_test}),
@@ -149,10 +165,64 @@ class ResearchTask:
             _write_atomic(folder, arrays)
         return public, hidden
 
+    def discard_data(self, root: Path | None = None) -> None:
+        """Delete this task's data build (public, hidden and its split secret): the next
+        :meth:`data_dirs` draws a new secret and builds again."""
+        root = data_root() if root is None else root
+        key = f"{self.id}-v{self.data_version}"
+        (root / "hidden" / f"{key}{SECRET_SUFFIX}").unlink(missing_ok=True)
+        for folder in (root / "public" / key, root / "hidden" / key):
+            if folder.exists():
+                trash = folder.with_name(f".{key}-discarded-{secrets.token_hex(4)}")
+                os.rename(folder, trash)  # atomic: readers see the old build or none
+                shutil.rmtree(trash, ignore_errors=True)
+
     def test_labels(self, root: Path | None = None) -> np.ndarray:
         """The hidden test labels (for the grader only)."""
         _, hidden = self.data_dirs(root)
         return np.load(hidden / "y_test.npy", allow_pickle=False)
+
+
+@contextlib.contextmanager
+def split_secret(secret: str | None) -> Iterator[None]:
+    """While active, :func:`split_seed` mixes ``secret`` into every split seed (see ``data_dirs``)."""
+    token = _SPLIT_SECRET.set(secret)
+    try:
+        yield
+    finally:
+        _SPLIT_SECRET.reset(token)
+
+
+def split_seed(seed: int) -> list[int]:
+    """The seed a data builder's random split uses: the task's ``seed`` plus the secret of the data
+    build in progress (none outside :meth:`ResearchTask.data_dirs`). The secret is drawn once per
+    data build and stored next to the hidden labels, outside every sandbox, so a solution cannot
+    tell which rows are test rows even knowing the task's code and seed."""
+    secret = _SPLIT_SECRET.get()
+    words = [] if secret is None else [int(secret[i : i + 8], 16) for i in range(0, len(secret), 8)]
+    return [int(seed), *words]
+
+
+def build_secret(hidden_root: Path, key: str) -> str:
+    """The secret of data build ``key`` (hex), created on first use (atomically: concurrent first
+    builds agree on one) as ``hidden_root/<key>.secret``."""
+    path = hidden_root / f"{key}{SECRET_SUFFIX}"
+    if not path.exists():
+        hidden_root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{key}-", dir=hidden_root)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(16))
+            try:
+                os.link(tmp, path)  # fails if another process won the race: use its secret
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(tmp)
+    secret = path.read_text().strip()
+    if not re.fullmatch(r"[0-9a-f]{32}", secret):
+        raise ValueError(f"corrupt split secret in {path}: delete it with the task's data to rebuild")
+    return secret
 
 
 def data_root() -> Path:

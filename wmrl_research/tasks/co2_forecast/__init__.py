@@ -19,7 +19,6 @@ time (test windows come last). Metric: test MAE over all 12 steps (lower is bett
 """,
     kind="ts-forecasting",
     metric="mae",
-    direction=-1,
     build_data=build_data,
     knob_space={
         "METHOD": ["naive", "seasonal_naive", "drift", "ridge"],

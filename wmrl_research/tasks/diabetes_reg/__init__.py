@@ -34,7 +34,6 @@ is better).
 """,
     kind="tabular-regression",
     metric="rmse",
-    direction=-1,
     build_data=build_data,
     knob_space=REG_SPACE,
     reference_knobs={"ALPHA": 0.1},

@@ -29,7 +29,6 @@ images); y: class 0-9. Metric: test accuracy (higher is better).
 """,
     kind="image-classification-cnn",
     metric="accuracy",
-    direction=1,
     build_data=build_data,
     knob_space={
         "CHANNELS": [4, 8, 16, 32],

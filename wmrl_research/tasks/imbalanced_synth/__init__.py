@@ -46,7 +46,6 @@ split (higher is better); predicting the majority class everywhere scores 0.
 """,
     kind="imbalanced-classification",
     metric="f1",
-    direction=1,
     build_data=build_data,
     knob_space={**TAB_CLS_SPACE, **THR_SPACE},
     reference_knobs={"MODEL": "hgb", "N_ESTIMATORS": 200, "MAX_DEPTH": None, "THRESHOLD": 0.3},

@@ -19,8 +19,7 @@ Classify iris flowers into 3 species from sepal and petal length and width (cm).
 X: [n, 4] float; y: class 0-2. Metric: test accuracy (higher is better).
 """,
     kind="tabular-classification",
-    metric="accuracy",  # a name in wmrl_research.grading.METRICS
-    direction=1,  # +1 higher is better, -1 lower is better
+    metric="accuracy",  # a name in wmrl_research.tasks.metrics.METRICS, or Metric(name, direction, fn)
     build_data=build_data,
     knob_space={"C": [0.001, 0.01, 0.1, 1.0, 10.0], "MAX_ITER": [20, 100, 500]},
     reference_knobs={"C": 1.0},  # the reference solution = the baseline with these knob values

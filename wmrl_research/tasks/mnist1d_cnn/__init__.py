@@ -34,7 +34,6 @@ number of epochs. X: [n, 40] float; y: class 0-9. Metric: test accuracy (higher 
 """,
     kind="ts-classification-cnn",
     metric="accuracy",
-    direction=1,
     build_data=build_data,
     knob_space={"CHANNELS": [8, 16, 32, 64], "DEPTH": [1, 2, 3], "KERNEL": [3, 5, 7], **TORCH_COMMON_SPACE},
     reference_knobs={"CHANNELS": 32, "DEPTH": 3, "KERNEL": 5, "EPOCHS": 8, "LR": 0.003, "OPTIMIZER": "adam"},

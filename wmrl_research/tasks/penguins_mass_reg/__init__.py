@@ -44,7 +44,6 @@ X: [n, 8] float with missing values; y: float (about 2700-6300). Metric: test RM
 """,
     kind="tabular-regression",
     metric="rmse",
-    direction=-1,
     build_data=build_data,
     knob_space=REG_SPACE,
     reference_knobs={"MODEL": "ridge", "SCALE": True},

@@ -44,7 +44,6 @@ with missing values; y: class 0-2. Metric: test accuracy (higher is better).
 """,
     kind="tabular-classification",
     metric="accuracy",
-    direction=1,
     build_data=build_data,
     knob_space=TAB_CLS_SPACE,
     reference_knobs={"MODEL": "logreg", "SCALE": True, "C": 1.0, "MAX_ITER": 500},

@@ -47,7 +47,6 @@ positive class on the test split (higher is better).
 """,
     kind="imbalanced-classification",
     metric="f1",
-    direction=1,
     build_data=build_data,
     knob_space={**TAB_CLS_SPACE, **THR_SPACE},
     reference_knobs={"MODEL": "knn", "SCALE": True, "N_NEIGHBORS": 5, "THRESHOLD": 0.2},

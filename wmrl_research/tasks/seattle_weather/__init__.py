@@ -45,7 +45,6 @@ year) and the year. X: [n, 7] float; y: class 0-4. Metric: test macro-F1 (higher
 """,
     kind="tabular-classification",
     metric="macro_f1",
-    direction=1,
     build_data=build_data,
     knob_space=TAB_CLS_SPACE,
     reference_knobs={"MODEL": "hgb", "CLASS_WEIGHT": "balanced", "N_ESTIMATORS": 100},

@@ -47,7 +47,6 @@ X: [n, 24] int token ids; y: 0 or 1. Metric: test accuracy (higher is better).
 """,
     kind="sequence-classification-rnn",
     metric="accuracy",
-    direction=1,
     build_data=build_data,
     knob_space={
         "CELL": ["rnn", "gru", "lstm"],

@@ -31,7 +31,6 @@ sample positions carry little signal. X: [n, 64] float; y: class 0-3. Metric: te
 """,
     kind="ts-classification",
     metric="accuracy",
-    direction=1,
     build_data=build_data,
     knob_space={
         "FEATURES": ["raw", "fft", "stats"],

@@ -19,7 +19,6 @@ last). Metric: test MAE over all 4 steps (lower is better).
 """,
     kind="ts-forecasting",
     metric="mae",
-    direction=-1,
     build_data=build_data,
     knob_space={
         "METHOD": ["naive", "seasonal_naive", "drift", "ridge"],

@@ -32,7 +32,6 @@ different scales). X: [n, 13] float; y: class 0-2. Metric: test accuracy (higher
 """,
     kind="tabular-classification",
     metric="accuracy",
-    direction=1,
     build_data=build_data,
     knob_space=TAB_CLS_SPACE,
     reference_knobs={"SCALE": True, "C": 1.0},
