@@ -20,7 +20,8 @@ TINY = [
     "--domain.eval_samples_per_task=1",
     "--domain.wm_pretrain_steps=10",
     "--grpo.steps=2",
-    "--grpo.lr=1e-2",  # the final policy must differ visibly from the SFT one
+    "--grpo.lr=1e-2",  # the final policy must differ visibly from the SFT one,
+    "--grpo.weight_decay=0.1",  # even when a 20-step SFT policy's edits all fail (zero advantages)
     "--tracking.eval_every=2",
 ]
 
