@@ -94,7 +94,13 @@ def gather_batches(
     from accelerate.utils import gather_object
 
     item = None if local is None else (local.to(torch.device("cpu")), n_real)
-    parts = gather_object([item])
+    return join_shares(gather_object([item]))
+
+
+def join_shares(
+    parts: list[tuple[RolloutBatch, int] | None],
+) -> tuple[RolloutBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`gather_batches` once every rank's ``(batch, n_real)`` (or None) is here, rank order."""
     present = [(r, p) for r, p in enumerate(parts) if p is not None]
     if not present:
         raise RuntimeError("no rank generated anything this step")

@@ -76,6 +76,7 @@ class Trainer:
         self.update_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.step = 0
         self.real_executions = 0
+        self.generated_tasks = 0  # tasks this process generated rollouts for (its share, data-parallel)
         self.elapsed = 0.0  # training wall-clock so far, seconds (carried across resumes)
         self.executor: Executor | None = None
         if resume:
@@ -164,9 +165,11 @@ class Trainer:
                     local = self.domain.generate(
                         tasks[share.start : share.stop], cfg.grpo.group_size, anchor_groups[share.start : share.stop]
                     )
+                    self.generated_tasks += len(share)
                 batch, owner, _, src_row = gather_batches(local, len(share), self.acc)
             else:
                 batch = self.domain.generate(tasks, cfg.grpo.group_size, anchor_groups)
+                self.generated_tasks += len(tasks)
                 if self.acc is not None:
                     owner = group_owner(batch, len(tasks), self.world)
         # A domain may append imagined twin groups of the anchor tasks (batch.twin_of); never executed.
