@@ -176,8 +176,16 @@ def grpo_update(
         return {"loss/optimizer_steps": 0.0}
     if accelerator is not None:
         return _grpo_update_dp(
-            policy, optimizer, batch.select(keep), advantages[keep], owned[keep], cfg, reference,
-            generator, accelerator, model,
+            policy,
+            optimizer,
+            batch.select(keep),
+            advantages[keep],
+            owned[keep],
+            cfg,
+            reference,
+            generator,
+            accelerator,
+            model,
         )
     batch, advantages = batch.select(keep), advantages[keep]
     ref_logp = None

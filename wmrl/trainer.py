@@ -163,7 +163,9 @@ class Trainer:
                 share = task_shares(len(tasks), self.world)[self.rank]
                 if len(share):
                     local = self.domain.generate(
-                        tasks[share.start : share.stop], cfg.grpo.group_size, anchor_groups[share.start : share.stop]
+                        tasks[share.start : share.stop],
+                        cfg.grpo.group_size,
+                        anchor_groups[share.start : share.stop],
                     )
                     self.generated_tasks += len(share)
                 batch, owner, _, src_row = gather_batches(local, len(share), self.acc)
@@ -180,7 +182,9 @@ class Trainer:
 
         # Real execution (anchor rows; data-parallel: this rank's) runs in a thread while the WM
         # scores the batch here.
-        exec_rows = anchor_rows if owner is None else anchor_rows[owner[batch.group_ids[anchor_rows]] == self.rank]
+        exec_rows = (
+            anchor_rows if owner is None else anchor_rows[owner[batch.group_ids[anchor_rows]] == self.rank]
+        )
         jobs = []
         if exec_rows.numel():
             jobs = (
@@ -440,7 +444,9 @@ class Trainer:
                     metrics.update(self.evaluate())
                 self._log(self.step, metrics)
                 last = metrics
-                if self.is_main and (self.step % cfg.tracking.checkpoint_every == 0 or self.step == cfg.grpo.steps):
+                if self.is_main and (
+                    self.step % cfg.tracking.checkpoint_every == 0 or self.step == cfg.grpo.steps
+                ):
                     self.save()
                 bar.update(1)
                 shown = {"r": f"{metrics['reward/mean']:.3f}"}

@@ -23,7 +23,9 @@ from wmrl.trainer import Trainer  # noqa: E402
 
 def main(root: Path, overrides: list[str]) -> None:
     base = [*overrides, "--distributed.enabled=true"]
-    train_run(load_config(None, [*base, "--distributed.generation=replicate", f"--out_dir={root / 'replicate'}"]))
+    train_run(
+        load_config(None, [*base, "--distributed.generation=replicate", f"--out_dir={root / 'replicate'}"])
+    )
 
     cfg = load_config(None, [*base, "--distributed.generation=shard", f"--out_dir={root / 'shard'}"])
     acc = make_accelerator(cfg)
@@ -33,7 +35,11 @@ def main(root: Path, overrides: list[str]) -> None:
     trainer = Trainer(cfg, cfg.domain.build(cfg), accelerator=acc)
     trainer.train()
     torch.save(
-        {"policy": trainer.policy.state_dict(), "world": acc.num_processes, "generated_tasks": trainer.generated_tasks},
+        {
+            "policy": trainer.policy.state_dict(),
+            "world": acc.num_processes,
+            "generated_tasks": trainer.generated_tasks,
+        },
         root / f"shard-rank{acc.process_index}.pt",
     )
 

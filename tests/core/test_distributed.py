@@ -92,7 +92,11 @@ def test_two_processes_give_the_one_process_update(tmp_path):
     worker = str(Path(__file__).parent / "dp_worker.py")
     proc = subprocess.Popen(
         [torchrun, "--standalone", "--nproc_per_node", "2", worker, str(root), *OVERRIDES],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     # The 1-process reference trains here meanwhile.
     one = train_run(load_config(None, [*OVERRIDES, f"--out_dir={tmp_path / 'one'}"]))
