@@ -88,7 +88,7 @@ class Trainer:
         if accelerator is not None:
             from wmrl.distributed import LogProbs
 
-            if self.shard:
+            if self.shard and self.world > 1:  # one process keeps the domain's own sampling
                 shard_rng = getattr(domain, "shard_rng", None)
                 if shard_rng is None:
                     raise ConfigError(
