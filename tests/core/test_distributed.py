@@ -9,11 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from wmrl.config import load_config
 from wmrl.distributed import group_owner, join_shares, task_shares
 from wmrl.experiment import train_run
+from wmrl.learner import aggregate_denom, clipped_policy_loss
 from wmrl.toy import ToyConfig, ToyDomain
 from wmrl.tracking import CHECKPOINT, read_metrics, safe_load
 
@@ -43,6 +45,39 @@ OVERRIDES = [
 
 def _close(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean"])
+def test_share_losses_over_the_global_denominator_sum_to_the_whole_loss(agg):
+    """Ranks hold rollouts of different lengths (and one with no real token): each share's loss and
+    diagnostics over the whole batch's denominators sum to the whole batch's, so DDP's mean of the
+    share gradients times N is the whole gradient. (The toy's one-token rollouts cannot show this.)"""
+    g = torch.Generator().manual_seed(0)
+    n, t = 7, 5
+    theta = torch.randn(n, t, generator=g, requires_grad=True)
+    old, ref = torch.randn(n, t, generator=g), torch.randn(n, t, generator=g)
+    adv = torch.randn(n, generator=g)
+    mask = (torch.arange(t) < torch.tensor([5, 1, 3, 0, 2, 5, 4])[:, None]).float()
+    whole, stats = clipped_policy_loss(theta, old, adv, mask, 0.2, agg, ref, 0.1)
+    (grad_whole,) = torch.autograd.grad(whole, theta)
+    denom, tokens = aggregate_denom(mask, agg), mask.sum()
+    total, grad, sums = 0.0, torch.zeros_like(theta), dict.fromkeys(stats, 0.0)
+    for rows in (torch.tensor([0, 1]), torch.tensor([2, 3, 4, 5, 6])):
+        part, part_stats = clipped_policy_loss(
+            theta[rows], old[rows], adv[rows], mask[rows], 0.2, agg, ref[rows], 0.1, denom, tokens
+        )
+        (g_part,) = torch.autograd.grad(part, theta)
+        total, grad = total + part.detach(), grad + g_part
+        sums = {k: sums[k] + float(v) for k, v in part_stats.items()}
+    torch.testing.assert_close(total, whole.detach())
+    torch.testing.assert_close(grad, grad_whole)
+    assert all(math.isclose(sums[k], float(stats[k]), rel_tol=1e-5, abs_tol=1e-7) for k in stats)
+    # Each share over its own denominator (what plain DDP of the 1-process loss would do) is wrong.
+    own = sum(
+        float(clipped_policy_loss(theta[r], old[r], adv[r], mask[r], 0.2, agg, ref[r], 0.1)[0])
+        for r in (torch.tensor([0, 1]), torch.tensor([2, 3, 4, 5, 6]))
+    )
+    assert not math.isclose(own / 2, float(whole), rel_tol=1e-3)
 
 
 def test_task_shares_and_group_owner_keep_groups_whole():
