@@ -25,8 +25,10 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
     resolve_device(cfg.device)  # an unavailable device fails here, before any preparation
     acc = make_accelerator(cfg) if wants_distributed(cfg) else None
     main = acc is None or acc.is_main_process
-    if acc is not None and cfg.device.startswith("cuda"):
-        cfg.device = str(acc.device)  # one GPU per process: this rank's
+    build_cfg = cfg  # the domain builds its models on this rank's GPU (the saved config keeps cfg's)
+    if acc is not None and acc.num_processes > 1 and cfg.device.startswith("cuda"):
+        build_cfg = copy.copy(cfg)
+        build_cfg.device = str(acc.device)
     out = Path(cfg.out_dir)
     if resume:
         _check_resumable(out, cfg)
@@ -37,7 +39,7 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
         prepare_run_dir(out, resume=False)
     if acc is not None:
         acc.wait_for_everyone()
-    domain = cfg.domain.build(cfg)
+    domain = cfg.domain.build(build_cfg)
     trainer = Trainer(cfg, domain, resume=resume, accelerator=acc)
     last = trainer.train()
     if not main:
