@@ -39,7 +39,11 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
         prepare_run_dir(out, resume=False)
     if acc is not None:
         acc.wait_for_everyone()
-    domain = cfg.domain.build(build_cfg)
+    if acc is None:
+        domain = cfg.domain.build(build_cfg)
+    else:  # the main process builds first: the others then read what it cached (SFT, WM pretraining)
+        with acc.main_process_first():
+            domain = cfg.domain.build(build_cfg)
     trainer = Trainer(cfg, domain, resume=resume, accelerator=acc)
     last = trainer.train()
     if not main:
