@@ -228,7 +228,8 @@ class DistributedConfig:
     # without it trains exactly as before. See README "Scaling up".
     enabled: bool = False
     # "shard": each rank generates its contiguous share of the step's tasks (the domain must offer
-    # `shard_rng`, so ranks draw independent noise); "replicate": every rank generates the whole step
+    # `shard_rng(rank, step)`, called before each step's generation, so ranks draw independent
+    # noise); "replicate": every rank generates the whole step
     # with the same generators and keeps its share (bit-for-bit the 1-process batch; for domains
     # whose generation is cheap, and for checking equivalence with a 1-process run).
     generation: str = "shard"

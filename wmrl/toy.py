@@ -172,8 +172,9 @@ class ToyDomain:
         self.world_model = ToyWorldModel(self.problem, self.wm_gen)
 
     def shard_rng(self, rank: int, step: int) -> None:
-        """Data-parallel ``generation="shard"`` (wmrl/distributed.py): reseed the sampling noise
-        from ``(seed, step, rank)`` so that ranks draw independent actions for their shares."""
+        """Data-parallel ``generation="shard"`` (wmrl/distributed.py), before each step's generation:
+        reseed the sampling noise from ``(seed, step, rank)``, so that ranks draw independent actions
+        for their shares and a resumed run draws what an uninterrupted one drew."""
         from wmrl.anchors import hash_seed
 
         self.sample_gen.manual_seed(hash_seed(self.seed, step, salt=0x5A4D + rank))

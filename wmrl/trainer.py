@@ -96,7 +96,6 @@ class Trainer:
                         f"sampling noise per rank); {type(domain).__name__} has none: use "
                         "--distributed.generation=replicate"
                     )
-                shard_rng(self.rank, self.step)
             self.model, self.optimizer = accelerator.prepare(LogProbs(self.policy), self.optimizer)
         self.logger = MetricsLogger(self.run_dir, cfg, resume) if self.is_main else None
 
@@ -160,6 +159,8 @@ class Trainer:
         owner = local = src_row = None  # data-parallel: each group's rank; this rank's own batch
         with timed("generate"), torch.no_grad():
             if self.shard:
+                if self.world > 1:  # this rank's sampling noise for this step (a resume redraws it)
+                    self.domain.shard_rng(self.rank, self.step)
                 share = task_shares(len(tasks), self.world)[self.rank]
                 if len(share):
                     local = self.domain.generate(

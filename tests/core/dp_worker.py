@@ -4,7 +4,9 @@
 - ``OUT_ROOT/replicate``: ``generation=replicate`` through ``wmrl.experiment.train_run`` (the
   command-line path: metrics, checkpoint and summary.json written by the main process);
 - ``OUT_ROOT/shard``: ``generation=shard`` through the Trainer, each rank saving its final policy
-  to ``OUT_ROOT/shard-rank<r>.pt`` (the ranks' parameters must agree).
+  to ``OUT_ROOT/shard-rank<r>.pt`` (the ranks' parameters must agree);
+- ``OUT_ROOT/shard-resumed``: the same, stopped after one step and resumed from its checkpoint
+  (``OUT_ROOT/shard-resumed-rank<r>.pt``; must end where the uninterrupted run ended).
 """
 
 import sys
@@ -34,6 +36,23 @@ def main(root: Path, overrides: list[str]) -> None:
     acc.wait_for_everyone()
     trainer = Trainer(cfg, cfg.domain.build(cfg), accelerator=acc)
     trainer.train()
+    # The same shard run killed after its first step's checkpoint, then resumed.
+    resumed = [*base, "--distributed.generation=shard", f"--out_dir={root / 'shard-resumed'}"]
+    first = load_config(None, [*resumed, "--grpo.steps=1"])
+    if acc.is_main_process:
+        prepare_run_dir(root / "shard-resumed", resume=False)
+    acc.wait_for_everyone()
+    Trainer(first, first.domain.build(first), accelerator=acc).train()
+    again = load_config(None, resumed)
+    rest = Trainer(again, again.domain.build(again), resume=True, accelerator=acc)
+    rest.train()
+    torch.save(
+        {
+            "policy": rest.policy.state_dict(),
+            "generated_tasks": rest.generated_tasks,
+        },
+        root / f"shard-resumed-rank{acc.process_index}.pt",
+    )
     torch.save(
         {
             "policy": trainer.policy.state_dict(),

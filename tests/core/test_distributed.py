@@ -118,7 +118,8 @@ def test_join_shares_gives_the_one_process_layout():
 def test_two_processes_give_the_one_process_update(tmp_path):
     """torchrun --nproc_per_node 2: the replicated-generation run logs the 1-process run's metrics and
     ends at its parameters; the sharded-generation run keeps both ranks' parameters identical, each
-    rank generating only its share, with the same anchor choice and real executions."""
+    rank generating only its share, with the same anchor choice and real executions, and a resumed
+    shard run ends where the uninterrupted one did."""
     root = tmp_path / "dp"
     root.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -162,6 +163,10 @@ def test_two_processes_give_the_one_process_update(tmp_path):
     assert [r["generated_tasks"] for r in ranks] == [4 * STEPS, 4 * STEPS]  # each its half of 8 a step
     torch.testing.assert_close(ranks[0]["policy"]["theta"], ranks[1]["policy"]["theta"], rtol=0, atol=1e-6)
     assert not torch.allclose(ranks[0]["policy"]["theta"], theta_one)  # its own (independent) samples
+    for r in (0, 1):  # stopped after step 1 and resumed on 2 ranks: where the uninterrupted run ended
+        resumed = torch.load(root / f"shard-resumed-rank{r}.pt", weights_only=True)
+        assert resumed["generated_tasks"] == 4 * (STEPS - 1)
+        torch.testing.assert_close(resumed["policy"]["theta"], ranks[r]["policy"]["theta"], rtol=0, atol=1e-6)
     shard_rows = read_metrics(root / "shard")
     assert [r["step"] for r in shard_rows] == list(range(STEPS + 1))
     for ref, row in zip(ref_rows[1:], shard_rows[1:], strict=True):
