@@ -218,6 +218,28 @@ class ExecutorConfig:
         _check(self.timeout_s > 0, f"executor.timeout_s={self.timeout_s} must be > 0")
 
 
+DIST_GENERATION = ("shard", "replicate")
+
+
+@dataclass
+class DistributedConfig:
+    # Data-parallel training through accelerate (DDP: gloo on CPU, NCCL on GPU) over the processes
+    # that `torchrun` or `accelerate launch` started; also on when WORLD_SIZE > 1 is set. One process
+    # without it trains exactly as before. See README "Scaling up".
+    enabled: bool = False
+    # "shard": each rank generates its contiguous share of the step's tasks (the domain must offer
+    # `shard_rng(rank, step)`, called before each step's generation, so ranks draw independent
+    # noise); "replicate": every rank generates the whole step
+    # with the same generators and keeps its share (bit-for-bit the 1-process batch; for domains
+    # whose generation is cheap, and for checking equivalence with a 1-process run).
+    generation: str = "shard"
+    # DDP's find_unused_parameters (needed by policies whose loss skips some trainable parameters).
+    find_unused_parameters: bool = False
+
+    def __post_init__(self) -> None:
+        _one_of("distributed.generation", self.generation, DIST_GENERATION)
+
+
 @dataclass
 class TrackingConfig:
     # wandb mode: "offline" (default, sync later with `wandb sync`), "online", or "disabled".
@@ -302,6 +324,7 @@ class RunConfig:
     denoise: DenoiseConfig = field(default_factory=DenoiseConfig)
     ppi: PPIConfig = field(default_factory=PPIConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
 
@@ -408,7 +431,7 @@ def save_config(cfg: RunConfig, path: Path) -> None:
 def config_fingerprint(cfg: RunConfig) -> dict:
     """The fields a checkpoint must agree with to be resumed (everything but bookkeeping)."""
     d = to_dict(cfg)
-    for k in ("out_dir", "tracking", "compare", "executor", "torch_threads"):
+    for k in ("out_dir", "tracking", "compare", "executor", "torch_threads", "distributed"):
         d.pop(k, None)
     d["grpo"] = {k: v for k, v in d["grpo"].items() if k != "steps"}
     return d

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from statistics import mean
 
-from wmrl.config import WM_METHODS, RunConfig, load_config, save_config, to_dict
+from wmrl.config import WM_METHODS, ConfigError, RunConfig, load_config, save_config, to_dict
 from wmrl.tracking import CHECKPOINT, RunDirError, _diff, prepare_run_dir, read_metrics
 
 
@@ -19,20 +19,35 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
     The run directory is checked before anything is built: a fresh run needs an unused, writable
     directory; a resumed one a checkpoint and steps left to train."""
     from wmrl.device import resolve_device
+    from wmrl.distributed import make_accelerator, wants_distributed
     from wmrl.trainer import Trainer
 
     resolve_device(cfg.device)  # an unavailable device fails here, before any preparation
+    acc = make_accelerator(cfg) if wants_distributed(cfg) else None
+    main = acc is None or acc.is_main_process
+    build_cfg = cfg  # the domain builds its models on this rank's GPU (the saved config keeps cfg's)
+    if acc is not None and acc.num_processes > 1 and cfg.device.startswith("cuda"):
+        build_cfg = copy.copy(cfg)
+        build_cfg.device = str(acc.device)
     out = Path(cfg.out_dir)
     if resume:
         _check_resumable(out, cfg)
-    else:
+    elif main:
         if comparison_runs(out):
             raise RunDirError(f"{out} holds a comparison ({_runs_brief(out)}); choose another --out-dir")
         writable_dir(out)
         prepare_run_dir(out, resume=False)
-    domain = cfg.domain.build(cfg)
-    trainer = Trainer(cfg, domain, resume=resume)
+    if acc is not None:
+        acc.wait_for_everyone()
+    if acc is None:
+        domain = cfg.domain.build(build_cfg)
+    else:  # the main process builds first: the others then read what it cached (SFT, WM pretraining)
+        with acc.main_process_first():
+            domain = cfg.domain.build(build_cfg)
+    trainer = Trainer(cfg, domain, resume=resume, accelerator=acc)
     last = trainer.train()
+    if not main:
+        return last
     if not last:  # killed after its last checkpoint but before summary.json: the last row is the summary
         rows = read_metrics(out)
         last = {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
@@ -103,7 +118,7 @@ def _runs_brief(root: Path) -> str:
 
 
 # Fields that do not change a run's results: where it runs, how it reports.
-_BOOKKEEPING = ("out_dir", "executor", "torch_threads", "tracking.progress", "tracking.wandb")
+_BOOKKEEPING = ("out_dir", "executor", "torch_threads", "distributed", "tracking.progress", "tracking.wandb")
 
 
 def _result_fields(cfg: RunConfig | dict) -> dict:
@@ -157,6 +172,13 @@ def compare(cfg: RunConfig, resume: bool = False) -> dict:
     The comparison's config is saved as ``config.yaml`` in its root. Running again into the same
     root continues it (finished runs are kept, killed ones resume) if the config is the same, and is
     refused, naming the fields that differ, if it is not."""
+    from wmrl.distributed import wants_distributed
+
+    if wants_distributed(cfg):
+        raise ConfigError(
+            "a data-parallel run (distributed.enabled or WORLD_SIZE > 1) trains one run: pass "
+            "--compare.methods=[] with one --method and --seed"
+        )
     out = Path(cfg.out_dir)
     seeds = cfg.compare.seeds or [cfg.seed]
     methods = with_control(cfg.compare.methods)

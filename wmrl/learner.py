@@ -60,6 +60,8 @@ def clipped_policy_loss(
     agg: str = "token_mean",
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    loss_denom: torch.Tensor | None = None,
+    token_denom: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Token-level clipped-ratio objective (PPO, arXiv:1707.06347) with an optional k3 KL term.
 
@@ -74,6 +76,10 @@ def clipped_policy_loss(
         logprobs, old_logprobs, mask: ``[N, T]``; ``ref_logprobs`` ``[N, T]`` or None.
         advantages: ``[N]``, already weighted (anchor weight w, per-sample weights); rollouts that
             must not contribute carry mask 0.
+        loss_denom, token_denom: when this batch is one rank's share of a data-parallel batch, the
+            whole batch's aggregation denominator (its real tokens for ``token_mean``, its rollouts
+            with a real token for ``seq_mean``) and its real-token count, so that the shares' losses
+            and diagnostics sum to the whole batch's. None: this batch's own.
     Returns:
         scalar loss and detached diagnostics (clip fraction, approx KL to the sampler, KL to ref).
     """
@@ -91,9 +97,9 @@ def clipped_policy_loss(
         d = ref_logprobs - logprobs
         kl_ref = torch.exp(d) - d - 1.0
         per_token = per_token + kl_coef * kl_ref
-    loss = aggregate(per_token, mask, agg)
+    loss = aggregate(per_token, mask, agg, loss_denom)
     with torch.no_grad():
-        n = mask.sum().clamp(min=1)
+        n = mask.sum().clamp(min=1) if token_denom is None else token_denom
         stats = {
             "clip_frac": (((ratio - 1.0).abs() > clip_eps).to(mask.dtype) * mask).sum() / n,
             "approx_kl": ((ratio - 1.0 - log_ratio) * mask).sum() / n,
@@ -102,14 +108,24 @@ def clipped_policy_loss(
     return loss, stats
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: str) -> torch.Tensor:
-    """Masked mean of ``[N, T]`` values: over all real tokens (``token_mean``) or per rollout first."""
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, agg: str, denom: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Masked mean of ``[N, T]`` values: over all real tokens (``token_mean``) or per rollout first.
+    ``denom`` replaces the count divided by (a data-parallel share of a larger batch)."""
     if agg == "token_mean":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1)
+        return (per_token * mask).sum() / (mask.sum().clamp(min=1) if denom is None else denom)
     per_seq_tokens = mask.sum(-1)
     has = per_seq_tokens > 0
     per_seq = (per_token * mask).sum(-1) / per_seq_tokens.clamp(min=1)
-    return per_seq[has].sum() / has.sum().clamp(min=1)
+    return per_seq[has].sum() / (has.sum().clamp(min=1) if denom is None else denom)
+
+
+def aggregate_denom(mask: torch.Tensor, agg: str) -> torch.Tensor:
+    """What :func:`aggregate` divides by for the whole of ``mask`` ``[N, T]``."""
+    if agg == "token_mean":
+        return mask.sum().clamp(min=1)
+    return (mask.sum(-1) > 0).sum().clamp(min=1).to(mask.dtype)
 
 
 def policy_gradient(
@@ -143,12 +159,34 @@ def grpo_update(
     cfg: GRPOConfig,
     reference: torch.nn.Module | None = None,
     generator: torch.Generator | None = None,
+    owned: torch.Tensor | None = None,
+    accelerator=None,
+    model: torch.nn.Module | None = None,
 ) -> dict[str, float]:
     """``cfg.epochs`` passes over the batch in ``cfg.minibatches`` minibatches (split by group), each an
-    optimizer step on the clipped loss, with gradient-norm clipping. Returns averaged diagnostics."""
+    optimizer step on the clipped loss, with gradient-norm clipping. Returns averaged diagnostics.
+
+    Data-parallel (``accelerator`` given): ``batch`` is the whole step on every rank and ``owned``
+    ``[N]`` bool marks this rank's rows. The minibatches are the 1-process ones (same generator);
+    each rank's loss covers its rows of a minibatch over the minibatch's global denominator, times
+    the number of processes, and ``model`` (the accelerate-prepared :class:`wmrl.distributed.LogProbs`
+    of ``policy``) averages the gradients, which is the whole minibatch's gradient."""
     keep = used.nonzero().squeeze(-1)
     if keep.numel() == 0:
         return {"loss/optimizer_steps": 0.0}
+    if accelerator is not None:
+        return _grpo_update_dp(
+            policy,
+            optimizer,
+            batch.select(keep),
+            advantages[keep],
+            owned[keep],
+            cfg,
+            reference,
+            generator,
+            accelerator,
+            model,
+        )
     batch, advantages = batch.select(keep), advantages[keep]
     ref_logp = None
     if reference is not None and cfg.kl_coef > 0:
@@ -184,6 +222,77 @@ def grpo_update(
             optimizer.step()
             for k, v in {"loss": loss.detach(), "grad_norm": grad_norm, **stats}.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
+            n_steps += 1
+    return {f"loss/{k}": v / max(n_steps, 1) for k, v in sums.items()} | {
+        "loss/optimizer_steps": float(n_steps)
+    }
+
+
+def _grpo_update_dp(
+    policy: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    advantages: torch.Tensor,
+    owned: torch.Tensor,
+    cfg: GRPOConfig,
+    reference: torch.nn.Module | None,
+    generator: torch.Generator | None,
+    accelerator,
+    model: torch.nn.Module,
+) -> dict[str, float]:
+    """:func:`grpo_update` over the used rows of the whole step, this rank's ``owned`` share."""
+    world = accelerator.num_processes
+    mine_all = owned.nonzero().squeeze(-1)
+    ref_logp = None
+    if reference is not None and cfg.kl_coef > 0:  # only this rank's rows are needed
+        ref_logp = torch.zeros_like(batch.logprobs)
+        if mine_all.numel():
+            with torch.no_grad():
+                ref_logp[mine_all] = reference.log_probs(batch.select(mine_all)).to(ref_logp.dtype)
+    groups = batch.group_ids.unique()
+    params = [p for p in policy.parameters() if p.requires_grad]
+    names = ("loss", "clip_frac", "approx_kl", "kl_ref")
+    sums = dict.fromkeys((*names, "grad_norm"), 0.0)
+    n_steps = 0
+    for _ in range(cfg.epochs):
+        order = groups[torch.randperm(groups.numel(), generator=generator)]
+        for chunk in torch.tensor_split(order, min(cfg.minibatches, groups.numel())):
+            rows = torch.isin(batch.group_ids, chunk).nonzero().squeeze(-1)
+            mask_all = batch.mask[rows]
+            mine = rows[owned[rows]]
+            # A rank without rows in this minibatch still takes part in DDP's gradient average: it
+            # runs one row with its loss multiplied by 0.
+            idle = mine.numel() == 0
+            sel = rows[:1] if idle else mine
+            mb = batch.select(sel)
+            loss, stats = clipped_policy_loss(
+                model(mb),
+                mb.logprobs,
+                advantages[sel],
+                mb.mask,
+                cfg.clip_eps,
+                cfg.loss_agg,
+                None if ref_logp is None else ref_logp[sel],
+                cfg.kl_coef,
+                loss_denom=aggregate_denom(mask_all, cfg.loss_agg),
+                token_denom=mask_all.sum().clamp(min=1),
+            )
+            if idle:
+                loss, stats = loss * 0.0, {k: v * 0.0 for k, v in stats.items()}
+            optimizer.zero_grad(set_to_none=True)
+            accelerator.backward(loss * world)
+            if cfg.max_grad_norm > 0:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            else:
+                grad_norm = torch.sqrt(
+                    sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None)
+                )
+            optimizer.step()
+            local = torch.stack([loss.detach().float(), *(stats[k].float() for k in names[1:])])
+            total = accelerator.reduce(local.to(accelerator.device), "sum").cpu()
+            for k, v in zip(names, total.tolist(), strict=True):
+                sums[k] += v
+            sums["grad_norm"] += float(grad_norm)
             n_steps += 1
     return {f"loss/{k}": v / max(n_steps, 1) for k, v in sums.items()} | {
         "loss/optimizer_steps": float(n_steps)

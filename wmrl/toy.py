@@ -164,11 +164,20 @@ class ToyWorldModel:
 class ToyDomain:
     def __init__(self, cfg: ToyConfig, seed: int):
         self.cfg = cfg
+        self.seed = seed
         self.problem = Problem.make(cfg)
         self.policy = SoftmaxPolicy(cfg.n_contexts, cfg.n_actions)
         self.sample_gen = torch.Generator().manual_seed(seed * 7919 + 17)
         self.wm_gen = torch.Generator().manual_seed(seed * 7919 + 29)
         self.world_model = ToyWorldModel(self.problem, self.wm_gen)
+
+    def shard_rng(self, rank: int, step: int) -> None:
+        """Data-parallel ``generation="shard"`` (wmrl/distributed.py), before each step's generation:
+        reseed the sampling noise from ``(seed, step, rank)``, so that ranks draw independent actions
+        for their shares and a resumed run draws what an uninterrupted one drew."""
+        from wmrl.anchors import hash_seed
+
+        self.sample_gen.manual_seed(hash_seed(self.seed, step, salt=0x5A4D + rank))
 
     def sample_tasks(self, n: int, split: str, generator: torch.Generator) -> list[int]:
         return torch.randint(self.cfg.n_contexts, (n,), generator=generator).tolist()

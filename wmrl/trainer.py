@@ -23,10 +23,11 @@ import torch
 from tqdm.auto import tqdm
 
 from wmrl.anchors import choose_anchor_groups
-from wmrl.config import RunConfig, save_config
+from wmrl.config import ConfigError, RunConfig, save_config
 from wmrl.debias import OnlineDebiaser, centred_residual
 from wmrl.denoise import InverseVarianceDenoiser, normalise_weights, sample_weights
 from wmrl.device import module_device
+from wmrl.distributed import gather_batches, gather_rewards, group_owner, task_shares
 from wmrl.domain import Domain, Prediction, RolloutBatch
 from wmrl.executors import Executor, make_executor
 from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_gradient
@@ -47,11 +48,20 @@ def _nanmean(x: torch.Tensor) -> float:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, domain: Domain, resume: bool = False):
+    """One run's training loop. With ``accelerator`` (wmrl/distributed.py) it is one rank of a
+    data-parallel run: it generates and executes its share of each step, the update's gradients are
+    averaged by DDP, and only the main process writes the run directory."""
+
+    def __init__(self, cfg: RunConfig, domain: Domain, resume: bool = False, accelerator=None):
         self.cfg = cfg
         self.domain = domain
         self.run_dir = Path(cfg.out_dir)
-        prepare_run_dir(self.run_dir, resume)
+        self.acc = accelerator
+        self.world = 1 if accelerator is None else accelerator.num_processes
+        self.rank = 0 if accelerator is None else accelerator.process_index
+        self.is_main = accelerator is None or accelerator.is_main_process
+        if self.is_main:
+            prepare_run_dir(self.run_dir, resume)
         torch.set_num_threads(cfg.torch_threads)
         self.policy = domain.policy
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -66,13 +76,28 @@ class Trainer:
         self.update_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.step = 0
         self.real_executions = 0
+        self.generated_tasks = 0  # tasks this process generated rollouts for (its share, data-parallel)
         self.elapsed = 0.0  # training wall-clock so far, seconds (carried across resumes)
         self.executor: Executor | None = None
         if resume:
             self._restore()
-        else:
+        elif self.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
-        self.logger = MetricsLogger(self.run_dir, cfg, resume)
+        self.model = None  # the accelerate-prepared (DDP) LogProbs of the policy, data-parallel only
+        self.shard = accelerator is not None and cfg.distributed.generation == "shard"
+        if accelerator is not None:
+            from wmrl.distributed import LogProbs
+
+            if self.shard and self.world > 1:  # one process keeps the domain's own sampling
+                shard_rng = getattr(domain, "shard_rng", None)
+                if shard_rng is None:
+                    raise ConfigError(
+                        f"distributed.generation='shard' needs a domain with shard_rng (independent "
+                        f"sampling noise per rank); {type(domain).__name__} has none: use "
+                        "--distributed.generation=replicate"
+                    )
+            self.model, self.optimizer = accelerator.prepare(LogProbs(self.policy), self.optimizer)
+        self.logger = MetricsLogger(self.run_dir, cfg, resume) if self.is_main else None
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -110,7 +135,8 @@ class Trainer:
         self.task_gen.set_state(state["task_gen"])
         self.update_gen.set_state(state["update_gen"])
         set_rng_state(state["rng"])
-        trim_metrics_after(self.run_dir, self.step)
+        if self.is_main:
+            trim_metrics_after(self.run_dir, self.step)
 
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
@@ -130,16 +156,43 @@ class Trainer:
         if method == "anchors_only":  # GRPO on the anchor tasks alone: the others are not generated
             tasks = [t for t, a in zip(tasks, anchor_groups.tolist(), strict=True) if a]
             anchor_groups = torch.ones(len(tasks), dtype=torch.bool)
+        owner = local = src_row = None  # data-parallel: each group's rank; this rank's own batch
         with timed("generate"), torch.no_grad():
-            batch = self.domain.generate(tasks, cfg.grpo.group_size, anchor_groups)
+            if self.shard:
+                if self.world > 1:  # this rank's sampling noise for this step (a resume redraws it)
+                    self.domain.shard_rng(self.rank, self.step)
+                share = task_shares(len(tasks), self.world)[self.rank]
+                if len(share):
+                    local = self.domain.generate(
+                        tasks[share.start : share.stop],
+                        cfg.grpo.group_size,
+                        anchor_groups[share.start : share.stop],
+                    )
+                    self.generated_tasks += len(share)
+                batch, owner, _, src_row = gather_batches(local, len(share), self.acc)
+            else:
+                batch = self.domain.generate(tasks, cfg.grpo.group_size, anchor_groups)
+                self.generated_tasks += len(tasks)
+                if self.acc is not None:
+                    owner = group_owner(batch, len(tasks), self.world)
         # A domain may append imagined twin groups of the anchor tasks (batch.twin_of); never executed.
         group_anchor = torch.zeros(batch.n_groups, dtype=torch.bool)
         group_anchor[: len(tasks)] = anchor_groups
         is_anchor = group_anchor[batch.group_ids]
         anchor_rows = is_anchor.nonzero().squeeze(-1)
 
-        # Real execution (anchor rows) runs in a thread while the WM scores the batch here.
-        jobs = self.domain.execution_jobs(batch, anchor_rows.tolist()) if anchor_rows.numel() else []
+        # Real execution (anchor rows; data-parallel: this rank's) runs in a thread while the WM
+        # scores the batch here.
+        exec_rows = (
+            anchor_rows if owner is None else anchor_rows[owner[batch.group_ids[anchor_rows]] == self.rank]
+        )
+        jobs = []
+        if exec_rows.numel():
+            jobs = (
+                self.domain.execution_jobs(local, src_row[exec_rows].tolist())
+                if self.shard
+                else self.domain.execution_jobs(batch, exec_rows.tolist())
+            )
         r_true = torch.full((batch.n_rollouts,), float("nan"))
         pred = None
         if jobs and self.executor is None:
@@ -157,8 +210,11 @@ class Trainer:
             if future is not None:
                 results = future.result()
                 times["time/execute"] = time.perf_counter() - t0
-                r_true[anchor_rows] = torch.tensor([res.reward for res in results], dtype=torch.float32)
-                self.real_executions += len(jobs)
+                r_true[exec_rows] = torch.tensor([res.reward for res in results], dtype=torch.float32)
+        if self.acc is not None and anchor_rows.numel():  # every rank's true rewards, to every rank
+            r_true = gather_rewards(exec_rows.tolist(), r_true[exec_rows].tolist(), batch.n_rollouts)
+        n_exec = int(anchor_rows.numel())
+        self.real_executions += n_exec
         exec_failed = int(torch.isnan(r_true[anchor_rows]).sum())
 
         metrics: dict[str, float] = {}
@@ -208,6 +264,9 @@ class Trainer:
                         cfg.grpo,
                         self.reference,
                         self.update_gen,
+                        owned=None if owner is None else (owner[batch.group_ids] == self.rank).to(dev),
+                        accelerator=self.acc,
+                        model=self.model,
                     )
                 )
             if refine_wm:
@@ -224,7 +283,7 @@ class Trainer:
                 "adv/used_frac": float(used.float().mean()),
                 "anchors/fraction": float(anchor_groups.sum()) / n_groups,
                 "exec/real_total": float(self.real_executions),
-                "exec/step": float(len(jobs)),
+                "exec/step": float(n_exec),
                 "exec/ungraded": float(exec_failed),
                 "denoise/w": self.denoiser.w,
                 "denoise/s2": float("nan") if self.denoiser.s2 is None else self.denoiser.s2,
@@ -372,21 +431,23 @@ class Trainer:
             total=cfg.grpo.steps,
             initial=self.step,
             desc=f"{cfg.method} seed={cfg.seed}",
-            disable=not cfg.tracking.progress,
+            disable=not (cfg.tracking.progress and self.is_main),
             dynamic_ncols=True,
         )
         last: dict[str, float] = {}
         try:
             if self.step == 0 and cfg.tracking.eval_every > 0:
-                self.logger.log(0, self.evaluate())
+                self._log(0, self.evaluate())
             while self.step < cfg.grpo.steps:
                 metrics = self.train_step()
                 every = cfg.tracking.eval_every
                 if (every > 0 and self.step % every == 0) or self.step == cfg.grpo.steps:
                     metrics.update(self.evaluate())
-                self.logger.log(self.step, metrics)
+                self._log(self.step, metrics)
                 last = metrics
-                if self.step % cfg.tracking.checkpoint_every == 0 or self.step == cfg.grpo.steps:
+                if self.is_main and (
+                    self.step % cfg.tracking.checkpoint_every == 0 or self.step == cfg.grpo.steps
+                ):
                     self.save()
                 bar.update(1)
                 shown = {"r": f"{metrics['reward/mean']:.3f}"}
@@ -397,7 +458,14 @@ class Trainer:
                 bar.set_postfix(shown | {"real": int(metrics["exec/real_total"])}, refresh=False)
         finally:
             bar.close()
-            self.logger.close()
+            if self.logger is not None:
+                self.logger.close()
             if self.executor is not None:
                 self.executor.close()
+        if self.acc is not None:
+            self.acc.wait_for_everyone()  # the main process's last checkpoint is written
         return last
+
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        if self.logger is not None:  # the main process only
+            self.logger.log(step, metrics)

@@ -1,0 +1,166 @@
+"""Data-parallel training through accelerate (``--distributed.enabled=true``, or ``WORLD_SIZE > 1``).
+
+N processes (started by ``torchrun`` or ``accelerate launch``) each hold the whole policy; the
+accelerator wraps it in DDP (gloo on the CPU, NCCL on GPUs) and synchronises the gradients. A step:
+
+- every rank samples the same tasks and the same anchor groups (the global seeded choice);
+- rank r owns a contiguous share of the step's groups (:func:`task_shares`); a domain's imagined twin
+  group belongs to the owner of its real group, so groups are never split across ranks;
+- rank r generates its share (``generation="shard"``; or generates the whole step and keeps its
+  share, ``"replicate"``) and executes its own anchor rollouts;
+- the rollouts (tokens, log-probs, masks, records: small next to the models) and the true rewards
+  are gathered to every rank with accelerate's ``gather_object`` (:func:`gather_batches`), so the WM
+  scores, the calibration, the denoiser, the ppi tuner, the advantages and the WM's refinement see
+  the same global batch and stay identical on every rank;
+- the update: each rank's loss covers its own rows, normalised by the *global* token (or sequence)
+  count and multiplied by N, so DDP's gradient mean is the 1-process gradient of the whole batch.
+
+Metrics, checkpoints and ``summary.json`` are written by the main process only.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from wmrl.config import RunConfig
+from wmrl.domain import RolloutBatch
+
+
+def wants_distributed(cfg: RunConfig) -> bool:
+    """``distributed.enabled``, or a launcher that started more than one process (``WORLD_SIZE``)."""
+    return bool(cfg.distributed.enabled) or int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def make_accelerator(cfg: RunConfig):
+    """The run's ``accelerate.Accelerator``: CPU (gloo) for ``device=cpu`` or when no GPU is present,
+    else one GPU per process (NCCL). Created before the domain, so ``cuda`` means this rank's GPU."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=cfg.distributed.find_unused_parameters)
+    return Accelerator(cpu=cpu, kwargs_handlers=[ddp])
+
+
+class LogProbs(torch.nn.Module):
+    """The policy's ``log_probs(batch)`` as ``forward``, so that DDP (which hooks ``forward``) wraps it."""
+
+    def __init__(self, policy: torch.nn.Module):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, batch: RolloutBatch) -> torch.Tensor:
+        return self.policy.log_probs(batch)
+
+
+def task_shares(n_tasks: int, world: int) -> list[range]:
+    """Contiguous shares of ``n_tasks`` task indices over ``world`` ranks (sizes differ by at most 1)."""
+    base, extra = divmod(n_tasks, world)
+    out, start = [], 0
+    for r in range(world):
+        size = base + (1 if r < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+def group_owner(batch: RolloutBatch, n_tasks: int, world: int) -> torch.Tensor:
+    """``[n_groups]`` long: the rank that owns each group of a whole-step batch (real groups by
+    :func:`task_shares`; a twin group with its real group)."""
+    owner = torch.zeros(batch.n_groups, dtype=torch.long)
+    for r, share in enumerate(task_shares(n_tasks, world)):
+        owner[share.start : share.stop] = r
+    if batch.twin_of is not None:
+        twins = (batch.twin_of >= 0).nonzero().squeeze(-1)
+        owner[twins] = owner[batch.twin_of[twins]]
+    return owner
+
+
+def gather_batches(
+    local: RolloutBatch | None, n_real: int, accelerator
+) -> tuple[RolloutBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every rank's share of the step, joined into the batch one process would have generated.
+
+    ``local``: this rank's batch (None for a rank with no task this step), whose first ``n_real``
+    groups are its sampled tasks and any later ones imagined twins. The global batch holds all real
+    groups first (rank order, so task order is the global one), then all twins; rows are
+    group-major; token dimensions are right-padded (mask 0) to the longest share.
+
+    Returns the batch, ``owner`` ``[n_groups]`` (rank of each group), and for each row its source
+    rank and its row in that rank's own batch (``[N]`` each).
+    """
+    from accelerate.utils import gather_object
+
+    item = None if local is None else (local.to(torch.device("cpu")), n_real)
+    return join_shares(gather_object([item]))
+
+
+def join_shares(
+    parts: list[tuple[RolloutBatch, int] | None],
+) -> tuple[RolloutBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`gather_batches` once every rank's ``(batch, n_real)`` (or None) is here, rank order."""
+    present = [(r, p) for r, p in enumerate(parts) if p is not None]
+    if not present:
+        raise RuntimeError("no rank generated anything this step")
+    total_real = sum(n for _, (_, n) in present)
+    t_max = max(b.tokens.shape[1] for _, (b, _) in present)
+    real_off, twin_off = 0, 0
+    gids, tasks, twin_of, cols = [], {}, {}, {k: [] for k in ("tokens", "logprobs", "mask")}
+    extras: dict[str, list[torch.Tensor]] = {}
+    payload, src_rank, src_row = [], [], []
+    has_twins = any(b.twin_of is not None for _, (b, _) in present)
+    has_payload = all(b.payload for _, (b, _) in present)
+    for r, (b, n) in present:
+        n_twins = b.n_groups - n
+        gmap = torch.cat([real_off + torch.arange(n), total_real + twin_off + torch.arange(n_twins)])
+        for g in range(b.n_groups):
+            tasks[int(gmap[g])] = b.tasks[g]
+            t_of = -1 if b.twin_of is None or b.twin_of[g] < 0 else real_off + int(b.twin_of[g])
+            twin_of[int(gmap[g])] = t_of
+        gids.append(gmap[b.group_ids])
+        pad = t_max - b.tokens.shape[1]
+        for k in cols:
+            cols[k].append(torch.nn.functional.pad(getattr(b, k), (0, pad)))
+        for k, v in b.extras.items():
+            extras.setdefault(k, []).append(v)
+        if has_payload:
+            payload.extend(b.payload)
+        src_rank.append(torch.full((b.n_rollouts,), r, dtype=torch.long))
+        src_row.append(torch.arange(b.n_rollouts))
+        real_off, twin_off = real_off + n, twin_off + n_twins
+    for k, vs in extras.items():
+        if len({tuple(v.shape[1:]) for v in vs}) > 1:
+            raise ValueError(
+                f"RolloutBatch.extras[{k!r}] has different shapes across ranks "
+                f"({[tuple(v.shape) for v in vs]}): use --distributed.generation=replicate"
+            )
+    gid = torch.cat(gids)
+    order = torch.argsort(gid, stable=True)
+    n_groups = total_real + twin_off
+    batch = RolloutBatch(
+        tokens=torch.cat(cols["tokens"])[order],
+        logprobs=torch.cat(cols["logprobs"])[order],
+        mask=torch.cat(cols["mask"])[order],
+        group_ids=gid[order],
+        tasks=[tasks[g] for g in range(n_groups)],
+        payload=[payload[i] for i in order.tolist()] if has_payload else [],
+        extras={k: torch.cat(vs)[order] for k, vs in extras.items()},
+        twin_of=torch.tensor([twin_of[g] for g in range(n_groups)]) if has_twins else None,
+    )
+    rank_of_row, row_in_rank = torch.cat(src_rank)[order], torch.cat(src_row)[order]
+    owner = torch.zeros(n_groups, dtype=torch.long)
+    owner[batch.group_ids] = rank_of_row
+    return batch, owner, rank_of_row, row_in_rank
+
+
+def gather_rewards(rows: list[int], rewards: list[float], n_rows: int) -> torch.Tensor:
+    """``[n_rows]`` true rewards (NaN where no rank executed) from every rank's ``(rows, rewards)``."""
+    from accelerate.utils import gather_object
+
+    out = torch.full((n_rows,), float("nan"))
+    for part_rows, part_rewards in gather_object([(rows, rewards)]):
+        if part_rows:
+            out[torch.tensor(part_rows)] = torch.tensor(part_rewards, dtype=torch.float32)
+    return out
