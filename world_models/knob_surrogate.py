@@ -1,0 +1,263 @@
+"""A tabular outcome WM: knob values parsed from the solution text -> per-task gradient-boosting ensemble.
+
+The approach of hyper-parameter optimisers (SMAC's random forests, Optuna's TPE, BoTorch's GPs): a
+program whose only free part is a block of ``NAME = literal`` knobs is a point of the task's knob
+space, and its score is a function of that point that a small tabular regressor learns from a few
+dozen executions, far better than a text model of the same data. Per task (the tasks share no knob
+semantics worth pooling) :class:`KnobSurrogateOutcomeModel` fits ``members`` scikit-learn
+``HistGradientBoostingRegressor`` models, each on its own bootstrap resample of the task's
+executions; the members' mean is the prediction and their spread (scaled, plus a floor) its variance.
+
+Features of one solution (:func:`knob_features`), for each knob of the task's space in declared
+order: the value's index in the knob's space (NaN for a value outside it), its numeric value (NaN
+for strings and None; booleans 0/1), and whether it differs from the baseline; then the number of
+changed knobs and the number of other lines of the text (code edits outside the knobs block, which
+this model cannot read beyond counting them). Both WM inputs of the research domain parse: the full
+knobs view (``NAME = value`` lines) and the edit view (``NAME = new (was old)`` lines; knobs not
+named keep their baseline value; ``no change``).
+
+This module knows nothing of the research domain beyond that text format: it is given each task's
+knob space and baseline values as Python source strings, keyed by the task text the WM receives.
+A task with fewer than ``min_fit`` executions, or a task text it was not given, is predicted by the
+mean and variance of the rewards seen so far for it (or of all rewards).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
+
+from world_models.outcome import OutcomeExample
+
+_LINE = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*) = (?P<value>.*?)(?: \(was (?P<old>.*)\))?$")
+FEATURES_PER_KNOB = 3
+
+
+def parse_knob_text(text: str) -> tuple[dict[str, str], int]:
+    """``({name: value source}, other_lines)`` of a knobs view or edit view.
+
+    ``NAME = value`` and ``NAME = new (was old)`` lines give a knob's value (``new``); a ``no change``
+    line is skipped; any other non-empty line (a free-mode diff line) is counted in ``other_lines``.
+    """
+    values: dict[str, str] = {}
+    other = 0
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line == "no change":
+            continue
+        m = _LINE.match(line)
+        if m and not raw.startswith(("+", "-", " ", "\t")):
+            values[m.group("name")] = m.group("value").strip()
+        else:
+            other += 1
+    return values, other
+
+
+def _numeric(value_src: str) -> float:
+    """The number a knob's value source denotes (booleans 0/1), else NaN (strings, None, garbage)."""
+    try:
+        v = ast.literal_eval(value_src)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return math.nan
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, int | float) and math.isfinite(float(v)):
+        return float(v)
+    return math.nan
+
+
+def _canon(value_src: str) -> str:
+    """A value source in a canonical form, so that ``1.0`` and ``1.00`` or ``'a'`` and ``"a"`` match."""
+    try:
+        return repr(ast.literal_eval(value_src))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return value_src.strip()
+
+
+class KnobSpace:
+    """One task's knob space as the surrogate sees it: ``space[name]`` the allowed values' sources (in
+    the task's declared order), ``baseline[name]`` the baseline value's source."""
+
+    def __init__(self, space: Mapping[str, Sequence[str]], baseline: Mapping[str, str]):
+        self.names = list(space)
+        self.index = {n: {_canon(v): i for i, v in enumerate(space[n])} for n in self.names}
+        self.baseline = {n: _canon(v) for n, v in baseline.items()}
+
+    @property
+    def n_features(self) -> int:
+        return FEATURES_PER_KNOB * len(self.names) + 2
+
+    def features(self, text: str) -> np.ndarray:
+        """``[F]`` float features of one solution text (see the module docstring)."""
+        values, other = parse_knob_text(text)
+        row: list[float] = []
+        changed_total = 0
+        for n in self.names:
+            src = values.get(n)
+            v = _canon(src) if src is not None else self.baseline.get(n, "")
+            idx = self.index[n].get(v)
+            changed = float(n in self.baseline and v != self.baseline[n])
+            row += [math.nan if idx is None else float(idx), _numeric(v), changed]
+        for n, src in values.items():
+            if n in self.baseline and _canon(src) != self.baseline[n]:
+                changed_total += 1
+        row += [float(changed_total), float(other)]
+        return np.asarray(row, dtype=np.float64)
+
+
+def knob_features(text: str, space: Mapping[str, Sequence[str]], baseline: Mapping[str, str]) -> np.ndarray:
+    """Features of one solution text under a task's knob space (see :class:`KnobSpace`)."""
+    return KnobSpace(space, baseline).features(text)
+
+
+class KnobSurrogateOutcomeModel:
+    """Per-task bootstrap ensemble of gradient-boosted trees over knob features (``OutcomeModel``).
+
+    ``tasks``: task text -> ``(space, baseline)`` (value sources, see :class:`KnobSpace`).
+    ``fit`` and ``update`` add executions and refit the tasks they touch (a refit takes tens of
+    milliseconds per member on a few hundred rows; ``steps`` only switches an update's refit off when
+    0). ``var = var_scale * var_members + var_floor``; :meth:`calibrate_variance` sets ``var_scale``
+    from held-out executions as the encoder WM's does.
+    """
+
+    def __init__(
+        self,
+        tasks: Mapping[str, tuple[Mapping[str, Sequence[str]], Mapping[str, str]]],
+        members: int = 8,
+        max_iter: int = 150,
+        learning_rate: float = 0.1,
+        max_leaf_nodes: int = 8,
+        min_samples_leaf: int = 3,
+        l2_regularization: float = 0.1,
+        min_fit: int = 6,
+        var_floor: float = 1e-3,
+        seed: int = 0,
+    ):
+        if members < 1:
+            raise ValueError(f"members={members} must be >= 1")
+        self.spaces = {k: KnobSpace(s, b) for k, (s, b) in tasks.items()}
+        self.members = members
+        self.params = {
+            "max_iter": max_iter,
+            "learning_rate": learning_rate,
+            "max_leaf_nodes": max_leaf_nodes,
+            "min_samples_leaf": min_samples_leaf,
+            "l2_regularization": l2_regularization,
+        }
+        self.min_fit = min_fit
+        self.var_floor = var_floor
+        self.var_scale = 1.0
+        self.seed = seed
+        self.examples: list[OutcomeExample] = []
+        self._rows: dict[str, list[int]] = {}  # task text -> indices into examples
+        # task text -> (feature columns used [F] bool, fitted members)
+        self._models: dict[str, tuple[np.ndarray, list[Any]]] = {}
+
+    # ---- training ---------------------------------------------------------------------------------
+    def _add(self, examples: Sequence[OutcomeExample]) -> set[str]:
+        touched = set()
+        for e in examples:
+            self._rows.setdefault(e.task_text, []).append(len(self.examples))
+            self.examples.append(e)
+            touched.add(e.task_text)
+        return touched
+
+    def _refit(self, task: str) -> None:
+        with threadpool_limits(1):  # OpenMP threads on tiny data only contend (minutes on 2 busy cores)
+            self._refit_locked(task)
+
+    def _refit_locked(self, task: str) -> None:
+        from sklearn.ensemble import HistGradientBoostingRegressor
+
+        rows = self._rows.get(task, [])
+        space = self.spaces.get(task)
+        if space is None or len(rows) < self.min_fit:
+            self._models.pop(task, None)
+            return
+        x = np.stack([space.features(self.examples[i].solution_text) for i in rows])  # [n, F]
+        y = np.asarray([self.examples[i].reward for i in rows], dtype=np.float64)  # [n]
+        keep = ~np.all(np.isnan(x), 0)  # columns with some value (a string knob has no numeric one)
+        x = x[:, keep]
+        # The draws depend on (seed, task, n) only, so a reloaded model refits to the same members.
+        rng = np.random.default_rng([self.seed, zlib.crc32(task.encode()), len(rows)])
+        models = []
+        for _ in range(self.members):
+            idx = rng.integers(0, len(rows), len(rows)) if self.members > 1 else np.arange(len(rows))
+            m = HistGradientBoostingRegressor(
+                **self.params, early_stopping=False, random_state=int(rng.integers(2**31))
+            )
+            models.append(m.fit(x[idx], y[idx]))
+        self._models[task] = (keep, models)
+
+    def fit(self, examples: Sequence[OutcomeExample], steps: int = 0) -> dict[str, float]:
+        for task in sorted(self._add(examples)):
+            self._refit(task)
+        return {"wm/fit_tasks": float(len(self._models)), "wm/train_size": float(len(self.examples))}
+
+    def update(self, examples: Sequence[OutcomeExample], steps: int = 1) -> dict[str, float]:
+        touched = self._add(examples)
+        if steps > 0:
+            for task in sorted(touched):
+                self._refit(task)
+        return {"wm/train_size": float(len(self.examples)), "wm/refit_tasks": float(len(touched))}
+
+    # ---- prediction -------------------------------------------------------------------------------
+    def _prior(self, task: str) -> tuple[float, float]:
+        rows = self._rows.get(task) or range(len(self.examples))
+        y = np.asarray([self.examples[i].reward for i in rows], dtype=np.float64)
+        if y.size == 0:
+            return 0.0, 1.0
+        return float(y.mean()), float(y.var()) + self.var_floor
+
+    def predict(
+        self, task_texts: Sequence[str], solution_texts: Sequence[str]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(task_texts)
+        if len(solution_texts) != n:
+            raise ValueError(f"{n} task texts but {len(solution_texts)} solution texts")
+        mean, var = np.zeros(n), np.zeros(n)
+        by_task: dict[str, list[int]] = {}
+        for i, t in enumerate(task_texts):
+            by_task.setdefault(t, []).append(i)
+        for task, idx in by_task.items():
+            fitted = self._models.get(task)
+            if fitted is None:
+                mean[idx], var[idx] = self._prior(task)
+                continue
+            keep, models = fitted
+            x = np.stack([self.spaces[task].features(solution_texts[i]) for i in idx])[:, keep]
+            with threadpool_limits(1):
+                p = np.stack([m.predict(x) for m in models])  # [K, B]
+            mean[idx] = p.mean(0)
+            var[idx] = self.var_scale * p.var(0) + self.var_floor
+        return torch.from_numpy(mean).float(), torch.from_numpy(var).float()
+
+    def calibrate_variance(self, examples: Sequence[OutcomeExample], max_scale: float = 100.0) -> float:
+        """Scale the members' spread so that the mean squared error on ``examples`` (held-out
+        executions) equals the mean predicted variance; returns the new scale."""
+        self.var_scale = 1.0
+        mean, var = self.predict([e.task_text for e in examples], [e.solution_text for e in examples])
+        y = torch.tensor([e.reward for e in examples])
+        spread = (var.double() - self.var_floor).clamp(min=1e-8)
+        excess = ((mean.double() - y).pow(2) - self.var_floor).clamp(min=0)
+        self.var_scale = float((excess.mean() / spread.mean()).clamp(1.0 / max_scale, max_scale))
+        return self.var_scale
+
+    # ---- state ------------------------------------------------------------------------------------
+    def state_dict_full(self) -> dict[str, Any]:
+        """Plain data only (the examples; the members are refitted on load, deterministically)."""
+        return {"examples": [asdict(e) for e in self.examples], "var_scale": self.var_scale}
+
+    def load_state_dict_full(self, state: dict[str, Any]) -> None:
+        self.examples, self._rows, self._models = [], {}, {}
+        self.fit([OutcomeExample(**e) for e in state["examples"]])
+        self.var_scale = float(state.get("var_scale", 1.0))
