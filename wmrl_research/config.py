@@ -68,6 +68,10 @@ class ResearchConfig(DomainConfig):
     search_constraint: bool = False
     # With search_constraint: also make each REPLACE text start with the chosen knob's `NAME =`.
     search_constraint_replace: bool = False
+    # With search_constraint: make each whole REPLACE text `NAME = value` with a value of the knob's
+    # declared space (knobs with no declared space become uneditable), so no edit sets a value that
+    # can crash the solution.
+    search_constraint_values: bool = False
     # Sampling.
     max_new_tokens: int = 96
     max_prompt_tokens: int = 512

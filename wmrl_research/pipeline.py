@@ -101,6 +101,8 @@ def _decoding_key(cfg: ResearchConfig) -> list[Any]:
     so the keys of unconstrained runs stay what they were."""
     if not constrained(cfg):
         return []
+    if cfg.search_constraint_values:
+        return [["search_constraint", "values"]]
     return [["search_constraint", "replace"]] if cfg.search_constraint_replace else [["search_constraint"]]
 
 
@@ -153,6 +155,7 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
         max_new_tokens=cfg.max_new_tokens,
         search_constraint=constrained(cfg),
         constrain_replace=cfg.search_constraint_replace,
+        constrain_values=cfg.search_constraint_values,
     )
     path = cache / "policy.pt"
     info_path = cache / "sft.json"
@@ -510,6 +513,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         "cache": str(cache),
         "search_constraint": constrained(cfg),
         "search_constraint_replace": constrained(cfg) and cfg.search_constraint_replace,
+        "search_constraint_values": constrained(cfg) and cfg.search_constraint_values,
         "sft": sft_info,
         "log": {
             "n": len(examples),
