@@ -239,7 +239,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--curve-folds", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--merge", nargs="*", default=None,
+                    help="merge these research_wm.json files (kinds and curves) into --out instead")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.merge:
+        merged: dict[str, Any] = {"kinds": {}, "curve": {}, "parts": args.merge}
+        for path in args.merge:
+            part = json.loads(Path(path).read_text())
+            merged.setdefault("log", part["log"])
+            merged.setdefault("args", part["args"])
+            merged["kinds"].update(part["kinds"])
+            merged["curve"].update(part["curve"])
+        _write(merged, args)
+        print(table(merged))
+        return
 
     from wmrl.config import ExecutorConfig
     from wmrl.executors import make_executor

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from wmrl.config import RunConfig
     from wmrl.domain import Domain
 
-WORLD_MODELS = ("surrogate", "encoder", "lm")
+WORLD_MODELS = ("surrogate", "surrogate_hgb", "encoder", "lm")
 EDIT_MODES = ("knobs", "free")
 
 
@@ -76,12 +76,14 @@ class ResearchConfig(DomainConfig):
     max_new_tokens: int = 96
     max_prompt_tokens: int = 512
     temperature: float = 1.0
-    # Outcome world model: "surrogate" (knob values parsed from the knobs block -> per-task bootstrap
-    # ensemble of gradient-boosted trees, world_models/knob_surrogate.py; ranks edits best, see
-    # benchmarks/research_wm.py), "encoder" (transformer-encoder ensemble over the text) or "lm"
-    # (causal LM answering `runs: ..; valid: ..; quality: q`, sampled wm_lm_samples times).
+    # Outcome world model: "surrogate" (knob values parsed from the knobs block -> per-task extra-trees
+    # ensemble, world_models/knob_surrogate.py; ranks edits best, benchmarks/research_wm.py),
+    # "surrogate_hgb" (the same features -> gradient boosting, bootstrap variance), "encoder"
+    # (transformer-encoder ensemble over the text) or "lm" (causal LM answering
+    # `runs: ..; valid: ..; quality: q`, sampled wm_lm_samples times).
     world_model: str = "surrogate"
-    # Ensemble members (surrogate: bootstrap resamples; encoder: independently initialised encoders).
+    # Ensemble members (surrogate_hgb: bootstrap resamples; encoder: independently initialised
+    # encoders; the extra-trees surrogate always grows 200 trees).
     wm_members: int = 4
     wm_dim: int = 64
     wm_lm_samples: int = 4

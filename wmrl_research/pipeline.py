@@ -217,8 +217,11 @@ def build_world_model(cfg: ResearchConfig, run: RunConfig, tokenizer: Any = None
     policy's)."""
     if cfg.world_model not in WORLD_MODELS:
         raise ValueError(f"world_model={cfg.world_model!r} is not one of {', '.join(WORLD_MODELS)}")
-    if cfg.world_model == "surrogate":
-        return KnobSurrogateOutcomeModel(surrogate_tasks(list_tasks()), members=cfg.wm_members, seed=run.seed)
+    if cfg.world_model in ("surrogate", "surrogate_hgb"):
+        estimator = "hgb" if cfg.world_model == "surrogate_hgb" else "extra_trees"
+        return KnobSurrogateOutcomeModel(
+            surrogate_tasks(list_tasks()), estimator=estimator, members=cfg.wm_members, seed=run.seed
+        )
     if tokenizer is None:
         raise ValueError(f"world_model={cfg.world_model!r} needs the policy's tokenizer")
     if cfg.world_model == "encoder":

@@ -1,12 +1,18 @@
-"""A tabular outcome WM: knob values parsed from the solution text -> per-task gradient-boosting ensemble.
+"""A tabular outcome WM: knob values parsed from the solution text -> a per-task tree ensemble.
 
 The approach of hyper-parameter optimisers (SMAC's random forests, Optuna's TPE, BoTorch's GPs): a
 program whose only free part is a block of ``NAME = literal`` knobs is a point of the task's knob
 space, and its score is a function of that point that a small tabular regressor learns from a few
 dozen executions, far better than a text model of the same data. Per task (the tasks share no knob
-semantics worth pooling) :class:`KnobSurrogateOutcomeModel` fits ``members`` scikit-learn
-``HistGradientBoostingRegressor`` models, each on its own bootstrap resample of the task's
-executions; the members' mean is the prediction and their spread (scaled, plus a floor) its variance.
+semantics worth pooling) :class:`KnobSurrogateOutcomeModel` fits one of two regressors:
+
+- ``extra_trees`` (default): scikit-learn's ``ExtraTreesRegressor`` (``trees`` fully grown
+  extremely randomised trees, every feature considered at each split) on the features below plus a
+  one-hot code of each knob's value index; the mean over trees is the prediction and the spread of
+  the trees' predictions (scaled, plus a floor) its variance;
+- ``hgb``: ``HistGradientBoostingRegressor`` fitted on all of the task's executions for the mean,
+  and ``members`` more fitted on bootstrap resamples whose spread (scaled, plus a floor) is the
+  variance.
 
 Features of one solution (:func:`knob_features`), for each knob of the task's space in declared
 order: the value's index in the knob's space (NaN for a value outside it), its numeric value (NaN
@@ -113,26 +119,40 @@ class KnobSpace:
         row += [float(changed_total), float(other)]
         return np.asarray(row, dtype=np.float64)
 
+    def one_hot(self, x: np.ndarray) -> np.ndarray:
+        """``[n, F]`` features -> ``[n, F + sum of space sizes]``: a one-hot code of each knob's value
+        index appended (all zero for a value outside the space)."""
+        cols = [x]
+        for j, n in enumerate(self.names):
+            idx = x[:, FEATURES_PER_KNOB * j]
+            cols.append(np.stack([(idx == i).astype(np.float64) for i in range(len(self.index[n]))], 1))
+        return np.concatenate(cols, 1)
+
 
 def knob_features(text: str, space: Mapping[str, Sequence[str]], baseline: Mapping[str, str]) -> np.ndarray:
     """Features of one solution text under a task's knob space (see :class:`KnobSpace`)."""
     return KnobSpace(space, baseline).features(text)
 
 
+ESTIMATORS = ("extra_trees", "hgb")
+
+
 class KnobSurrogateOutcomeModel:
-    """Per-task bootstrap ensemble of gradient-boosted trees over knob features (``OutcomeModel``).
+    """Per-task tree ensemble over knob features (the ``OutcomeModel`` protocol).
 
     ``tasks``: task text -> ``(space, baseline)`` (value sources, see :class:`KnobSpace`).
-    ``fit`` and ``update`` add executions and refit the tasks they touch (a refit takes tens of
-    milliseconds per member on a few hundred rows; ``steps`` only switches an update's refit off when
-    0). ``var = var_scale * var_members + var_floor``; :meth:`calibrate_variance` sets ``var_scale``
-    from held-out executions as the encoder WM's does.
+    ``fit`` and ``update`` add executions and refit the tasks they touch (``steps`` only switches an
+    update's refit off when 0; an unrefitted task is refitted on all its data at its next refit).
+    ``var = var_scale * spread + var_offset + var_floor``; :meth:`calibrate_variance` fits
+    ``var_scale`` and ``var_offset`` on held-out executions.
     """
 
     def __init__(
         self,
         tasks: Mapping[str, tuple[Mapping[str, Sequence[str]], Mapping[str, str]]],
-        members: int = 8,
+        estimator: str = "extra_trees",
+        trees: int = 200,
+        members: int = 4,
         max_iter: int = 150,
         learning_rate: float = 0.1,
         max_leaf_nodes: int = 8,
@@ -142,8 +162,12 @@ class KnobSurrogateOutcomeModel:
         var_floor: float = 1e-3,
         seed: int = 0,
     ):
-        if members < 1:
-            raise ValueError(f"members={members} must be >= 1")
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator={estimator!r} is not one of {', '.join(ESTIMATORS)}")
+        if members < 1 or trees < 1:
+            raise ValueError(f"members={members} and trees={trees} must be >= 1")
+        self.estimator = estimator
+        self.trees = trees
         self.spaces = {k: KnobSpace(s, b) for k, (s, b) in tasks.items()}
         self.members = members
         self.params = {
@@ -155,7 +179,7 @@ class KnobSurrogateOutcomeModel:
         }
         self.min_fit = min_fit
         self.var_floor = var_floor
-        self.var_scale = 1.0
+        self.var_scale, self.var_offset = 1.0, 0.0
         self.seed = seed
         self.examples: list[OutcomeExample] = []
         self._rows: dict[str, list[int]] = {}  # task text -> indices into examples
@@ -175,23 +199,38 @@ class KnobSurrogateOutcomeModel:
         with threadpool_limits(1):  # OpenMP threads on tiny data only contend (minutes on 2 busy cores)
             self._refit_locked(task)
 
+    def _design(self, task: str, texts: Sequence[str]) -> np.ndarray:
+        space = self.spaces[task]
+        x = np.stack([space.features(t) for t in texts])  # [n, F]
+        if self.estimator == "extra_trees":
+            x = space.one_hot(x)
+        # Trees split on -1 as "no value" (every feature is >= 0 otherwise but a negative number
+        # knob's, where -1 still separates). HistGradientBoosting would take NaN, but not a column
+        # that is all NaN in a bootstrap resample of a few rows.
+        return np.nan_to_num(x, nan=-1.0)
+
     def _refit_locked(self, task: str) -> None:
-        from sklearn.ensemble import HistGradientBoostingRegressor
+        from sklearn.ensemble import ExtraTreesRegressor, HistGradientBoostingRegressor
 
         rows = self._rows.get(task, [])
-        space = self.spaces.get(task)
-        if space is None or len(rows) < self.min_fit:
+        if task not in self.spaces or len(rows) < self.min_fit:
             self._models.pop(task, None)
             return
-        x = np.stack([space.features(self.examples[i].solution_text) for i in rows])  # [n, F]
+        x = self._design(task, [self.examples[i].solution_text for i in rows])  # [n, F']
         y = np.asarray([self.examples[i].reward for i in rows], dtype=np.float64)  # [n]
-        keep = ~np.all(np.isnan(x), 0)  # columns with some value (a string knob has no numeric one)
+        keep = ~np.all(x == x[:1], 0)  # drop constant columns (a string knob has no numeric value)
         x = x[:, keep]
         # The draws depend on (seed, task, n) only, so a reloaded model refits to the same members.
         rng = np.random.default_rng([self.seed, zlib.crc32(task.encode()), len(rows)])
+        if self.estimator == "extra_trees":
+            m = ExtraTreesRegressor(
+                self.trees, min_samples_leaf=1, max_features=1.0, random_state=int(rng.integers(2**31))
+            )
+            self._models[task] = (keep, [m.fit(x, y)])
+            return
         models = []
-        for _ in range(self.members):
-            idx = rng.integers(0, len(rows), len(rows)) if self.members > 1 else np.arange(len(rows))
+        for k in range(self.members + 1):  # member 0 on all rows (the mean), the others bootstrapped
+            idx = rng.integers(0, len(rows), len(rows)) if k else np.arange(len(rows))
             m = HistGradientBoostingRegressor(
                 **self.params, early_stopping=False, random_state=int(rng.integers(2**31))
             )
@@ -234,30 +273,47 @@ class KnobSurrogateOutcomeModel:
                 mean[idx], var[idx] = self._prior(task)
                 continue
             keep, models = fitted
-            x = np.stack([self.spaces[task].features(solution_texts[i]) for i in idx])[:, keep]
+            x = self._design(task, [solution_texts[i] for i in idx])[:, keep]
             with threadpool_limits(1):
-                p = np.stack([m.predict(x) for m in models])  # [K, B]
-            mean[idx] = p.mean(0)
-            var[idx] = self.var_scale * p.var(0) + self.var_floor
+                if self.estimator == "extra_trees":
+                    p = np.stack([t.predict(x) for t in models[0].estimators_])  # [trees, B]
+                    mu = p.mean(0)
+                else:
+                    p = np.stack([m.predict(x) for m in models])  # [1 + members, B]
+                    mu, p = p[0], p[1:]
+            mean[idx] = mu
+            var[idx] = self.var_scale * p.var(0) + self.var_offset + self.var_floor
         return torch.from_numpy(mean).float(), torch.from_numpy(var).float()
 
     def calibrate_variance(self, examples: Sequence[OutcomeExample], max_scale: float = 100.0) -> float:
-        """Scale the members' spread so that the mean squared error on ``examples`` (held-out
-        executions) equals the mean predicted variance; returns the new scale."""
-        self.var_scale = 1.0
+        """Fit ``var = var_scale * spread + var_offset + var_floor`` to the squared errors on
+        ``examples`` (held-out executions) by non-negative least squares; returns ``var_scale``.
+
+        The offset matters for ``extra_trees``: fully grown trees agree exactly on the executions
+        they were fitted on, so the spread alone is zero there, however wrong the mean may be
+        elsewhere."""
+        from scipy.optimize import nnls
+
+        self.var_scale, self.var_offset = 1.0, 0.0
         mean, var = self.predict([e.task_text for e in examples], [e.solution_text for e in examples])
-        y = torch.tensor([e.reward for e in examples])
-        spread = (var.double() - self.var_floor).clamp(min=1e-8)
-        excess = ((mean.double() - y).pow(2) - self.var_floor).clamp(min=0)
-        self.var_scale = float((excess.mean() / spread.mean()).clamp(1.0 / max_scale, max_scale))
+        y = np.asarray([e.reward for e in examples], dtype=np.float64)
+        spread = np.clip(var.double().numpy() - self.var_floor, 0, None)
+        excess = np.clip((mean.double().numpy() - y) ** 2 - self.var_floor, 0, None)
+        (a, b), _ = nnls(np.stack([spread, np.ones_like(spread)], 1), excess)
+        self.var_scale, self.var_offset = float(min(a, max_scale)), float(b)
         return self.var_scale
 
     # ---- state ------------------------------------------------------------------------------------
     def state_dict_full(self) -> dict[str, Any]:
         """Plain data only (the examples; the members are refitted on load, deterministically)."""
-        return {"examples": [asdict(e) for e in self.examples], "var_scale": self.var_scale}
+        return {
+            "examples": [asdict(e) for e in self.examples],
+            "var_scale": self.var_scale,
+            "var_offset": self.var_offset,
+        }
 
     def load_state_dict_full(self, state: dict[str, Any]) -> None:
         self.examples, self._rows, self._models = [], {}, {}
         self.fit([OutcomeExample(**e) for e in state["examples"]])
         self.var_scale = float(state.get("var_scale", 1.0))
+        self.var_offset = float(state.get("var_offset", 0.0))
