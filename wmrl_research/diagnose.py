@@ -20,6 +20,10 @@ training did (``update_steps`` steps with replay). It reports, per run:
 - the logged ``wm/residual_before|after``, ``denoise/s2``, ``denoise/w`` averaged over steps.
 
     uv run python -m wmrl_research.diagnose runs/bench-research-scr-s0/wmrl-seed0 ...
+
+Runs made before the knob surrogate became the preset's WM (and before the random-edit log) replay
+with the WM they trained with: add ``--domain.world_model=encoder --domain.log_random_per_task=0
+--domain.search_constraint_values=false``.
 """
 
 from __future__ import annotations

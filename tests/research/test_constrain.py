@@ -318,16 +318,22 @@ def test_the_flag_enters_the_decoding_cache_keys_but_not_the_sft_key():
     from wmrl_research import pipeline
 
     off = load_config("research-tiny", ["--domain.search_constraint=false"])
-    on = load_config("research-tiny", ["--domain.search_constraint_replace=false"])
-    rep = load_config("research-tiny", [])
+    on = load_config(
+        "research-tiny",
+        ["--domain.search_constraint_replace=false", "--domain.search_constraint_values=false"],
+    )
+    rep = load_config("research-tiny", ["--domain.search_constraint_values=false"])
+    val = load_config("research-tiny", [])
     free = load_config("research-tiny", ["--domain.edit_mode=free", "--domain.prompt_style=full"])
     assert rep.domain.search_constraint and rep.domain.search_constraint_replace  # the preset's default
     assert on.domain.search_constraint and pipeline.constrained(on.domain)
     assert not pipeline.constrained(free.domain)  # knobs mode only
     train, _ = pipeline.select_tasks(on.domain)
     assert pipeline._policy_fields(on.domain, on, train) == pipeline._policy_fields(off.domain, off, train)
-    keys = {pipeline._key(pipeline._decoding_key(c.domain)) for c in (off, on, rep)}
-    assert len(keys) == 3 and pipeline._decoding_key(off.domain) == []  # old keys unchanged when off
+    assert val.domain.search_constraint_values  # the preset's default since the knob surrogate
+    keys = {pipeline._key(pipeline._decoding_key(c.domain)) for c in (off, on, rep, val)}
+    assert len(keys) == 4 and pipeline._decoding_key(off.domain) == []  # old keys unchanged when off
+    assert pipeline._decoding_key(rep.domain) == [["search_constraint", "replace"]]  # as before
 
 
 def test_value_targets_are_whole_replace_texts_of_the_declared_space():
