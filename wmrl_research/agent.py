@@ -40,6 +40,7 @@ from wmrl_research.constrain import (
     EXTRA_CONSTRAINED,
     SearchConstraint,
     TokenIndex,
+    knob_value_sources,
     masked_logits,
     masked_token_log_probs,
     pad_allowed,
@@ -354,6 +355,8 @@ class ResearchPolicy(nn.Module):
     ``search_constraint``: decode SEARCH texts under the knob-line constraint whenever
     :meth:`sample` gets the rows' ``sources`` (knobs mode); off: today's unconstrained sampling.
     ``constrain_replace``: also make each REPLACE text start with the chosen knob's ``NAME =``.
+    ``constrain_values``: make each whole REPLACE text ``NAME = value`` with a value of the knob's
+    declared space, for the rows whose ``knob_spaces`` :meth:`sample` gets.
     """
 
     def __init__(
@@ -364,6 +367,7 @@ class ResearchPolicy(nn.Module):
         max_new_tokens: int = 64,
         search_constraint: bool = False,
         constrain_replace: bool = False,
+        constrain_values: bool = False,
     ):
         super().__init__()
         if temperature < 0:
@@ -376,6 +380,7 @@ class ResearchPolicy(nn.Module):
         self.max_new_tokens = max_new_tokens
         self.search_constraint = search_constraint
         self.constrain_replace = constrain_replace
+        self.constrain_values = constrain_values
         self._token_index: tuple[list[bytes | None], TokenIndex] | None = None
 
     def token_index(self) -> tuple[list[bytes | None], TokenIndex]:
@@ -406,12 +411,15 @@ class ResearchPolicy(nn.Module):
         max_new_tokens: int | None = None,
         greedy: bool = False,
         sources: Sequence[str] | None = None,
+        knob_spaces: Sequence[Any] | None = None,
     ) -> Samples:
         """Sample one completion per prompt row (repeat rows for G per task), with a KV cache.
 
         Stops at EOS; tokens after EOS are PAD with mask 0 (the EOS token itself has mask 1).
         ``sources`` (one per row, the solution each row edits): with ``search_constraint`` on, SEARCH
-        texts can only be knob lines of the row's source (:mod:`wmrl_research.constrain`).
+        texts can only be knob lines of the row's source (:mod:`wmrl_research.constrain`);
+        ``knob_spaces`` (one per row, ``{name: [value, ...]}``): with ``constrain_values`` on too,
+        REPLACE texts can only set the knob to a value of its space.
         """
         was_training = self.model.training
         self.model.eval()
@@ -430,7 +438,14 @@ class ResearchPolicy(nn.Module):
             if len(sources) != b:
                 raise ValueError(f"{len(sources)} sources for {b} prompt rows")
             pieces, index = self.token_index()
-            constraint = SearchConstraint(index, pieces, sources, replace_name=self.constrain_replace)
+            values = None
+            if self.constrain_values and knob_spaces is not None:
+                if len(knob_spaces) != b:
+                    raise ValueError(f"{len(knob_spaces)} knob spaces for {b} prompt rows")
+                values = [None if ks is None else knob_value_sources(ks) for ks in knob_spaces]
+            constraint = SearchConstraint(
+                index, pieces, sources, replace_name=self.constrain_replace, values=values
+            )
         steps_allowed: list[list[tuple[int, ...] | None]] = []
         last_pos = pos[:, -1:]
         for _ in range(steps):

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from wmrl.config import RunConfig
     from wmrl.domain import Domain
 
-WORLD_MODELS = ("encoder", "lm")
+WORLD_MODELS = ("surrogate", "surrogate_hgb", "encoder", "lm")
 EDIT_MODES = ("knobs", "free")
 
 
@@ -70,12 +70,22 @@ class ResearchConfig(DomainConfig):
     search_constraint: bool = False
     # With search_constraint: also make each REPLACE text start with the chosen knob's `NAME =`.
     search_constraint_replace: bool = False
+    # With search_constraint: make each whole REPLACE text `NAME = value` with a value of the knob's
+    # declared space (knobs with no declared space become uneditable), so no edit sets a value that
+    # can crash the solution.
+    search_constraint_values: bool = False
     # Sampling.
     max_new_tokens: int = 96
     max_prompt_tokens: int = 512
     temperature: float = 1.0
-    # Outcome world model: "encoder" (ensemble regression) or "lm" (structured answer, sampled).
-    world_model: str = "encoder"
+    # Outcome world model: "surrogate" (knob values parsed from the knobs block -> per-task extra-trees
+    # ensemble, world_models/knob_surrogate.py; ranks edits best, benchmarks/research_wm.py),
+    # "surrogate_hgb" (the same features -> gradient boosting, bootstrap variance), "encoder"
+    # (transformer-encoder ensemble over the text) or "lm" (causal LM answering
+    # `runs: ..; valid: ..; quality: q`, sampled wm_lm_samples times).
+    world_model: str = "surrogate"
+    # Ensemble members (surrogate_hgb: bootstrap resamples; encoder: independently initialised
+    # encoders; the extra-trees surrogate always grows 200 trees).
     wm_members: int = 4
     wm_dim: int = 64
     wm_lm_samples: int = 4
@@ -91,6 +101,12 @@ class ResearchConfig(DomainConfig):
     # Execution log: SFT-policy samples per train task executed in the sandbox before training;
     # a random `wm_holdout` fraction of it measures the WM's quality (then joins its training set).
     log_samples_per_task: int = 24
+    # Random-edit execution log: this many random points of each train task's knob space (1-3 knobs of
+    # the baseline changed) executed in the sandbox before training, built once and cached under
+    # cache_dir for every run with the same train tasks, size and seed (not per policy or run seed);
+    # its executions are reported in build_info.json (log.random), apart from the RL budget. 0: none.
+    log_random_per_task: int = 64
+    log_random_seed: int = 0
     wm_holdout: float = 0.2
     # Where tokenizer, SFT policy, execution log and WM are cached (shared across runs and methods).
     cache_dir: str = "runs/cache/research"
@@ -136,6 +152,8 @@ class ResearchConfig(DomainConfig):
             raise ConfigError(f"domain.temperature={self.temperature} must be >= 0")
         if not 0 <= self.wm_holdout < 1:
             raise ConfigError(f"domain.wm_holdout={self.wm_holdout} must lie in [0, 1)")
+        if self.log_random_per_task < 0:
+            raise ConfigError(f"domain.log_random_per_task={self.log_random_per_task} must be >= 0")
         if self.log_samples_per_task < 1:
             raise ConfigError(f"domain.log_samples_per_task={self.log_samples_per_task} must be >= 1")
         if self.sandbox_timeout_s <= 0:

@@ -16,6 +16,11 @@ other position is unconstrained.
 
 Optionally (``replace_name``) each target also holds the start of the REPLACE text,
 ``NAME =`` of the chosen line, so a REPLACE text must start with the knob its SEARCH text names.
+With ``values`` (per row, each knob's declared space as value sources, :func:`knob_value_sources`)
+the targets hold the whole REPLACE text and its end marker, one per value of the knob's space:
+``NAME = value\n>>>>>>> REPLACE``, so every edit sets a knob to a value of its declared space (a
+value outside it can crash the solution: ``BATCH_SIZE =lstm"``, ``C = 1.01``). Knobs with no
+declared space are then not editable (no target names them).
 
 Each new block's targets come from the source after the blocks completed so far (so a second block
 on the same knob must search the edited line); where those blocks do not apply, from the original
@@ -33,12 +38,21 @@ ids at each constrained position padded with -1, and ``search_constrained`` ``[N
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from typing import Any
 
 import torch
 
-from wmrl_research.edits import DIVIDER, EditError, apply_edits, knobs_block, knobs_span
+from wmrl_research.edits import (
+    DIVIDER,
+    REPLACE,
+    EditError,
+    apply_edits,
+    format_value,
+    knobs_block,
+    knobs_span,
+)
 
 HEAD = b"<<<<<<< SEARCH"
 TAIL = ("\n" + DIVIDER + "\n").encode()
@@ -77,13 +91,27 @@ def search_lines(source: str, start: str | None = None, end: str | None = None) 
     return out
 
 
-def targets_for(lines: Sequence[str], replace_name: bool = False) -> tuple[bytes, ...]:
+def knob_value_sources(knob_space: Mapping[str, Sequence[Any]]) -> dict[str, list[str]]:
+    """A task's knob space as the value sources a REPLACE text may use (``format_value``)."""
+    return {k: [format_value(v) for v in vs] for k, vs in knob_space.items()}
+
+
+def targets_for(
+    lines: Sequence[str], replace_name: bool = False, values: Mapping[str, Sequence[str]] | None = None
+) -> tuple[bytes, ...]:
     """Byte targets of a body: ``b"\\n" + line + b"\\n=======\\n"`` per line (sorted, unique); with
-    ``replace_name``, followed by the line's ``NAME =`` (the start of the REPLACE text)."""
+    ``replace_name``, followed by the line's ``NAME =`` (the start of the REPLACE text); with
+    ``values`` (knob name -> value sources), followed instead by ``NAME = value\\n>>>>>>> REPLACE``
+    for each value of the knob's space (lines of knobs that ``values`` does not name are left out)."""
     out = set()
     for line in lines:
-        name = line.split("=", 1)[0].strip() + " =" if replace_name else ""
-        out.add(b"\n" + line.encode() + TAIL + name.encode())
+        name = line.split("=", 1)[0].strip()
+        head = b"\n" + line.encode() + TAIL
+        if values is not None:
+            for v in values.get(name, ()):
+                out.add(head + f"{name} = {v}\n{REPLACE}".encode())
+        else:
+            out.add(head + (f"{name} =".encode() if replace_name else b""))
     return tuple(sorted(out))
 
 
@@ -93,6 +121,7 @@ def block_targets(
     start: str | None = None,
     end: str | None = None,
     replace_name: bool = False,
+    values: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[bytes, ...]:
     """Targets of a block that starts after ``text_before`` (the completion so far): the knob lines of
     ``source`` after the complete blocks of ``text_before``, or of ``source`` itself where
@@ -102,10 +131,10 @@ def block_targets(
         if res.ok and res.source is not None:
             try:
                 knobs_span(res.source, start, end)
-                return targets_for(search_lines(res.source, start, end), replace_name)
+                return targets_for(search_lines(res.source, start, end), replace_name, values)
             except EditError:
                 pass
-    return targets_for(search_lines(source, start, end), replace_name)
+    return targets_for(search_lines(source, start, end), replace_name, values)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -219,6 +248,8 @@ class SearchConstraint:
 
     ``replace_name``: also constrain each REPLACE text to start with ``NAME =`` of the knob line its
     SEARCH text chose (each target then ends with ``b"NAME ="``, see :func:`targets_for`).
+    ``values``: per row, the knob spaces as value sources (or None for a row without): the whole
+    REPLACE text is then ``NAME = value`` with a value of the knob's space.
     """
 
     def __init__(
@@ -229,10 +260,14 @@ class SearchConstraint:
         start: str | None = None,
         end: str | None = None,
         replace_name: bool = False,
+        values: Sequence[Mapping[str, Sequence[str]] | None] | None = None,
     ):
         self.index, self.pieces = index, pieces
         self.replace_name = replace_name
         self.sources = list(sources)
+        self.values = list(values) if values is not None else [None] * len(self.sources)
+        if len(self.values) != len(self.sources):
+            raise ValueError(f"{len(self.values)} knob spaces for {len(self.sources)} sources")
         self.start, self.end = start, end
         self.text = [b"" for _ in self.sources]
         self.body: list[int | None] = [None] * len(self.sources)  # offset of the body in text
@@ -267,7 +302,9 @@ class SearchConstraint:
                     self.body[r] = None  # left the targets while unconstrained: give up on it
             if self.body[r] is None and self.text[r].endswith(HEAD):
                 before = self.text[r][: -len(HEAD)].decode("utf-8", errors="replace")
-                targets = block_targets(self.sources[r], before, self.start, self.end, self.replace_name)
+                targets = block_targets(
+                    self.sources[r], before, self.start, self.end, self.replace_name, self.values[r]
+                )
                 if targets:
                     self.body[r], self.targets[r] = len(self.text[r]), targets
 

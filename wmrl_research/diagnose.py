@@ -20,6 +20,10 @@ training did (``update_steps`` steps with replay). It reports, per run:
 - the logged ``wm/residual_before|after``, ``denoise/s2``, ``denoise/w`` averaged over steps.
 
     uv run python -m wmrl_research.diagnose runs/bench-research-scr-s0/wmrl-seed0 ...
+
+Runs made before the knob surrogate became the preset's WM (and before the random-edit log) replay
+with the WM they trained with: add ``--domain.world_model=encoder --domain.log_random_per_task=0
+--domain.search_constraint_values=false``.
 """
 
 from __future__ import annotations
@@ -134,11 +138,12 @@ def load_pretrained_wm(preset: str, seed: int, overrides: list[str]) -> tuple[An
     """The cached pretrained outcome WM (and the domain config) of ``preset`` at ``seed``."""
     from wmrl.config import load_config
     from wmrl_research.pipeline import (
-        _decoding_key,
         _key,
+        _log_name,
         _policy_fields,
         build_policy,
         build_world_model,
+        log_paths,
         pretrain_world_model,
         select_tasks,
     )
@@ -152,14 +157,14 @@ def load_pretrained_wm(preset: str, seed: int, overrides: list[str]) -> tuple[An
     if not (cache / "policy.pt").exists():
         raise FileNotFoundError(f"no cached SFT policy under {cache}: run the preset once first")
     policy, _ = build_policy(cfg, run, train, heldout, cache)
-    log_path = (
-        cache
-        / f"execution_log-{_key([cfg.log_samples_per_task, cfg.max_new_tokens, cfg.temperature, *_decoding_key(cfg)])}.jsonl"
-    )
-    if not log_path.exists():
-        raise FileNotFoundError(f"no cached execution log {log_path}")
-    wm = build_world_model(cfg, run, policy)
-    pretrain_world_model(cfg, run, wm, ExecutionLog(log_path).load(), cache, log_path.name)
+    log_path, random_path = log_paths(cfg, run, train)
+    for p in (log_path, random_path) if cfg.log_random_per_task else (log_path,):
+        if not p.exists():
+            raise FileNotFoundError(f"no cached execution log {p}")
+    random_examples = ExecutionLog(random_path).load()
+    examples = ExecutionLog(log_path).load() + random_examples
+    wm = build_world_model(cfg, run, policy.tokenizer)
+    pretrain_world_model(cfg, run, wm, examples, cache, _log_name(log_path, random_examples, random_path))
     return wm, cfg
 
 

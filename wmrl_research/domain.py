@@ -247,7 +247,8 @@ class ResearchDomain:
         sources = (
             [t.baseline_source for t in tasks for _ in range(group_size)] if self.mode == "knobs" else None
         )
-        s = self.policy.sample(ids, mask, generator, greedy=greedy, sources=sources)
+        spaces = [t.knob_space for t in tasks for _ in range(group_size)] if self.mode == "knobs" else None
+        s = self.policy.sample(ids, mask, generator, greedy=greedy, sources=sources, knob_spaces=spaces)
         payload = []
         for j, text in enumerate(s.texts):
             t = tasks[j // group_size]

@@ -32,7 +32,13 @@ def export_research(
     cfg: ResearchConfig, run: RunConfig, state: dict, out: Path, adapter: bool = False
 ) -> dict[str, Any]:
     from wmrl_research.agent import build_prompt
-    from wmrl_research.pipeline import build_world_model, policy_cache, select_tasks, untrained_policy
+    from wmrl_research.pipeline import (
+        build_world_model,
+        policy_cache,
+        select_tasks,
+        surrogate_tasks,
+        untrained_policy,
+    )
 
     if adapter and not cfg.lora:
         raise ValueError("--adapter exports LoRA adapters; this run trained every weight (domain.lora=false)")
@@ -45,9 +51,13 @@ def export_research(
         )
         policy = untrained_policy(cfg, run, train, heldout, where)
         policy.load_state_dict(state["policy"], strict=True)
-        wm = build_world_model(cfg, run, policy)
+        wm = build_world_model(cfg, run, policy.tokenizer)
     wm_state = state["domain"]["world_model"]
-    wm.load_state_dict(wm_state["params"], strict=True)
+    surrogate = cfg.world_model in ("surrogate", "surrogate_hgb")
+    if surrogate:
+        wm.load_state_dict_full(wm_state)
+    else:
+        wm.load_state_dict(wm_state["params"], strict=True)
     policy.eval()
     tok = policy.tokenizer
     base = None
@@ -96,7 +106,25 @@ def export_research(
     files.append("wmrl_agent.json")
 
     wm_dir = out / "world_model"
-    if cfg.world_model == "encoder":
+    if surrogate:
+        # scikit-learn trees are refitted from the executions they learned from (deterministic for
+        # the seed), so the export is that plain data, no pickle.
+        wm_dir.mkdir(parents=True, exist_ok=True)
+        spec = {
+            "estimator": wm.estimator,
+            "members": cfg.wm_members,
+            "seed": run.seed,
+            "tasks": surrogate_tasks(train + heldout),
+            "state": wm_state,
+        }
+        (wm_dir / "knob_surrogate.json").write_text(json.dumps(spec, indent=1))
+        wm_info = {
+            "format": "JSON: task knob spaces and the executions the scikit-learn surrogate refits on",
+            "class": "world_models.knob_surrogate.KnobSurrogateOutcomeModel",
+            "load": "from world_models.knob_surrogate import KnobSurrogateOutcomeModel\n"
+            "wm = KnobSurrogateOutcomeModel.from_export(f'{DIR}/world_model/knob_surrogate.json')",
+        }
+    elif cfg.world_model == "encoder":
         wm.var_scale = float(wm_state.get("var_scale", 1.0))
         wm.save_pretrained(wm_dir)
         wm_info = {

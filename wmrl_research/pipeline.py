@@ -22,6 +22,7 @@ import torch
 from wmrl.device import module_device, resolve_device
 from wmrl.executors import make_executor
 from wmrl_research.agent import ResearchPolicy, add_lora, build_prompt, build_tokenizer, load_lm
+from wmrl_research.config import WORLD_MODELS
 from wmrl_research.domain import (
     ResearchDomain,
     ResearchWorldModel,
@@ -30,10 +31,18 @@ from wmrl_research.domain import (
     to_example,
     wm_example,
 )
-from wmrl_research.edits import sample_knob_edit, synthetic_task
+from wmrl_research.edits import (
+    apply_edits,
+    format_value,
+    knobs_block,
+    parse_knobs,
+    sample_knob_edit,
+    synthetic_task,
+)
 from wmrl_research.sft import SFTConfig, edit_validity, run_sft
 from wmrl_research.tasks import FAILURE_SCORE, list_tasks
 from wmrl_research.tasks.base import DATA_LAYOUT_VERSION
+from world_models.knob_surrogate import KnobSurrogateOutcomeModel
 from world_models.outcome import EncoderOutcomeModel, ExecutionLog, LMOutcomeModel, outcome_metrics
 
 if TYPE_CHECKING:
@@ -101,7 +110,33 @@ def _decoding_key(cfg: ResearchConfig) -> list[Any]:
     so the keys of unconstrained runs stay what they were."""
     if not constrained(cfg):
         return []
+    if cfg.search_constraint_values:
+        return [["search_constraint", "values"]]
     return [["search_constraint", "replace"]] if cfg.search_constraint_replace else [["search_constraint"]]
+
+
+def tokenizer_corpus(tasks: list[Any], seed: int, synthetic: bool = False) -> list[str]:
+    """The tiny tokenizer's training text: prompts, random knob edits and WM prompts of ``tasks``
+    (plus synthetic tasks' with ``synthetic``) and the structured WM answer."""
+    rng = random.Random(seed)
+    corpus: list[str] = []
+    for t in tasks:
+        corpus += [build_prompt(t, t.baseline_source, "knobs", "short")] * 4
+        corpus += [
+            build_prompt(t, t.baseline_source, "knobs"),
+            build_prompt(t, t.baseline_source, "free"),
+        ]
+        corpus += [sample_knob_edit(t.baseline_source, t.knob_space, rng) for _ in range(20)]
+        corpus += [f"Task: {task_text(t)}\nSolution:\n{solution_text(t, t.baseline_source)}\nOutcome:"]
+    if synthetic:
+        for _ in range(SYNTHETIC_TOKENIZER_TASKS):
+            s = synthetic_task(rng)
+            corpus += [
+                build_prompt(s, s.baseline_source, "knobs", "short"),
+                sample_knob_edit(s.baseline_source, s.knob_space, rng),
+            ]
+    corpus += [WM_ANSWER_TEMPLATE] * 8
+    return corpus
 
 
 def policy_cache(cfg: ResearchConfig, run: RunConfig) -> Path:
@@ -118,24 +153,7 @@ def untrained_policy(
     sft_tasks = train + (heldout if cfg.sft_include_heldout else [])
     tokenizer = None
     if cfg.policy == "tiny":
-        rng = random.Random(run.seed)
-        corpus: list[str] = []
-        for t in sft_tasks:
-            corpus += [build_prompt(t, t.baseline_source, "knobs", "short")] * 4
-            corpus += [
-                build_prompt(t, t.baseline_source, "knobs"),
-                build_prompt(t, t.baseline_source, "free"),
-            ]
-            corpus += [sample_knob_edit(t.baseline_source, t.knob_space, rng) for _ in range(20)]
-            corpus += [f"Task: {task_text(t)}\nSolution:\n{solution_text(t, t.baseline_source)}\nOutcome:"]
-        if cfg.sft_synthetic > 0:
-            for _ in range(SYNTHETIC_TOKENIZER_TASKS):
-                s = synthetic_task(rng)
-                corpus += [
-                    build_prompt(s, s.baseline_source, "knobs", "short"),
-                    sample_knob_edit(s.baseline_source, s.knob_space, rng),
-                ]
-        corpus += [WM_ANSWER_TEMPLATE] * 8
+        corpus = tokenizer_corpus(sft_tasks, run.seed, cfg.sft_synthetic > 0)
         tokenizer = build_tokenizer(corpus, cfg.vocab_size, cache / "tokenizer", cfg.pretokenizer)
     model, tokenizer = load_lm(
         cfg.policy,
@@ -153,6 +171,7 @@ def untrained_policy(
         max_new_tokens=cfg.max_new_tokens,
         search_constraint=constrained(cfg),
         constrain_replace=cfg.search_constraint_replace,
+        constrain_values=cfg.search_constraint_values,
     )
 
 
@@ -206,21 +225,43 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
     return policy, info
 
 
-def build_world_model(cfg: ResearchConfig, run: RunConfig, policy: ResearchPolicy):
-    """The outcome WM, untrained, on the policy's device."""
+def surrogate_tasks(tasks: list[Any]) -> dict[str, tuple[dict[str, list[str]], dict[str, str]]]:
+    """What the knob surrogate is given of each task: task text -> (knob space, baseline values), as
+    Python value sources (``format_value``; the baseline's as written in its knobs block)."""
+    out = {}
+    for t in tasks:
+        space = {k: [format_value(v) for v in vs] for k, vs in t.knob_space.items()}
+        out[task_text(t)] = (space, parse_knobs(knobs_block(t.baseline_source)))
+    return out
+
+
+def build_world_model(
+    cfg: ResearchConfig, run: RunConfig, tokenizer: Any = None, device: torch.device | str = "cpu"
+):
+    """The outcome WM named by ``cfg.world_model``, untrained; the text kinds read with ``tokenizer``
+    (the policy's) and sit on ``device`` (the policy's; the knob surrogate is scikit-learn's)."""
+    if cfg.world_model not in WORLD_MODELS:
+        raise ValueError(f"world_model={cfg.world_model!r} is not one of {', '.join(WORLD_MODELS)}")
+    if cfg.world_model in ("surrogate", "surrogate_hgb"):
+        estimator = "hgb" if cfg.world_model == "surrogate_hgb" else "extra_trees"
+        return KnobSurrogateOutcomeModel(
+            surrogate_tasks(list_tasks()), estimator=estimator, members=cfg.wm_members, seed=run.seed
+        )
+    if tokenizer is None:
+        raise ValueError(f"world_model={cfg.world_model!r} needs the policy's tokenizer")
     if cfg.world_model == "encoder":
         return EncoderOutcomeModel(
-            policy.tokenizer,
+            tokenizer,
             members=cfg.wm_members,
             dim=cfg.wm_dim,
             batch_size=cfg.wm_batch_size,
             lr=cfg.wm_lr,
             seed=run.seed,
-        ).to(module_device(policy))
+        ).to(device)
     # A causal LM of the policy's architecture, initialised from the SFT policy (shares the tokenizer).
     lm_model, tok = load_lm(
         cfg.policy,
-        policy.tokenizer,
+        tokenizer,
         Path(cfg.cache_dir),
         seed=run.seed + 1,
         **({"hidden": cfg.tiny_hidden, "layers": cfg.tiny_layers} if cfg.policy == "tiny" else {}),
@@ -233,7 +274,7 @@ def build_world_model(cfg: ResearchConfig, run: RunConfig, policy: ResearchPolic
         batch_size=cfg.wm_batch_size,
         lr=cfg.wm_lr,
         seed=run.seed,
-    ).to(module_device(policy))
+    ).to(device)
 
 
 def build_execution_log(
@@ -276,6 +317,98 @@ def build_execution_log(
     tmp.path.rename(path)
     _say(cfg, f"execution log: {len(examples)} records in {time.perf_counter() - t0:.1f}s")
     return elog
+
+
+RANDOM_LOG_MAX_CHANGES = 3
+
+
+def random_edit_sources(
+    task: Any, n: int, rng: random.Random, max_changes: int = RANDOM_LOG_MAX_CHANGES
+) -> list[str]:
+    """``n`` random points of ``task``'s knob space near its baseline: each sets 1..``max_changes``
+    knobs (uniform count, uniform knobs, uniform other values) of the baseline source."""
+    out = []
+    for _ in range(n):
+        res = apply_edits(
+            task.baseline_source,
+            sample_knob_edit(task.baseline_source, task.knob_space, rng, max_changes),
+            "knobs",
+        )
+        assert res.ok and res.source is not None, res.reason  # knob_edit writes valid edits
+        out.append(res.source)
+    return out
+
+
+def random_log_path(cfg: ResearchConfig, train: list[Any]) -> Path:
+    """The random-edit log's cache file: shared by every run (any policy, any seed) with the same
+    train tasks (and their definitions), size, seed and sandbox timeout."""
+    tasks = [
+        (t.id, t.data_version, hashlib.sha256(t.baseline_source.encode()).hexdigest()[:12], t.baseline_score,
+         t.reference_score, sorted((k, [repr(v) for v in vs]) for k, vs in t.knob_space.items()))
+        for t in train
+    ]  # fmt: skip
+    key = _key(
+        [
+            tasks,
+            cfg.log_random_per_task,
+            cfg.log_random_seed,
+            RANDOM_LOG_MAX_CHANGES,
+            cfg.sandbox_timeout_s,
+            1,
+            *_data_key(),
+        ]
+    )
+    return Path(cfg.cache_dir) / f"random_log-{key}.jsonl"
+
+
+def build_random_log(cfg: ResearchConfig, train: list[Any], executor, path: Path) -> ExecutionLog:
+    """Execute ``log_random_per_task`` random knob-space edits of each train task's baseline
+    (:func:`random_edit_sources`) through ``executor`` and write them to the JSONL log at ``path``
+    (``source = "random"``). Built once: an existing file is returned as it is. Ungraded executions
+    (sandbox failures) are left out. ``<path>.json`` records how many executions it took and how long,
+    so that they are reported apart from the RL budget."""
+    from wmrl.domain import Job
+    from wmrl_research.grading import reward
+
+    elog = ExecutionLog(path)
+    if path.exists() or cfg.log_random_per_task == 0:
+        return elog
+    rng = random.Random(cfg.log_random_seed)
+    jobs, owners = [], []
+    for t in train:
+        for src in random_edit_sources(t, cfg.log_random_per_task, rng):
+            jobs.append(Job(fn=reward, args=(t.id, src, cfg.sandbox_timeout_s)))
+            owners.append((t, src))
+    _say(
+        cfg, f"random log: executing {len(jobs)} random knob edits ({cfg.log_random_per_task} per train task)"
+    )
+    t0 = time.perf_counter()
+    results = executor.run(jobs)
+    examples = [
+        to_example(t, src, r.reward, "random")
+        for (t, src), r in zip(owners, results, strict=True)
+        if r.reward == r.reward
+    ]
+    seconds = time.perf_counter() - t0
+    tmp = ExecutionLog(path.with_suffix(".partial"))
+    tmp.path.unlink(missing_ok=True)
+    tmp.append(examples)
+    info = {"executions": len(jobs), "records": len(examples), "seconds": seconds,
+            "per_task": cfg.log_random_per_task, "seed": cfg.log_random_seed}  # fmt: skip
+    path.with_suffix(".json").write_text(json.dumps(info, indent=2))
+    tmp.path.rename(path)
+    _say(cfg, f"random log: {len(examples)} records in {seconds:.1f}s")
+    return elog
+
+
+def log_paths(cfg: ResearchConfig, run: RunConfig, train: list[Any]) -> tuple[Path, Path]:
+    """The cached SFT-sample execution log and the random-edit log of this config."""
+    cache = Path(cfg.cache_dir) / _key(_policy_fields(cfg, run, train))
+    sft_log = (
+        cache
+        / f"execution_log-{_key([cfg.log_samples_per_task, cfg.max_new_tokens, cfg.temperature, *_decoding_key(cfg), *_data_key()])}.jsonl"
+    )
+    return sft_log, random_log_path(cfg, train)
 
 
 def _wm_input_key(cfg: ResearchConfig) -> list[Any]:
@@ -333,6 +466,24 @@ def pretrain_world_model(
     return info
 
 
+def _log_name(log_path: Path, random_examples: list, random_path: Path) -> str:
+    """The pretraining logs' names for the WM's cache key (the SFT log's alone without random edits,
+    so the WMs cached before the random log existed stay valid)."""
+    return log_path.name + (f"+{random_path.name}" if random_examples else "")
+
+
+def _random_info(path: Path, examples: list) -> dict[str, Any]:
+    meta = path.with_suffix(".json")
+    info = json.loads(meta.read_text()) if meta.exists() else {}
+    runnable = [e.reward > FAILURE_SCORE for e in examples]
+    return {
+        **info,
+        "n": len(examples),
+        "runnable_frac": sum(runnable) / max(len(runnable), 1),
+        "path": str(path),
+    }
+
+
 def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     torch.set_num_threads(run.torch_threads)
     train, heldout = select_tasks(cfg)
@@ -342,14 +493,15 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     (cache / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
     policy, sft_info = build_policy(cfg, run, train, heldout, cache)
     executor = make_executor(run.executor, run.anchors.max_concurrent)
-    log_path = (
-        cache
-        / f"execution_log-{_key([cfg.log_samples_per_task, cfg.max_new_tokens, cfg.temperature, *_decoding_key(cfg), *_data_key()])}.jsonl"
-    )
+    log_path, random_path = log_paths(cfg, run, train)
     elog = build_execution_log(cfg, run, policy, train, executor, log_path)
-    examples = elog.load()
-    wm = build_world_model(cfg, run, policy)
-    wm_info = pretrain_world_model(cfg, run, wm, examples, cache, log_path.name)
+    rlog = build_random_log(cfg, train, executor, random_path)
+    sft_examples, random_examples = elog.load(), rlog.load()
+    examples = sft_examples + random_examples
+    wm = build_world_model(cfg, run, policy.tokenizer, module_device(policy))
+    wm_info = pretrain_world_model(
+        cfg, run, wm, examples, cache, _log_name(log_path, random_examples, random_path)
+    )
     # The run's own log: the pretraining log's records, then every anchor execution of this run.
     run_log = ExecutionLog(Path(run.out_dir) / "execution_log.jsonl")
     if not run_log.path.exists():
@@ -390,8 +542,15 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         "cache": str(cache),
         "search_constraint": constrained(cfg),
         "search_constraint_replace": constrained(cfg) and cfg.search_constraint_replace,
+        "search_constraint_values": constrained(cfg) and cfg.search_constraint_values,
         "sft": sft_info,
-        "log": {"n": len(examples), "runnable_frac": sum(runnable) / max(len(runnable), 1)},
+        "log": {
+            "n": len(examples),
+            "runnable_frac": sum(runnable) / max(len(runnable), 1),
+            # executions made before training, apart from the RL budget (exec/real_total)
+            "sft_samples": len(sft_examples),
+            "random": _random_info(random_path, random_examples),
+        },
         "wm": wm_info,
         "sft_eval": sft_eval,
     }

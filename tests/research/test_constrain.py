@@ -18,13 +18,14 @@ from wmrl_research.constrain import (
     SearchConstraint,
     TokenIndex,
     block_targets,
+    knob_value_sources,
     masked_token_log_probs,
     pad_allowed,
     search_lines,
     targets_for,
     token_bytes,
 )
-from wmrl_research.edits import apply_edits, sample_knob_edit
+from wmrl_research.edits import apply_edits, knobs_block, parse_knobs, sample_knob_edit
 from wmrl_research.tasks import list_tasks
 
 HELDOUT = list_tasks("heldout")
@@ -159,7 +160,9 @@ class Memoriser(nn.Module):
         return SimpleNamespace(logits=logits, past_key_values=out.past_key_values)
 
 
-def memoriser_policy(tokenizer, task, strength=12.0, temperature=1.0, constraint=True, replace=False):
+def memoriser_policy(
+    tokenizer, task, strength=12.0, temperature=1.0, constraint=True, replace=False, values=False
+):
     prompt = build_prompt(task, task.baseline_source, "knobs", "short")
     p_ids, p_mask = encode_prompts(tokenizer, [prompt])
     # a known knob name with a wrong current value: the exact match fails without the constraint
@@ -175,6 +178,7 @@ def memoriser_policy(tokenizer, task, strength=12.0, temperature=1.0, constraint
         max_new_tokens=96,
         search_constraint=constraint,
         constrain_replace=replace,
+        constrain_values=values,
     )
     return pol, prompt
 
@@ -314,13 +318,95 @@ def test_the_flag_enters_the_decoding_cache_keys_but_not_the_sft_key():
     from wmrl_research import pipeline
 
     off = load_config("research-tiny", ["--domain.search_constraint=false"])
-    on = load_config("research-tiny", ["--domain.search_constraint_replace=false"])
-    rep = load_config("research-tiny", [])
+    on = load_config(
+        "research-tiny",
+        ["--domain.search_constraint_replace=false", "--domain.search_constraint_values=false"],
+    )
+    rep = load_config("research-tiny", ["--domain.search_constraint_values=false"])
+    val = load_config("research-tiny", [])
     free = load_config("research-tiny", ["--domain.edit_mode=free", "--domain.prompt_style=full"])
     assert rep.domain.search_constraint and rep.domain.search_constraint_replace  # the preset's default
     assert on.domain.search_constraint and pipeline.constrained(on.domain)
     assert not pipeline.constrained(free.domain)  # knobs mode only
     train, _ = pipeline.select_tasks(on.domain)
     assert pipeline._policy_fields(on.domain, on, train) == pipeline._policy_fields(off.domain, off, train)
-    keys = {pipeline._key(pipeline._decoding_key(c.domain)) for c in (off, on, rep)}
-    assert len(keys) == 3 and pipeline._decoding_key(off.domain) == []  # old keys unchanged when off
+    assert val.domain.search_constraint_values  # the preset's default since the knob surrogate
+    keys = {pipeline._key(pipeline._decoding_key(c.domain)) for c in (off, on, rep, val)}
+    assert len(keys) == 4 and pipeline._decoding_key(off.domain) == []  # old keys unchanged when off
+    assert pipeline._decoding_key(rep.domain) == [["search_constraint", "replace"]]  # as before
+
+
+def test_value_targets_are_whole_replace_texts_of_the_declared_space():
+    values = knob_value_sources(FakeTask().knob_space)
+    assert values["MODEL"] == ['"ridge"', '"forest"', '"knn"'] and values["SCALE"] == ["True", "False"]
+    t = targets_for(["ALPHA = 1.0", "UNDECLARED = 3"], values=values)
+    assert t == tuple(
+        sorted(
+            f"\nALPHA = 1.0\n=======\nALPHA = {v}\n>>>>>>> REPLACE".encode() for v in ("0.1", "1.0", "10.0")
+        )
+    )
+    # a knob with no declared space has no target: not editable under the value rule
+    assert not any(b"UNDECLARED" in x for x in t)
+
+
+def test_value_rule_masks_values_outside_the_space(tokenizer):
+    pieces = token_bytes(tokenizer)
+    values = [knob_value_sources(FakeTask().knob_space)]
+    valid = (
+        "<<<<<<< SEARCH\nALPHA = 1.0\n=======\nALPHA = 10.0\n>>>>>>> REPLACE\n"
+        "<<<<<<< SEARCH\nALPHA = 10.0\n=======\nALPHA = 0.1\n>>>>>>> REPLACE"
+    )
+    c = SearchConstraint(TokenIndex(pieces), pieces, [SOURCE], replace_name=True, values=values)
+    n_constrained = 0
+    for i in tokenizer(valid, add_special_tokens=False)["input_ids"]:
+        (a,) = c.allowed()
+        assert a is None or i in a  # the valid two-block edit is never masked out
+        n_constrained += a is not None
+        c.advance([i], [True])
+    assert c.body == [None] and n_constrained >= 8
+    # the same edit to a value outside the space (1.01; a string) is masked at some step
+    for bad in ("ALPHA = 1.01", 'ALPHA = "lstm"', "MODEL = 7"):
+        search = "ALPHA = 1.0" if bad.startswith("ALPHA") else 'MODEL = "ridge"'
+        text = f"<<<<<<< SEARCH\n{search}\n=======\n{bad}\n>>>>>>> REPLACE"
+        c = SearchConstraint(TokenIndex(pieces), pieces, [SOURCE], values=values)
+        masked = False
+        for i in tokenizer(text, add_special_tokens=False)["input_ids"]:
+            (a,) = c.allowed()
+            if a is not None and i not in a:
+                masked = True
+                break
+            c.advance([i], [True])
+        assert masked, bad
+    # brute force: inside a REPLACE value, the allowed ids are exactly the rule's
+    c = SearchConstraint(TokenIndex(pieces), pieces, [SOURCE], values=values)
+    for i in tokenizer("<<<<<<< SEARCH\nALPHA = 1.0\n=======\nALPHA = 1", add_special_tokens=False)[
+        "input_ids"
+    ]:
+        c.advance([i], [True])
+    (a,) = c.allowed()
+    assert set(a) == brute_force_allowed(c.text[0][c.body[0] :], c.targets[0], pieces)
+
+
+@pytest.mark.parametrize("task", HELDOUT, ids=[t.id for t in HELDOUT])
+def test_sampled_edits_set_values_of_the_declared_space(tokenizer, task):
+    # the memorised edit writes `NAME = 7`, a value outside every held-out space
+    n = 8
+    pol, prompt = memoriser_policy(tokenizer, task, replace=True, values=True)
+    ids, mask = encode_prompts(tokenizer, [prompt] * n)
+    gen = torch.Generator().manual_seed(0)
+    s = pol.sample(ids, mask, gen, sources=[task.baseline_source] * n, knob_spaces=[task.knob_space] * n)
+    space = knob_value_sources(task.knob_space)
+    applied = 0
+    for text in s.texts:
+        for replace in re.findall(r"=======\n(.*?)\n>>>>>>> REPLACE", text, re.DOTALL):
+            name, _, value = replace.partition(" = ")
+            assert value in space[name], (replace, text)
+        res = apply_edits(task.baseline_source, text, "knobs")
+        if res.ok:
+            applied += 1
+            knobs = parse_knobs(knobs_block(res.source))
+            assert all(knobs[k] in space[k] for k in space), knobs
+    assert applied >= n - 1, s.texts
+    # without knob spaces the value rule has nothing to apply: REPLACE values stay free (`= 7`)
+    free = pol.sample(ids, mask, torch.Generator().manual_seed(0), sources=[task.baseline_source] * n)
+    assert any(" = 7" in t for t in free.texts)

@@ -53,6 +53,9 @@ def test_build_is_cached_and_records_figures(built):
     info = domain.build_info
     assert {"sft", "log", "wm", "sft_eval"} <= set(info)
     assert info["log"]["n"] >= 1 and 0 <= info["sft"]["validity_train"]["apply_fraction"] <= 1
+    # the random-edit log (8 per task in the debug preset) is reported apart from the SFT samples
+    rnd = info["log"]["random"]
+    assert rnd["executions"] == 8 and rnd["n"] == 8 and info["log"]["n"] == info["log"]["sft_samples"] + 8
     t0 = time.perf_counter()
     again = cfg.domain.build(cfg)
     assert time.perf_counter() - t0 < 20

@@ -23,6 +23,8 @@ TINY = [
     "--grpo.lr=1e-2",  # the final policy must differ visibly from the SFT one,
     "--grpo.weight_decay=0.1",  # even when a 20-step SFT policy's edits all fail (zero advantages)
     "--tracking.eval_every=2",
+    "--domain.world_model=encoder",  # the surrogate (the presets' WM) has its own round trip below
+    "--domain.log_random_per_task=0",
 ]
 
 
@@ -196,3 +198,23 @@ def test_research_models_and_update_batches_are_on_the_configured_device(tiny_ru
     ex = domain.world_model.log.load()[:4]
     mean, var = domain.world_model.model.predict([e.task_text for e in ex], [e.solution_text for e in ex])
     assert mean.device.type == var.device.type == "cpu"
+
+
+def test_knob_surrogate_world_model_round_trips_as_plain_data(tiny_run, tmp_path):
+    """The presets' WM: exported as JSON (no pickle), refitted by ``from_export`` to the same predictions."""
+    from world_models.knob_surrogate import KnobSurrogateOutcomeModel
+
+    cfg, _, _, _ = tiny_run
+    run_cfg, domain, _ = _train(tmp_path, "sur", "--domain.world_model=surrogate", "--grpo.steps=1",
+                                f"--domain.cache_dir={cfg.domain.cache_dir}")  # fmt: skip
+    out = tmp_path / "out"
+    export_run(tmp_path / "sur", out)
+    wm = KnobSurrogateOutcomeModel.from_export(out / "world_model" / "knob_surrogate.json")
+    examples = domain.world_model.log.load()[:12]
+    args = [e.task_text for e in examples], [e.solution_text for e in examples]
+    a, b = wm.predict(*args), domain.world_model.model.predict(*args)
+    assert len(wm.examples) == len(domain.world_model.model.examples) > 0
+    assert all(torch.allclose(x, y) for x, y in zip(a, b, strict=True))
+    assert json.loads((out / "wmrl_export.json").read_text())["world_model"]["class"].endswith(
+        "KnobSurrogateOutcomeModel"
+    )
