@@ -213,12 +213,7 @@ def grpo_update(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             params = [p for p in policy.parameters() if p.requires_grad]
-            if cfg.max_grad_norm > 0:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            else:
-                grad_norm = torch.sqrt(
-                    sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None)
-                )
+            grad_norm = clip_gradients(params, cfg.max_grad_norm)
             optimizer.step()
             for k, v in {"loss": loss.detach(), "grad_norm": grad_norm, **stats}.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
@@ -226,6 +221,14 @@ def grpo_update(
     return {f"loss/{k}": v / max(n_steps, 1) for k, v in sums.items()} | {
         "loss/optimizer_steps": float(n_steps)
     }
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm of ``params`` to ``max_norm`` (``<= 0``: no clipping); returns
+    the norm before clipping."""
+    if max_norm > 0:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None))
 
 
 def _grpo_update_dp(
@@ -281,12 +284,7 @@ def _grpo_update_dp(
                 loss, stats = loss * 0.0, {k: v * 0.0 for k, v in stats.items()}
             optimizer.zero_grad(set_to_none=True)
             accelerator.backward(loss * world)
-            if cfg.max_grad_norm > 0:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            else:
-                grad_norm = torch.sqrt(
-                    sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None)
-                )
+            grad_norm = clip_gradients(params, cfg.max_grad_norm)
             optimizer.step()
             local = torch.stack([loss.detach().float(), *(stats[k].float() for k in names[1:])])
             total = accelerator.reduce(local.to(accelerator.device), "sum").cpu()
