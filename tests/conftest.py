@@ -7,12 +7,35 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+# Research task data of the suite: a cache of its own whose split secrets are fixed (see
+# ``fixed_split_secrets``), so that no outcome depends on the secret a machine happened to draw.
+os.environ.setdefault("WMRL_RESEARCH_DATA", os.path.expanduser("~/.cache/wmrl/research-tests"))
 
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+import hashlib  # noqa: E402
+
 import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fixed_split_secrets():
+    """Each research task's split secret in the suite's data cache is a hash of the task's data key
+    (real runs draw theirs at random, ``wmrl_research.tasks.base.build_secret``): the train/val/test
+    split, and every test that trains on it, is the same on every machine. Written before any data
+    is built; a test that discards a build draws a random secret for the rebuild, as real runs do."""
+    from wmrl_research.tasks import list_tasks
+    from wmrl_research.tasks.base import SECRET_SUFFIX, data_root
+
+    hidden = data_root() / "hidden"
+    hidden.mkdir(parents=True, exist_ok=True)
+    for task in list_tasks():
+        key = f"{task.id}-v{task.data_version}"
+        path = hidden / f"{key}{SECRET_SUFFIX}"
+        if not path.exists() and not (hidden / key).exists():
+            path.write_text(hashlib.sha256(key.encode()).hexdigest()[:32])
 
 
 @pytest.fixture(scope="session")

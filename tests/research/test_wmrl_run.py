@@ -25,7 +25,7 @@ def test_short_wmrl_run_improves_training_reward(tmp_path):
             "--domain.sft_steps=100",
             "--grpo.steps=8",
             "--grpo.group_size=8",
-            "--grpo.lr=1e-3",
+            "--grpo.lr=3e-4",  # 1e-3 collapsed the tiny policy on 1 of 5 data splits tried
         ],
     )
     domain = cfg.domain.build(cfg)
