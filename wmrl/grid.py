@@ -138,11 +138,15 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
     except yaml.YAMLError as e:
         raise ConfigError(f"malformed YAML in {path}: {e}") from None
     if not isinstance(content, dict):
-        raise ConfigError(f"{path} must hold a mapping (methods, seeds, domains, ...), got {type(content).__name__}")
+        raise ConfigError(
+            f"{path} must hold a mapping (methods, seeds, domains, ...), got {type(content).__name__}"
+        )
     known = [f.name for f in GridSpec.__dataclass_fields__.values()]
     for key in content:
         if key not in known:
-            raise ConfigError(f"{path}: unknown field {key!r}{did_you_mean(key, known)} (fields: {', '.join(known)})")
+            raise ConfigError(
+                f"{path}: unknown field {key!r}{did_you_mean(key, known)} (fields: {', '.join(known)})"
+            )
     try:
         return draccus.parse(GridSpec, config_path=path, args=list(overrides or []), exit_on_error=False)
     except ConfigError:
@@ -198,13 +202,23 @@ def plan(spec: GridSpec, out: Path) -> list[Cell]:
                 try:
                     cfg = load_config(d.preset, over)
                 except ConfigError as e:
-                    raise ConfigError(f"domain {d.name!r} (preset {d.preset}), {method} seed {seed}: {e}") from None
+                    raise ConfigError(
+                        f"domain {d.name!r} (preset {d.preset}), {method} seed {seed}: {e}"
+                    ) from None
                 n = d.reeval_episodes or spec.reeval_episodes
                 size = type(cfg.domain).HELDOUT_SIZE
                 reeval = [*d.reeval_overrides, *([f"--domain.{size}={n}"] if n and size else [])]
                 cells.append(
-                    Cell(d.name, method, seed, d.preset, over, reeval, str(run_dir),
-                         str(out / d.name / f"start-seed{seed}.json"))  # fmt: skip
+                    Cell(
+                        d.name,
+                        method,
+                        seed,
+                        d.preset,
+                        over,
+                        reeval,
+                        str(run_dir),
+                        str(out / d.name / f"start-seed{seed}.json"),
+                    )  # fmt: skip
                 )
     return cells
 
@@ -315,7 +329,9 @@ def _set_aside_metrics(run_dir: Path) -> None:
     with open(run_dir / "metrics.orphaned.jsonl", "a") as f:
         f.write(rows)
     (run_dir / "metrics.jsonl").unlink()
-    log.warning("%s: killed before its first checkpoint; its metrics moved to metrics.orphaned.jsonl", run_dir)
+    log.warning(
+        "%s: killed before its first checkpoint; its metrics moved to metrics.orphaned.jsonl", run_dir
+    )
 
 
 def _evaluate(c: Cell, checkpoint: Path | None) -> dict:
@@ -379,7 +395,9 @@ def _write_json(path: Path, data: dict) -> None:
 # ---- executors -----------------------------------------------------------------------------------
 
 
-def run_tasks(fn: Callable, args: list[tuple], ex: GridExecutorConfig) -> Iterator[tuple[tuple, dict | BaseException]]:
+def run_tasks(
+    fn: Callable, args: list[tuple], ex: GridExecutorConfig
+) -> Iterator[tuple[tuple, dict | BaseException]]:
     """``fn(*a)`` for every ``a`` of ``args`` on the executor; yields ``(a, result or exception)``
     as each finishes. A task's failure does not stop the others."""
     if not args:
@@ -422,7 +440,9 @@ def _run_ray(fn: Callable, args: list[tuple], ex: GridExecutorConfig):
                 _check_reachable(ex.ray_address)
                 ray.init(address=ex.ray_address, **kwargs)
         except (Exception, SystemExit) as e:  # ray.init calls sys.exit when it gives up on a cluster
-            raise ExecutorError(f"could not start or reach a Ray cluster at address={ex.ray_address!r}: {e}") from e
+            raise ExecutorError(
+                f"could not start or reach a Ray cluster at address={ex.ray_address!r}: {e}"
+            ) from e
         started = True
     try:
         remote = ray.remote(num_cpus=ex.num_cpus, num_gpus=ex.num_gpus, max_retries=0)(fn)
@@ -491,7 +511,9 @@ def run_grid(
     report = write_report(out, spec, cells, grid_wall_s=wall if todo or unprepared else None, command=command)
     echo(f"report: {out}/report.md  {out}/report.html  {out}/report.json")
     if failures:
-        raise RuntimeError(f"{len(failures)} task(s) of the grid failed (rerun to retry them): " + " | ".join(failures))
+        raise RuntimeError(
+            f"{len(failures)} task(s) of the grid failed (rerun to retry them): " + " | ".join(failures)
+        )
     return report
 
 

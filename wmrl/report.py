@@ -174,7 +174,7 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
                     figs[f"diff_vs_{ref}"] = None
             methods[m] = {"figures": figs, "per_seed": {str(s): v for s, v in seeds.items()}}
         real_gain = (methods.get("real") or {}).get("figures", {}).get("gain")
-        for m, entry in methods.items():
+        for entry in methods.values():
             gain = entry["figures"]["gain"]
             ok = gain is not None and real_gain is not None and real_gain["mean"] != 0
             entry["figures"]["share_of_real_gain"] = (
@@ -238,7 +238,14 @@ def table_rows(report: dict, keys: list[str]) -> tuple[list[str], list[list[str]
     for dname, dom in report["domains"].items():
         for m, entry in dom["methods"].items():
             n = sum(1 for v in entry["per_seed"].values() if v["status"] == "finished")
-            rows.append([dname, m, f"{n}/{len(entry['per_seed'])}", *[fmt_cell(entry["figures"].get(k)) for k in keys]])
+            rows.append(
+                [
+                    dname,
+                    m,
+                    f"{n}/{len(entry['per_seed'])}",
+                    *[fmt_cell(entry["figures"].get(k)) for k in keys],
+                ]
+            )
     return head, rows
 
 
@@ -252,7 +259,11 @@ def markdown(report: dict, command: str | None = None) -> str:
         lines += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows] + [""]
     lines += ["## Columns", ""] + [f"- **{lab}**: {note}" for lab, note in COLUMNS.values()]
-    lines += ["", "Mean ± standard error over seeds; — marks a figure the domain or method does not produce.", ""]
+    lines += [
+        "",
+        "Mean ± standard error over seeds; — marks a figure the domain or method does not produce.",
+        "",
+    ]
     lines += ["![score against real executions and wall-clock](report.png)", ""]
     return "\n".join(lines)
 
@@ -284,13 +295,21 @@ def html_report(report: dict, png: bytes | None, command: str | None = None) -> 
     parts.append("<ul>" + "".join(f"<li>{esc(x[2:])}</li>" for x in _preamble(report)) + "</ul>")
     for title, keys in TABLES.items():
         head, rows = table_rows(report, keys)
-        parts.append(f"<h2>{esc(title)}</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>")
+        parts.append(
+            f"<h2>{esc(title)}</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
+        )
         parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows]
         parts.append("</table>")
-    parts.append("<h2>Columns</h2><ul>" + "".join(f"<li><b>{esc(a)}</b>: {esc(b)}</li>" for a, b in COLUMNS.values()))
-    parts.append("</ul><p>Mean ± standard error over seeds; — marks a figure the domain or method does not produce.</p>")
+    parts.append(
+        "<h2>Columns</h2><ul>" + "".join(f"<li><b>{esc(a)}</b>: {esc(b)}</li>" for a, b in COLUMNS.values())
+    )
+    parts.append(
+        "</ul><p>Mean ± standard error over seeds; — marks a figure the domain or method does not produce.</p>"
+    )
     if png:
-        parts.append(f"<img alt='score against real executions and wall-clock' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
+        parts.append(
+            f"<img alt='score against real executions and wall-clock' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+        )
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -306,7 +325,7 @@ def plot(report: dict, path: Path) -> Path:
 
     doms = report["domains"]
     fig, axes = plt.subplots(len(doms), 2, figsize=(11, 3.6 * len(doms)), squeeze=False)
-    for (dname, dom), (ax1, ax2) in zip(doms.items(), axes):
+    for (dname, dom), (ax1, ax2) in zip(doms.items(), axes, strict=True):
         for m in dom["methods"]:
             curves = [v for k, v in dom["curves"].items() if k.split("/")[0] == m and v]
             if not curves:
