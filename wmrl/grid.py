@@ -308,6 +308,8 @@ def run_cell(c: Cell, cwd: str) -> dict:
         resume = (run_dir / CHECKPOINT).exists()
         if not resume and (run_dir / "metrics.jsonl").exists():
             _set_aside_metrics(run_dir)
+        if not resume:  # a worker runs cells one after another: each starts from its seed alone
+            _seed_globals(c.seed)
         train_run(load_config(c.preset, c.overrides), resume=resume)
     if _reeval_current(c) is None:
         scores = _evaluate(c, checkpoint=run_dir / CHECKPOINT)
@@ -320,6 +322,19 @@ def _enter(cwd: str) -> None:
     if os.path.isdir(cwd) and os.getcwd() != cwd:
         os.chdir(cwd)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _seed_globals(seed: int) -> None:
+    """Seed the process-wide generators (torch, numpy, random) so that a cell's results do not
+    depend on which cells its worker ran before (a resumed run restores them from its checkpoint)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def _set_aside_metrics(run_dir: Path) -> None:
@@ -344,7 +359,7 @@ def _evaluate(c: Cell, checkpoint: Path | None) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="wmrl-reeval-") as tmp:
         cfg = load_config(c.preset, [*c.overrides, *c.reeval_overrides, f"--out_dir={tmp}"])
-        torch.manual_seed(cfg.seed)
+        _seed_globals(cfg.seed)
         domain = cfg.domain.build(cfg)
         step = 0
         if checkpoint is not None:
@@ -413,8 +428,7 @@ def run_tasks(
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         ctx = multiprocessing.get_context("spawn")
-        # One process per task: each cell starts clean (no state left by the previous one's domain).
-        with ProcessPoolExecutor(min(ex.workers, len(args)), mp_context=ctx, max_tasks_per_child=1) as pool:
+        with ProcessPoolExecutor(min(ex.workers, len(args)), mp_context=ctx) as pool:
             futures = {pool.submit(fn, *a): a for a in args}
             for f in as_completed(futures):
                 try:
