@@ -122,7 +122,8 @@ def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
     assert all(c["status"] == "finished" for c in index)
 
 
-def test_ray_on_a_local_cluster_gives_the_same_report_as_local_runs(grid, tmp_path):
+def test_ray_on_a_local_cluster_gives_the_same_report_as_local_runs(grid, tmp_path, ray_cluster):
+    """The cells as Ray tasks on the session's local cluster (started the way the grid starts one)."""
     spec, out = grid
     assert main(["compare", str(spec), "--out-dir", str(tmp_path / "ray"), "--executor.type=ray"]) == 0
     local, ray = (json.loads((d / "report.json").read_text()) for d in (out, tmp_path / "ray"))
