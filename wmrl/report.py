@@ -31,7 +31,10 @@ ABSENT = "—"
 COLUMNS = {
     "heldout_final": ("held-out final", "re-evaluated score of the final policy"),
     "gain": ("gain over start", "held-out final - held-out score of the starting policy (same episodes)"),
-    "share_of_real_gain": ("share of real's gain", "mean gain / mean gain of `real` (same domain)"),
+    "share_of_real_gain": (
+        "share of real's gain",
+        "mean gain / mean gain of `real` (same domain; absent when `real` gained nothing)",
+    ),
     "diff_vs_real": ("Δ vs real", "paired over seeds: held-out final - `real`'s"),
     "diff_vs_anchors_only": ("Δ vs anchors_only", "paired over seeds: held-out final - `anchors_only`'s"),
     "real_executions": ("real executions", "rollouts executed for real during training (exec/real_total)"),
@@ -176,7 +179,7 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
         real_gain = (methods.get("real") or {}).get("figures", {}).get("gain")
         for entry in methods.values():
             gain = entry["figures"]["gain"]
-            ok = gain is not None and real_gain is not None and real_gain["mean"] != 0
+            ok = gain is not None and real_gain is not None and real_gain["mean"] > 0  # else no gain to keep
             entry["figures"]["share_of_real_gain"] = (
                 {"mean": gain["mean"] / real_gain["mean"], "se": None, "n": gain["n"]} if ok else None
             )

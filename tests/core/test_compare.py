@@ -92,7 +92,9 @@ def test_rerun_keeps_finished_cells_and_refuses_a_changed_config(grid, capsys, t
 def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
     """Kill the grid (worker processes included) once the first cell finished and the second is
     between checkpoints; the rerun keeps the first, resumes the second and runs the rest."""
-    spec = write_spec(tmp_path / "spec.yaml", steps=30, executor="process", extra=("--domain.exec_cost_s=0.01",))
+    spec = write_spec(
+        tmp_path / "spec.yaml", steps=30, executor="process", extra=("--domain.exec_cost_s=0.01",)
+    )
     out = tmp_path / "g"
     cmd = [sys.executable, "-m", "wmrl.cli", "compare", str(spec), "--out-dir", str(out)]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -151,10 +153,16 @@ def test_absent_metrics_stay_absent():
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("methods: [real, magic]\ndomains: [{name: t, preset: toy}]\n", "methods entry 'magic' is not one of"),
+        (
+            "methods: [real, magic]\ndomains: [{name: t, preset: toy}]\n",
+            "methods entry 'magic' is not one of",
+        ),
         ("methods: [real]\ndomains: [{name: t, preset: tyo}]\n", "unknown preset 'tyo'; did you mean 'toy'?"),
         ("methods: [real]\ndomains: [{name: t, preset: toy, overrides: [--grpo.stpes=3]}]\n", "grpo.stpes"),
-        ("methods: [real]\ndomain: [{name: t, preset: toy}]\n", "unknown field 'domain'; did you mean 'domains'?"),
+        (
+            "methods: [real]\ndomain: [{name: t, preset: toy}]\n",
+            "unknown field 'domain'; did you mean 'domains'?",
+        ),
         ("methods: [real\ndomains: []\n", "malformed YAML"),
         ("methods: [real]\ndomains: []\n", "domains is empty"),
     ],
