@@ -194,8 +194,16 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
             "methods": methods,
             "curves": {f"{m}/seed{s}": v for (m, s), v in curves.items()},
         }
-    return {"grid": str(out), "spec": _plain_spec(spec), "columns": {k: v[0] for k, v in COLUMNS.items()},
+    return {"grid": _shown_path(out), "spec": _plain_spec(spec), "columns": {k: v[0] for k, v in COLUMNS.items()},
             "column_notes": {k: v[1] for k, v in COLUMNS.items()}, "domains": domains}  # fmt: skip
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it (as a user typed it)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _score(scores: dict, key: str) -> float | None:
