@@ -8,6 +8,11 @@ final held-out score, real executions, wall-clock per phase, WM predictions per 
 executions).
 
     uv run python benchmarks/research_benchmark.py --preset research-tiny --seeds 0 1 --out runs/bench-research
+
+Comparing methods (across domains, resumable, on local processes or a Ray cluster, with a cached
+held-out re-evaluation) is ``wmrl compare SPEC`` (wmrl/grid.py; README "Comparing methods across
+domains"). What stays here is what a grid does not do: the WM's predictions per second on a fresh
+batch and the build information of each run, and reading back the JSON files already committed.
 """
 
 from __future__ import annotations

@@ -10,6 +10,12 @@ Writes ``<out>/vla_benchmark.json`` and ``<out>/vla_benchmark.png`` (held-out su
 wall-clock and against real simulator steps); ``--throughput-only`` writes ``<out>/vla_throughput.json``.
 Demos, SFT and WM come from the preset's cache, so
 every run starts from the same checkpoint. Not a test: it takes as long as the runs take.
+
+Comparing methods (across domains, resumable, on local processes or a Ray cluster, with a cached
+held-out re-evaluation in place of ``--reeval``) is ``wmrl compare SPEC`` (wmrl/grid.py; README
+"Comparing methods across domains"). What stays here is what a grid does not do: the simulator vs
+imagination throughput (``--throughput-only``), the SFT stage alone at several temperatures
+(``--sft-only``), and reading back the JSON files already committed (``--merge``, ``--reeval``).
 """
 
 from __future__ import annotations

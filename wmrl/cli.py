@@ -2,6 +2,7 @@
 
 wmrl run PRESET [--out-dir DIR] [--grpo.group_size=8 --anchors.fraction=0.25 ...]
 wmrl run --resume RUN_DIR
+wmrl compare SPEC.yaml [--out-dir DIR] [--executor.type=ray --seeds=[0,1] ...]   # a grid: domain x method x seed
 wmrl config PRESET [overrides]     # every field with its value and comment (also: wmrl run PRESET --help)
 wmrl tasks DOMAIN
 wmrl presets
@@ -60,6 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("preset", nargs="?", help="preset name or YAML file (see the list below)")
     run.add_argument("--out-dir", help="run directory (default: runs/<preset>)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
+    compare = sub.add_parser(
+        "compare",
+        help="a grid of runs (domain preset x method x seed) on local processes or Ray, one report",
+        description="Run (or finish) the grid a spec declares (wmrl/grid.py: fields, layout, stages) and "
+        "write report.md, report.html and report.json in DIR. Rerunning keeps finished cells, resumes "
+        "killed ones and refuses cells whose config changed. Spec fields are overridable as "
+        "--executor.type=ray --executor.ray_address=HOST:PORT --executor.workers=4 --seeds=[0,1] "
+        "--reeval_episodes=20.",
+        formatter_class=fmt,
+    )
+    compare.add_argument("spec", help="grid spec (YAML), e.g. benchmarks/specs/cross_domain_small.yaml")
+    compare.add_argument("--out-dir", help="grid directory (default: runs/<spec name>)")
     config = sub.add_parser(
         "config",
         help="print every config field of a preset with its value and comment (as a YAML preset)",
@@ -122,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             print(describe_config(load_config(args.preset, overrides)), end="")
         elif args.command == "run":
             _run(args, overrides)
+        elif args.command == "compare":
+            _compare(args, overrides, argv)
         elif args.command == "export":
             if overrides:
                 raise ConfigError(f"wmrl export takes no overrides: {' '.join(overrides)}")
@@ -183,6 +198,16 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     else:
         print(_brief(train_run(cfg)))
         print(f"run directory: {out_dir}")
+
+
+def _compare(args: argparse.Namespace, overrides: list[str], argv: list[str]) -> None:
+    import shlex
+
+    from wmrl.grid import load_spec, run_grid
+
+    spec = load_spec(args.spec, overrides)
+    out_dir = args.out_dir or os.path.join("runs", os.path.splitext(os.path.basename(args.spec))[0])
+    run_grid(spec, out_dir, command=shlex.join(["wmrl", *argv]))
 
 
 def _refuse_ignored_overrides(cfg, overrides: list[str]) -> None:

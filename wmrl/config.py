@@ -272,7 +272,15 @@ class CompareConfig:
 
 @dataclass
 class DomainConfig(draccus.ChoiceRegistry):
-    """Base of the per-domain configs, registered by name (``--domain.type=toy``)."""
+    """Base of the per-domain configs, registered by name (``--domain.type=toy``).
+
+    Two class attributes (not config fields) tell a comparison grid how to read a domain's held-out
+    evaluation: ``HELDOUT_SCORE``, the key of ``Domain.evaluate`` that is its score, and
+    ``HELDOUT_SIZE``, the config field that sets how many held-out episodes or samples per task it
+    runs (None: the evaluation is exact)."""
+
+    HELDOUT_SCORE = "score"
+    HELDOUT_SIZE = None
 
     def build(self, run: RunConfig) -> Domain:  # pragma: no cover - interface
         """The ready-to-train domain: whatever it needs first (demos, SFT, WM pretraining) happens

@@ -45,7 +45,11 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
         with acc.main_process_first():
             domain = cfg.domain.build(build_cfg)
     trainer = Trainer(cfg, domain, resume=resume, accelerator=acc)
-    last = trainer.train()
+    try:
+        last = trainer.train()
+    finally:
+        if hasattr(domain, "close"):  # e.g. the VLA domain's simulator pool
+            domain.close()
     if not main:
         return last
     if not last:  # killed after its last checkpoint but before summary.json: the last row is the summary

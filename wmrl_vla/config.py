@@ -26,6 +26,7 @@ WORLD_MODELS = ("deterministic", "diffusion")
 @DomainConfig.register_subclass("vla")
 @dataclass
 class VLAConfig(DomainConfig):
+    HELDOUT_SCORE, HELDOUT_SIZE = "success", "eval_episodes_per_task"
     # Task ids (see `wmrl tasks vla`); tasks must share action and state dims.
     tasks: list[str] = field(default_factory=lambda: list(OWN_TASKS_DEFAULT))
     # Side of the square camera image.

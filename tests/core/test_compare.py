@@ -1,0 +1,182 @@
+"""`wmrl compare`: a grid of toy runs (domain x method x seed), its report, finishing a killed grid,
+refusing a changed config, Ray against local processes, and clear errors for bad specs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from wmrl.cli import main
+from wmrl.report import ABSENT, TIME_KEYS, cell_figures, mean_se
+from wmrl.tracking import read_metrics, safe_load
+
+TINY = [
+    "--domain.n_contexts=8",
+    "--domain.n_actions=4",
+    "--grpo.tasks_per_step=4",
+    "--grpo.group_size=4",
+    "--anchors.fraction=0.5",
+    "--tracking.checkpoint_every=2",
+]
+
+
+def write_spec(path: Path, steps: int = 4, executor: str = "inline", extra: tuple = ()) -> Path:
+    over = json.dumps([*TINY, f"--grpo.steps={steps}", *extra])
+    path.write_text(
+        "methods: [real, ppi]\nseeds: [0, 1]\n"
+        f"domains:\n  - {{name: toy, preset: toy, overrides: {over}}}\n"
+        f"executor: {{type: {executor}, workers: 1}}\n"
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    """A finished grid: toy x (real, anchors_only, ppi) x seeds 0, 1, run inline."""
+    root = tmp_path_factory.mktemp("grid")
+    spec = write_spec(root / "spec.yaml")
+    assert main(["compare", str(spec), "--out-dir", str(root / "g")]) == 0
+    return spec, root / "g"
+
+
+def test_grid_writes_runs_index_and_report(grid):
+    _, out = grid
+    index = json.loads((out / "index.json").read_text())["cells"]
+    assert [(c["method"], c["seed"]) for c in index] == [
+        (m, s) for m in ("real", "anchors_only", "ppi") for s in (0, 1)
+    ]
+    assert all(c["status"] == "finished" for c in index)
+    for c in index:  # each cell is an ordinary run directory, plus its held-out re-evaluation
+        run = out / c["run_dir"]
+        assert (run / "config.yaml").exists() and (run / "summary.json").exists()
+        assert json.loads((run / "reeval.json").read_text())["step"] == 4
+    report = json.loads((out / "report.json").read_text())
+    toy = report["domains"]["toy"]["methods"]
+    real, ppi = toy["real"]["figures"], toy["ppi"]["figures"]
+    # real executes every group (4 tasks x 4 rollouts x 4 steps), ppi and anchors_only half of them
+    assert real["real_executions"]["mean"] == 64 and ppi["real_executions"]["mean"] == 32
+    assert real["share_of_real_gain"]["mean"] == pytest.approx(1.0)
+    final = [toy["ppi"]["per_seed"][s]["heldout_final"] for s in ("0", "1")]
+    start = [toy["ppi"]["per_seed"][s]["heldout_start"] for s in ("0", "1")]
+    assert ppi["gain"]["mean"] == pytest.approx(sum(f - s for f, s in zip(final, start, strict=True)) / 2)
+    assert ppi["diff_vs_real"]["n"] == 2 and real["diff_vs_real"] is None
+    # absent, not zero: the toy has no simulator, `real` no WM, ppi no anchor weight w
+    assert real["sim_steps"] is None and real["anchor_corr"] is None and ppi["w"] is None
+    assert ppi["anchor_corr"] is not None and ppi["residual_before"] is not None
+    md = (out / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| toy | real | 2/2"))
+    assert row.split(" | ")[9] == ABSENT  # the sim steps column
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64," in html and "<table>" in html
+
+
+def test_rerun_keeps_finished_cells_and_refuses_a_changed_config(grid, capsys, tmp_path):
+    spec, out = grid
+    metrics = out / "toy/ppi/seed1/metrics.jsonl"
+    before = (metrics.stat().st_mtime_ns, metrics.read_bytes())
+    assert main(["compare", str(spec), "--out-dir", str(out)]) == 0
+    assert "6 finished, 0 to run" in capsys.readouterr().out
+    assert (metrics.stat().st_mtime_ns, metrics.read_bytes()) == before
+    changed = write_spec(tmp_path / "changed.yaml", extra=("--grpo.lr=1.0",))
+    assert main(["compare", str(changed), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "6 cell(s) were run with a different config" in err and "toy/real/seed0: grpo.lr" in err
+    assert (metrics.stat().st_mtime_ns, metrics.read_bytes()) == before
+
+
+def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
+    """Kill the grid (worker processes included) once the first cell finished and the second is
+    between checkpoints; the rerun keeps the first, resumes the second and runs the rest."""
+    spec = write_spec(
+        tmp_path / "spec.yaml", steps=30, executor="process", extra=("--domain.exec_cost_s=0.01",)
+    )
+    out = tmp_path / "g"
+    cmd = [sys.executable, "-m", "wmrl.cli", "compare", str(spec), "--out-dir", str(out)]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first, second = out / "toy/real/seed0", out / "toy/real/seed1"
+    deadline = time.monotonic() + 300
+    try:
+        while not ((first / "reeval.json").exists() and (second / "checkpoints/latest.pt").exists()):
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the grid did not reach its second cell"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (second / "summary.json").exists()  # killed mid-run
+    kept = (first / "metrics.jsonl").stat().st_mtime_ns, (first / "metrics.jsonl").read_bytes()
+    killed_rows = read_metrics(second)  # a truncated last line left out
+    ckpt = safe_load(second / "checkpoints/latest.pt")["step"]
+    assert 0 < ckpt < 30
+    assert main(["compare", str(spec), "--out-dir", str(out), "--executor.type=inline"]) == 0
+    assert "1 finished, 5 to run" in capsys.readouterr().out
+    assert ((first / "metrics.jsonl").stat().st_mtime_ns, (first / "metrics.jsonl").read_bytes()) == kept
+    rows = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(0, 31))  # step 0: the first evaluation
+    # resumed, not restarted: the rows up to the checkpoint are the ones the killed run wrote
+    assert rows[: ckpt + 1] == [r for r in killed_rows if r["step"] <= ckpt]
+    index = json.loads((out / "index.json").read_text())["cells"]
+    assert all(c["status"] == "finished" for c in index)
+
+
+def test_ray_on_a_local_cluster_gives_the_same_report_as_local_runs(grid, tmp_path, ray_cluster):
+    """The cells as Ray tasks on the session's local cluster (started the way the grid starts one)."""
+    spec, out = grid
+    assert main(["compare", str(spec), "--out-dir", str(tmp_path / "ray"), "--executor.type=ray"]) == 0
+    local, ray = (json.loads((d / "report.json").read_text()) for d in (out, tmp_path / "ray"))
+    assert _figures(ray) == _figures(local)
+    assert ray["domains"]["toy"]["methods"]["ppi"]["figures"]["heldout_final"] is not None
+
+
+def _figures(report: dict) -> dict:
+    """Every per-seed figure but the timings."""
+    return {
+        (m, s): {k: v for k, v in fig.items() if k not in TIME_KEYS}
+        for m, entry in report["domains"]["toy"]["methods"].items()
+        for s, fig in entry["per_seed"].items()
+    }
+
+
+def test_absent_metrics_stay_absent():
+    rows = [{"step": 1, "exec/real_total": 8.0, "denoise/s2": float("nan")}]
+    fig = cell_figures(rows, "wmrl", "success", start=None, final=0.5)
+    assert fig["real_executions"] == 8.0 and fig["gain"] is None and fig["s2"] is None
+    assert fig["sim_steps"] is None and fig["time_update"] is None and fig["wall_clock_s"] is None
+    assert mean_se([None, None]) is None and mean_se([1.0, None]) == {"mean": 1.0, "se": None, "n": 1}
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "methods: [real, magic]\ndomains: [{name: t, preset: toy}]\n",
+            "methods entry 'magic' is not one of",
+        ),
+        ("methods: [real]\ndomains: [{name: t, preset: tyo}]\n", "unknown preset 'tyo'; did you mean 'toy'?"),
+        ("methods: [real]\ndomains: [{name: t, preset: toy, overrides: [--grpo.stpes=3]}]\n", "grpo.stpes"),
+        (
+            "methods: [real]\ndomain: [{name: t, preset: toy}]\n",
+            "unknown field 'domain'; did you mean 'domains'?",
+        ),
+        ("methods: [real\ndomains: []\n", "malformed YAML"),
+        ("methods: [real]\ndomains: []\n", "domains is empty"),
+    ],
+)
+def test_bad_specs_are_one_clear_error(tmp_path, capsys, text, message):
+    (tmp_path / "s.yaml").write_text(text)
+    assert main(["compare", str(tmp_path / "s.yaml"), "--out-dir", str(tmp_path / "g")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "g").exists()
+
+
+def test_missing_spec_and_bad_executor(tmp_path, capsys):
+    assert main(["compare", str(tmp_path / "nope.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    spec = write_spec(tmp_path / "s.yaml")
+    assert main(["compare", str(spec), "--out-dir", str(tmp_path / "g"), "--executor.type=slurm"]) == 2
+    assert "executor.type='slurm' is not one of process, ray, inline" in capsys.readouterr().err

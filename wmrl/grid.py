@@ -1,0 +1,552 @@
+"""Comparison grids: domain preset x method x seed, run on local processes or a Ray cluster, one report.
+
+A grid is declared by a spec (a YAML file parsed into :class:`GridSpec`, every field overridable on
+the command line as ``--executor.type=ray --seeds=[0,1]``). ``wmrl compare SPEC --out-dir DIR``:
+
+1. plans the cells and checks every one before anything runs (an unknown preset or method, or a
+   cell whose saved config differs from what the spec now asks, is refused, naming the fields);
+2. *prepares* each domain once per seed (its cached SFT / execution log / WM pretraining, so the
+   cells that share them do not build them at the same time) and evaluates the starting policy on
+   the held-out split (``DIR/<domain>/start-seed<k>.json``);
+3. trains every unfinished cell (an ordinary run directory ``DIR/<domain>/<method>/seed<k>``: a
+   finished one is kept, a killed one resumes from its checkpoint), then re-evaluates its final
+   policy on ``reeval_episodes`` held-out episodes or samples per task (``reeval.json`` in the run
+   directory, kept while the run and the re-evaluation settings are unchanged);
+4. writes ``report.md``, ``report.html`` and ``report.json`` (wmrl/report.py).
+
+``DIR`` also holds ``spec.yaml`` (the spec as last run) and ``index.json`` (every cell, its run
+directory and status). Stages 2 and 3 run as tasks on the executor: local worker processes
+(``concurrent.futures`` with spawned processes), Ray tasks with declared CPUs and GPUs (the run
+directories must lie on a path every node shares), or inline in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import draccus
+from draccus.utils import DraccusException
+
+from wmrl.config import METHODS, ConfigError, did_you_mean, load_config, presets
+from wmrl.experiment import _config_diffs, comparison_runs, with_control, writable_dir
+from wmrl.tracking import CHECKPOINT, RunDirError, read_metrics
+
+log = logging.getLogger("wmrl")
+GRID_EXECUTORS = ("process", "ray", "inline")
+
+
+@dataclass
+class DomainEntry:
+    # Label of the domain in the grid and the report; its cells live under DIR/<name>/.
+    name: str = ""
+    # Preset name (configs/) or YAML path the domain's cells start from.
+    preset: str = ""
+    # Config overrides for every cell of this domain (e.g. a step budget: --grpo.steps=30).
+    overrides: list[str] = field(default_factory=list)
+    # Held-out episodes or samples per task for this domain's re-evaluation (None: the grid's).
+    reeval_episodes: int | None = None
+    # Further overrides for the re-evaluation only (e.g. --domain.n_videos=0).
+    reeval_overrides: list[str] = field(default_factory=list)
+    # Key of the domain's evaluation that is its score ("": the domain's own, e.g. success).
+    score: str = ""
+
+
+@dataclass
+class GridExecutorConfig:
+    # "process": local worker processes (default); "ray": Ray tasks on a cluster; "inline": this process.
+    type: str = "process"
+    # Local worker processes (type=process).
+    workers: int = 2
+    # Ray cluster address (None starts a local cluster); resources each cell declares on Ray.
+    ray_address: str | None = None
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.type not in GRID_EXECUTORS:
+            raise ConfigError(
+                f"executor.type={self.type!r} is not one of {', '.join(GRID_EXECUTORS)}"
+                + did_you_mean(self.type, GRID_EXECUTORS)
+            )
+        if self.workers < 1:
+            raise ConfigError(f"executor.workers={self.workers} must be >= 1")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ConfigError(
+                f"executor.num_cpus={self.num_cpus} and executor.num_gpus={self.num_gpus} must be >= 0"
+            )
+
+
+@dataclass
+class GridSpec:
+    # Methods every domain runs (wmrl.config.METHODS); anchors_only joins them when `control`.
+    methods: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [0])
+    # Add `anchors_only` (the same real executions without a WM) when a WM method is among `methods`.
+    control: bool = True
+    # Held-out episodes or samples per task of the final re-evaluation (None: each preset's own).
+    reeval_episodes: int | None = None
+    domains: list[DomainEntry] = field(default_factory=list)
+    executor: GridExecutorConfig = field(default_factory=GridExecutorConfig)
+
+    def __post_init__(self) -> None:
+        if not self.methods:
+            raise ConfigError("methods is empty: name at least one of " + ", ".join(METHODS))
+        for m in self.methods:
+            if m not in METHODS:
+                raise ConfigError(
+                    f"methods entry {m!r} is not one of {', '.join(METHODS)}{did_you_mean(m, METHODS)}"
+                )
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"seeds={self.seeds} must be a non-empty list of distinct seeds")
+        if not self.domains:
+            raise ConfigError("domains is empty: add entries with a name and a preset")
+        names = [d.name for d in self.domains]
+        for d in self.domains:
+            if not d.name or not d.name.replace("-", "_").isidentifier():
+                raise ConfigError(f"domains entry {asdict(d)}: name must be a plain word (letters, -, _)")
+            if names.count(d.name) > 1:
+                raise ConfigError(f"domain name {d.name!r} is used twice")
+            if not d.preset:
+                raise ConfigError(f"domain {d.name!r} has no preset")
+            for n in (self.reeval_episodes, d.reeval_episodes):
+                if n is not None and n < 1:
+                    raise ConfigError(f"domain {d.name!r}: reeval_episodes={n} must be >= 1")
+
+    @property
+    def all_methods(self) -> list[str]:
+        return with_control(self.methods) if self.control else list(self.methods)
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
+    """Parse a grid spec from a YAML file plus ``--field=value`` overrides; every problem (missing
+    file, malformed YAML, unknown field, bad value) raises one ConfigError that names it."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"grid spec {str(path)!r} does not exist")
+    try:
+        content = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"malformed YAML in {path}: {e}") from None
+    if not isinstance(content, dict):
+        raise ConfigError(
+            f"{path} must hold a mapping (methods, seeds, domains, ...), got {type(content).__name__}"
+        )
+    known = [f.name for f in GridSpec.__dataclass_fields__.values()]
+    for key in content:
+        if key not in known:
+            raise ConfigError(
+                f"{path}: unknown field {key!r}{did_you_mean(key, known)} (fields: {', '.join(known)})"
+            )
+    try:
+        return draccus.parse(GridSpec, config_path=path, args=list(overrides or []), exit_on_error=False)
+    except ConfigError:
+        raise
+    except (draccus.ParsingError, argparse.ArgumentError, ValueError, TypeError, KeyError) as e:
+        cause = e
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__ or cause.__context__
+        raise (cause or ConfigError(f"invalid grid spec {path}: {e}")) from None
+    except (DraccusException, SystemExit) as e:
+        raise ConfigError(f"invalid grid spec overrides {overrides}: {e}") from None
+
+
+# ---- cells ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """One run of the grid: everything a worker needs to train and re-evaluate it (plain data)."""
+
+    domain: str
+    method: str
+    seed: int
+    preset: str
+    overrides: list[str]  # for load_config: the domain's, then method, seed, out_dir
+    reeval_overrides: list[str]
+    run_dir: str
+    start_path: str  # the starting policy's held-out evaluation, shared by the domain's seed
+
+    @property
+    def name(self) -> str:
+        return f"{self.domain}/{self.method}/seed{self.seed}"
+
+
+def plan(spec: GridSpec, out: Path) -> list[Cell]:
+    """Every cell of the grid, each config loaded once here so that a bad preset or override fails
+    before anything runs (naming its domain)."""
+    out = out.resolve()
+    cells = []
+    for d in spec.domains:
+        _check_preset(d)
+        for method in spec.all_methods:
+            for seed in spec.seeds:
+                run_dir = out / d.name / method / f"seed{seed}"
+                over = [
+                    *d.overrides,
+                    f"--method={method}",
+                    f"--seed={seed}",
+                    "--compare.methods=[]",
+                    "--compare.seeds=[]",
+                    f"--out_dir={run_dir}",
+                ]
+                try:
+                    cfg = load_config(d.preset, over)
+                except ConfigError as e:
+                    raise ConfigError(
+                        f"domain {d.name!r} (preset {d.preset}), {method} seed {seed}: {e}"
+                    ) from None
+                n = d.reeval_episodes or spec.reeval_episodes
+                size = type(cfg.domain).HELDOUT_SIZE
+                reeval = [*d.reeval_overrides, *([f"--domain.{size}={n}"] if n and size else [])]
+                cells.append(
+                    Cell(
+                        d.name,
+                        method,
+                        seed,
+                        d.preset,
+                        over,
+                        reeval,
+                        str(run_dir),
+                        str(out / d.name / f"start-seed{seed}.json"),
+                    )  # fmt: skip
+                )
+    return cells
+
+
+def _check_preset(d: DomainEntry) -> None:
+    if Path(d.preset).suffix in (".yaml", ".yml"):
+        if not Path(d.preset).is_file():
+            raise ConfigError(f"domain {d.name!r}: preset file {d.preset!r} does not exist")
+        return
+    known = presets()
+    if d.preset not in known:
+        raise ConfigError(
+            f"domain {d.name!r}: unknown preset {d.preset!r}{did_you_mean(d.preset, known)} "
+            f"(known presets: {', '.join(known)})"
+        )
+
+
+def check_grid_dir(out: Path, cells: list[Cell]) -> None:
+    """Refuse a directory that holds a single run or a ``wmrl run`` comparison, and any cell whose
+    saved config differs from the one the spec now asks for (naming the cell and the fields)."""
+    if (out / "metrics.jsonl").exists() or (out / CHECKPOINT).exists():
+        raise RunDirError(f"{out} holds a single run, not a grid; choose another --out-dir")
+    if (out / "summary.json").exists() and comparison_runs(out):
+        raise RunDirError(f"{out} holds a `wmrl run` comparison, not a grid; choose another --out-dir")
+    problems = []
+    for c in cells:
+        saved = Path(c.run_dir) / "config.yaml"
+        if saved.exists():
+            diffs = _config_diffs(saved, load_config(c.preset, c.overrides))
+            if diffs:
+                problems.append(f"{c.name}: {'; '.join(diffs[:4])}{'; ...' if len(diffs) > 4 else ''}")
+    if problems:
+        raise RunDirError(
+            f"{out}: {len(problems)} cell(s) were run with a different config ({' | '.join(problems[:4])}"
+            f"{' | ...' if len(problems) > 4 else ''}): choose another --out-dir, or restore the spec "
+            "to finish the grid as it was started"
+        )
+
+
+def cell_status(c: Cell) -> str:
+    """``finished`` (summary.json and an up-to-date reeval.json), ``trained`` (re-evaluation
+    missing), ``killed`` (a checkpoint to resume), ``started`` (metrics, no checkpoint) or ``pending``."""
+    d = Path(c.run_dir)
+    if (d / "summary.json").exists():
+        return "finished" if _reeval_current(c) is not None else "trained"
+    if (d / CHECKPOINT).exists():
+        return "killed"
+    return "started" if (d / "metrics.jsonl").exists() else "pending"
+
+
+# ---- the work each task does (runs in a worker process, a Ray worker or inline) ------------------
+
+
+def prepare_domain(cells: list[Cell], cwd: str) -> dict:
+    """Build the domain of ``cells`` (one domain) once per seed, so that its caches exist before the
+    cells run concurrently, and evaluate each seed's starting policy on the held-out split."""
+    _enter(cwd)
+    t0 = time.perf_counter()
+    done = set()
+    for c in cells:
+        if c.seed in done:
+            continue
+        done.add(c.seed)
+        path = Path(c.start_path)
+        if _read_cached(path, c.reeval_overrides) is not None and all(
+            cell_status(o) in ("finished", "trained") for o in cells if o.seed == c.seed
+        ):
+            continue
+        with tempfile.TemporaryDirectory(prefix="wmrl-prepare-") as tmp:
+            cfg = load_config(c.preset, [*c.overrides, f"--out_dir={tmp}"])
+            _close(cfg.domain.build(cfg))  # the training build: its caches
+        if _read_cached(path, c.reeval_overrides) is None:
+            scores = _evaluate(c, checkpoint=None)
+            _write_json(path, {"reeval_overrides": c.reeval_overrides, **scores})
+    return {"domain": cells[0].domain, "seconds": time.perf_counter() - t0}
+
+
+def run_cell(c: Cell, cwd: str) -> dict:
+    """Train the cell (fresh, resumed from its checkpoint, or kept when finished), then re-evaluate
+    its final policy on the held-out split (kept while current). Returns its status and seconds."""
+    from wmrl.experiment import train_run
+
+    _enter(cwd)
+    t0 = time.perf_counter()
+    run_dir = Path(c.run_dir)
+    if not (run_dir / "summary.json").exists():
+        resume = (run_dir / CHECKPOINT).exists()
+        if not resume and (run_dir / "metrics.jsonl").exists():
+            _set_aside_metrics(run_dir)
+        if not resume:  # a worker runs cells one after another: each starts from its seed alone
+            _seed_globals(c.seed)
+        train_run(load_config(c.preset, c.overrides), resume=resume)
+    if _reeval_current(c) is None:
+        scores = _evaluate(c, checkpoint=run_dir / CHECKPOINT)
+        _write_json(run_dir / "reeval.json", {"reeval_overrides": c.reeval_overrides, **scores})
+    return {"cell": c.name, "status": "finished", "seconds": time.perf_counter() - t0}
+
+
+def _enter(cwd: str) -> None:
+    """Presets name caches relative to the directory the grid started in; a worker works there."""
+    if os.path.isdir(cwd) and os.getcwd() != cwd:
+        os.chdir(cwd)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _seed_globals(seed: int) -> None:
+    """Seed the process-wide generators (torch, numpy, random) so that a cell's results do not
+    depend on which cells its worker ran before (a resumed run restores them from its checkpoint)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _set_aside_metrics(run_dir: Path) -> None:
+    """A cell killed before its first checkpoint: its metric rows move to ``metrics.orphaned.jsonl``
+    (nothing written is deleted) and the cell starts afresh."""
+    rows = (run_dir / "metrics.jsonl").read_text()
+    with open(run_dir / "metrics.orphaned.jsonl", "a") as f:
+        f.write(rows)
+    (run_dir / "metrics.jsonl").unlink()
+    log.warning(
+        "%s: killed before its first checkpoint; its metrics moved to metrics.orphaned.jsonl", run_dir
+    )
+
+
+def _evaluate(c: Cell, checkpoint: Path | None) -> dict:
+    """The held-out evaluation (``Domain.evaluate("eval")``) of the cell's starting policy
+    (``checkpoint=None``) or of the policy saved in ``checkpoint``, with the re-evaluation overrides.
+    The domain is built in a scratch directory (whatever its evaluation writes is dropped)."""
+    import torch
+
+    from wmrl.tracking import safe_load
+
+    with tempfile.TemporaryDirectory(prefix="wmrl-reeval-") as tmp:
+        cfg = load_config(c.preset, [*c.overrides, *c.reeval_overrides, f"--out_dir={tmp}"])
+        _seed_globals(cfg.seed)
+        domain = cfg.domain.build(cfg)
+        step = 0
+        if checkpoint is not None:
+            state = safe_load(checkpoint)
+            domain.policy.load_state_dict(state["policy"])
+            step = int(state["step"])
+        domain.policy.eval()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            scores = {k: float(v) for k, v in domain.evaluate("eval").items()}
+        seconds = time.perf_counter() - t0
+        _close(domain)
+    return {"step": step, "seconds": seconds, "eval": scores}
+
+
+def _close(domain) -> None:
+    if hasattr(domain, "close"):
+        domain.close()
+
+
+def _reeval_current(c: Cell) -> dict | None:
+    """The cell's cached re-evaluation if it was made with today's overrides of its last step."""
+    cached = _read_cached(Path(c.run_dir) / "reeval.json", c.reeval_overrides)
+    if cached is None:
+        return None
+    rows = read_metrics(c.run_dir)
+    return cached if rows and cached.get("step") == rows[-1]["step"] else None
+
+
+def _read_cached(path: Path, reeval_overrides: list[str]) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return data if data.get("reeval_overrides") == reeval_overrides else None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Atomically (a killed write leaves no half file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+# ---- executors -----------------------------------------------------------------------------------
+
+
+def run_tasks(
+    fn: Callable, args: list[tuple], ex: GridExecutorConfig
+) -> Iterator[tuple[tuple, dict | BaseException]]:
+    """``fn(*a)`` for every ``a`` of ``args`` on the executor; yields ``(a, result or exception)``
+    as each finishes. A task's failure does not stop the others."""
+    if not args:
+        return
+    if ex.type == "inline":
+        for a in args:
+            try:
+                yield a, fn(*a)
+            except Exception as e:  # noqa: BLE001 - reported with the cell's name
+                yield a, e
+    elif ex.type == "process":
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(min(ex.workers, len(args)), mp_context=ctx) as pool:
+            futures = {pool.submit(fn, *a): a for a in args}
+            for f in as_completed(futures):
+                try:
+                    yield futures[f], f.result()
+                except Exception as e:  # noqa: BLE001
+                    yield futures[f], e
+    else:
+        yield from _run_ray(fn, args, ex)
+
+
+def _run_ray(fn: Callable, args: list[tuple], ex: GridExecutorConfig):
+    import ray
+
+    from wmrl.executors import ExecutorError, _check_reachable, _start_local_ray
+
+    started = False
+    if not ray.is_initialized():
+        kwargs = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
+        try:
+            if ex.ray_address is None:
+                _start_local_ray(ray, num_cpus=max(ex.workers, int(ex.num_cpus) or 1), **kwargs)
+            else:
+                _check_reachable(ex.ray_address)
+                ray.init(address=ex.ray_address, **kwargs)
+        except (Exception, SystemExit) as e:  # ray.init calls sys.exit when it gives up on a cluster
+            raise ExecutorError(
+                f"could not start or reach a Ray cluster at address={ex.ray_address!r}: {e}"
+            ) from e
+        started = True
+    try:
+        remote = ray.remote(num_cpus=ex.num_cpus, num_gpus=ex.num_gpus, max_retries=0)(fn)
+        refs = {remote.remote(*a): a for a in args}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                try:
+                    yield refs[ref], ray.get(ref)
+                except Exception as e:  # noqa: BLE001
+                    yield refs[ref], e
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# ---- the grid ------------------------------------------------------------------------------------
+
+
+def run_grid(
+    spec: GridSpec, out: str | Path, echo: Callable[[str], None] = print, command: str | None = None
+) -> dict:
+    """Run (or finish) the grid of ``spec`` in ``out`` and write its report; returns the report."""
+    from wmrl.report import write_report
+
+    out = Path(out)
+    cells = plan(spec, out)
+    if out.exists():
+        check_grid_dir(out, cells)
+    writable_dir(out)
+    out = out.resolve()
+    with open(out / "spec.yaml", "w") as f:
+        draccus.dump(spec, f)
+    cwd = os.getcwd()
+    todo = [c for c in cells if cell_status(c) != "finished"]
+    unprepared = {c.domain for c in cells if _read_cached(Path(c.start_path), c.reeval_overrides) is None}
+    _write_index(out, cells)
+    echo(f"grid {out}: {len(cells)} cells, {len(cells) - len(todo)} finished, {len(todo)} to run "
+         f"on {_describe(spec.executor)}")  # fmt: skip
+    failures: list[str] = []
+    t0 = time.perf_counter()
+    if todo or unprepared:
+        by_domain: dict[str, list[Cell]] = {}
+        for c in cells:
+            by_domain.setdefault(c.domain, []).append(c)
+        need = {c.domain for c in todo} | unprepared
+        prep = [(by_domain[d], cwd) for d in by_domain if d in need]
+        failed_domains = set()
+        for (dcells, _), res in run_tasks(prepare_domain, prep, spec.executor):
+            if isinstance(res, BaseException):
+                failed_domains.add(dcells[0].domain)
+                failures.append(f"prepare {dcells[0].domain}: {_brief(res)}")
+            else:
+                echo(f"  prepared {res['domain']} ({res['seconds']:.0f} s)")
+        jobs = [(c, cwd) for c in todo if c.domain not in failed_domains]
+        for (c, _), res in run_tasks(run_cell, jobs, spec.executor):
+            if isinstance(res, BaseException):
+                failures.append(f"{c.name}: {_brief(res)}")
+                echo(f"  {c.name}: FAILED ({_brief(res)})")
+            else:
+                echo(f"  {c.name}: finished ({res['seconds']:.0f} s)")
+            _write_index(out, cells)
+    wall = time.perf_counter() - t0
+    _write_index(out, cells)
+    report = write_report(out, spec, cells, grid_wall_s=wall if todo or unprepared else None, command=command)
+    echo(f"report: {out}/report.md  {out}/report.html  {out}/report.json")
+    if failures:
+        raise RuntimeError(
+            f"{len(failures)} task(s) of the grid failed (rerun to retry them): " + " | ".join(failures)
+        )
+    return report
+
+
+def _describe(ex: GridExecutorConfig) -> str:
+    if ex.type == "process":
+        return f"{ex.workers} local worker process(es)"
+    if ex.type == "ray":
+        return f"Ray ({ex.ray_address or 'local cluster'}; {ex.num_cpus:g} CPU, {ex.num_gpus:g} GPU per cell)"
+    return "this process"
+
+
+def _brief(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
+
+
+def _write_index(out: Path, cells: list[Cell]) -> None:
+    index = [
+        {"domain": c.domain, "method": c.method, "seed": c.seed, "preset": c.preset,
+         "run_dir": os.path.relpath(c.run_dir, out), "status": cell_status(c)}
+        for c in cells
+    ]  # fmt: skip
+    _write_json(out / "index.json", {"cells": index})

@@ -1,0 +1,371 @@
+"""The report of a comparison grid: the domains side by side with the same columns.
+
+``report.json`` (every figure per cell and as mean +- standard error over seeds), ``report.md`` and
+a self-contained ``report.html`` (tables, and ``report.png`` embedded as base64): per domain and
+method, the final held-out score and its gain over the starting policy, the share of ``real``'s gain
+kept, paired differences against ``real`` and ``anchors_only``, real executions (and simulator
+steps), executions to reach ``real``'s final score, wall-clock and its split, and the WM
+diagnostics. A figure that a domain or method does not produce is absent (``None`` in JSON, ``—`` in
+the tables), never zero.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+from statistics import mean, stdev
+from typing import TYPE_CHECKING
+
+from wmrl.config import WM_METHODS, load_config
+from wmrl.tracking import read_metrics
+
+if TYPE_CHECKING:
+    from wmrl.grid import Cell, GridSpec
+
+ABSENT = "—"
+
+# Per-cell figures: key -> (label, what it is). The WM diagnostics are means over training steps.
+COLUMNS = {
+    "heldout_final": ("held-out final", "re-evaluated score of the final policy"),
+    "gain": ("gain over start", "held-out final - held-out score of the starting policy (same episodes)"),
+    "share_of_real_gain": (
+        "share of real's gain",
+        "mean gain / mean gain of `real` (same domain; absent when `real` gained nothing)",
+    ),
+    "diff_vs_real": ("Δ vs real", "paired over seeds: held-out final - `real`'s"),
+    "diff_vs_anchors_only": ("Δ vs anchors_only", "paired over seeds: held-out final - `anchors_only`'s"),
+    "real_executions": ("real executions", "rollouts executed for real during training (exec/real_total)"),
+    "sim_steps": ("sim steps", "real simulator steps of training rollouts (domain/sim_steps)"),
+    "execs_to_real_final": (
+        "executions to real's final",
+        "real executions at the first in-run evaluation >= `real`'s final in-run score (mean over seeds)",
+    ),
+    "wall_clock_s": ("wall-clock s", "training time (time/elapsed; domain build and re-evaluation excluded)"),
+    "time_generate": ("generate s", "sum of time/generate"),
+    "time_execute": ("execute s", "sum of time/execute"),
+    "time_wm": ("WM s", "sum of time/wm (predictions) + time/wm_update (refinement, may overlap the update)"),
+    "time_update": ("update s", "sum of time/update"),
+    "anchor_corr": ("anchor corr", "mean ppi/rho: correlation of WM and true advantages on anchors"),
+    "ppi_lambda": ("λ", "mean ppi/lambda"),
+    "s2": ("s2", "mean denoise/s2 (normalised anchor residual)"),
+    "w": ("w", "mean denoise/w (anchor up-weighting)"),
+    "residual_before": ("residual before", "mean wm/residual_before (raw WM scores)"),
+    "residual_after": ("residual after", "mean wm/residual_after (calibrated WM scores)"),
+}
+TABLES = {
+    "Held-out score and cost": [
+        "heldout_final", "gain", "share_of_real_gain", "diff_vs_real", "diff_vs_anchors_only",
+        "real_executions", "sim_steps", "execs_to_real_final",
+    ],
+    "Wall-clock and its split": ["wall_clock_s", "time_generate", "time_execute", "time_wm", "time_update"],
+    "World-model diagnostics": ["anchor_corr", "ppi_lambda", "s2", "w", "residual_before", "residual_after"],
+}  # fmt: skip
+TIME_KEYS = ("wall_clock_s", "time_generate", "time_execute", "time_wm", "time_update", "grid_wall_s")
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _last(rows: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rows if _finite(r.get(key))]
+    return float(vals[-1]) if vals else None
+
+
+def _sum(rows: list[dict], *keys: str) -> float | None:
+    vals = [r[k] for r in rows for k in keys if _finite(r.get(k))]
+    return float(sum(vals)) if vals else None
+
+
+def _mean(rows: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rows if _finite(r.get(key))]
+    return float(mean(vals)) if vals else None
+
+
+def cell_figures(rows: list[dict], method: str, score: str, start: float | None, final: float | None) -> dict:
+    """One cell's figures from its metric rows and its held-out scores (None where absent)."""
+    wm = method in WM_METHODS
+    return {
+        "heldout_start": start,
+        "heldout_final": final,
+        "gain": final - start if final is not None and start is not None else None,
+        "real_executions": _last(rows, "exec/real_total"),
+        "sim_steps": _last(rows, "domain/sim_steps"),
+        "wall_clock_s": _last(rows, "time/elapsed"),
+        "time_generate": _sum(rows, "time/generate"),
+        "time_execute": _sum(rows, "time/execute"),
+        "time_wm": _sum(rows, "time/wm", "time/wm_update") if wm else None,
+        "time_update": _sum(rows, "time/update"),
+        "anchor_corr": _mean(rows, "ppi/rho") if wm else None,
+        "ppi_lambda": _mean(rows, "ppi/lambda") if wm else None,
+        "s2": _mean(rows, "denoise/s2") if method in ("denoise", "wmrl") else None,
+        "w": _mean(rows, "denoise/w") if method in ("denoise", "wmrl") else None,
+        "residual_before": _mean(rows, "wm/residual_before") if wm else None,
+        "residual_after": _mean(rows, "wm/residual_after") if wm else None,
+        "final_inrun": _last(rows, f"eval/{score}"),
+    }
+
+
+def executions_to_reach(rows: list[dict], score: str, target: float | None) -> float | None:
+    """Real executions at the first in-run evaluation whose score reaches ``target`` (None if never)."""
+    if target is None:
+        return None
+    for r in rows:
+        if _finite(r.get(f"eval/{score}")) and r[f"eval/{score}"] >= target - 1e-12:
+            return float(r.get("exec/real_total", 0.0))
+    return None
+
+
+def mean_se(values: list[float | None]) -> dict | None:
+    """``{"mean", "se", "n"}`` over the present values (se: sample std / sqrt(n), None for n < 2)."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    se = stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else None
+    return {"mean": float(mean(vals)), "se": se, "n": len(vals)}
+
+
+def paired(a: dict[int, float | None], b: dict[int, float | None]) -> dict | None:
+    """Mean +- s.e. of ``a[seed] - b[seed]`` over the seeds where both are present."""
+    return mean_se([a[s] - b[s] for s in a if a[s] is not None and b.get(s) is not None])
+
+
+def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
+    """Every figure per cell and per (domain, method), read back from the run directories."""
+    from wmrl.grid import _reeval_current, cell_status
+
+    domains: dict = {}
+    for d in spec.domains:
+        dcells = [c for c in cells if c.domain == d.name]
+        cfg = load_config(dcells[0].preset, dcells[0].overrides)
+        score = d.score or type(cfg.domain).HELDOUT_SCORE
+        size = type(cfg.domain).HELDOUT_SIZE
+        start_by_seed, per_cell, curves = {}, {}, {}
+        for c in dcells:
+            start = _json(Path(c.start_path))
+            start_by_seed[c.seed] = _score((start or {}).get("eval", {}), score)
+            status = cell_status(c)
+            reeval = _reeval_current(c) if status == "finished" else None
+            rows = read_metrics(c.run_dir) if status in ("finished", "trained") else []
+            final = _score((reeval or {}).get("eval", {}), score)
+            per_cell[(c.method, c.seed)] = {"status": status, "rows": rows} | cell_figures(
+                rows, c.method, score, start_by_seed[c.seed], final
+            )
+            curves[(c.method, c.seed)] = [
+                (r.get("exec/real_total", 0.0), r.get("time/elapsed", 0.0), r[f"eval/{score}"])
+                for r in rows
+                if _finite(r.get(f"eval/{score}"))
+            ]
+        real_final = mean_se([v["final_inrun"] for (m, _), v in per_cell.items() if m == "real"])
+        target = real_final["mean"] if real_final else None
+        for (_m, _s), v in per_cell.items():
+            v["execs_to_real_final"] = executions_to_reach(v.pop("rows"), score, target)
+        methods: dict = {}
+        for m in spec.all_methods:
+            seeds = {s: per_cell[(m, s)] for s in spec.seeds}
+            figs = {k: mean_se([v[k] for v in seeds.values()]) for k in seeds[spec.seeds[0]] if k != "status"}
+            for ref in ("real", "anchors_only"):
+                if ref != m and ref in spec.all_methods:
+                    figs[f"diff_vs_{ref}"] = paired(
+                        {s: v["heldout_final"] for s, v in seeds.items()},
+                        {s: per_cell[(ref, s)]["heldout_final"] for s in spec.seeds},
+                    )
+                else:
+                    figs[f"diff_vs_{ref}"] = None
+            methods[m] = {"figures": figs, "per_seed": {str(s): v for s, v in seeds.items()}}
+        real_gain = (methods.get("real") or {}).get("figures", {}).get("gain")
+        for entry in methods.values():
+            gain = entry["figures"]["gain"]
+            ok = gain is not None and real_gain is not None and real_gain["mean"] > 0  # else no gain to keep
+            entry["figures"]["share_of_real_gain"] = (
+                {"mean": gain["mean"] / real_gain["mean"], "se": None, "n": gain["n"]} if ok else None
+            )
+        sizes = {c.reeval_overrides and " ".join(c.reeval_overrides) or "(the preset's)" for c in dcells}
+        domains[d.name] = {
+            "preset": d.preset,
+            "score": score,
+            "heldout_size_field": size,
+            "reeval_overrides": sorted(sizes),
+            "heldout_start": mean_se(list(start_by_seed.values())),
+            "real_final_inrun": real_final,
+            "methods": methods,
+            "curves": {f"{m}/seed{s}": v for (m, s), v in curves.items()},
+        }
+    return {"grid": _shown_path(out), "spec": _plain_spec(spec), "columns": {k: v[0] for k, v in COLUMNS.items()},
+            "column_notes": {k: v[1] for k, v in COLUMNS.items()}, "domains": domains}  # fmt: skip
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it (as a user typed it)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _score(scores: dict, key: str) -> float | None:
+    v = scores.get(key)
+    return float(v) if _finite(v) else None
+
+
+def _plain_spec(spec: GridSpec) -> dict:
+    from dataclasses import asdict
+
+    return asdict(spec)
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+# ---- formatting ----------------------------------------------------------------------------------
+
+
+def fmt_value(v: float | None) -> str:
+    if v is None:
+        return ABSENT
+    a = abs(v)
+    if a == 0:
+        return "0"
+    return f"{v:.0f}" if a >= 100 else f"{v:.2f}" if a >= 1 else f"{v:.3f}"
+
+
+def fmt_cell(f: dict | None) -> str:
+    """``mean ± se`` (``mean`` alone for one seed), or the absent mark."""
+    if f is None:
+        return ABSENT
+    return fmt_value(f["mean"]) + (f" ± {fmt_value(f['se'])}" if f.get("se") is not None else "")
+
+
+def table_rows(report: dict, keys: list[str]) -> tuple[list[str], list[list[str]]]:
+    head = ["domain", "method", "seeds", *[COLUMNS[k][0] for k in keys]]
+    rows = []
+    for dname, dom in report["domains"].items():
+        for m, entry in dom["methods"].items():
+            n = sum(1 for v in entry["per_seed"].values() if v["status"] == "finished")
+            rows.append(
+                [
+                    dname,
+                    m,
+                    f"{n}/{len(entry['per_seed'])}",
+                    *[fmt_cell(entry["figures"].get(k)) for k in keys],
+                ]
+            )
+    return head, rows
+
+
+def markdown(report: dict, command: str | None = None) -> str:
+    lines = ["# Comparison report", ""]
+    if command:
+        lines += [f"Command: `{command}`", ""]
+    lines += _preamble(report) + [""]
+    for title, keys in TABLES.items():
+        head, rows = table_rows(report, keys)
+        lines += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows] + [""]
+    lines += ["## Columns", ""] + [f"- **{lab}**: {note}" for lab, note in COLUMNS.values()]
+    lines += [
+        "",
+        "Mean ± standard error over seeds; — marks a figure the domain or method does not produce.",
+        "",
+    ]
+    lines += ["![score against real executions and wall-clock](report.png)", ""]
+    return "\n".join(lines)
+
+
+def _preamble(report: dict) -> list[str]:
+    out = []
+    for dname, dom in report["domains"].items():
+        start = fmt_cell(dom["heldout_start"])
+        out.append(
+            f"- **{dname}** (preset `{dom['preset']}`): score `{dom['score']}`, held-out re-evaluation "
+            f"{', '.join(dom['reeval_overrides'])}; starting policy {start}"
+        )
+    if report.get("grid_wall_s") is not None:
+        out.append(f"- grid wall-clock of the run that finished it: {report['grid_wall_s']:.0f} s")
+    return out
+
+
+def html_report(report: dict, png: bytes | None, command: str | None = None) -> str:
+    esc = html.escape
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>Comparison report</title>",
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto}"
+        "table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:3px 8px;"
+        "text-align:right}td:nth-child(-n+3),th{text-align:left}th{background:#f3f3f3}</style></head><body>",
+        "<h1>Comparison report</h1>",
+    ]
+    if command:
+        parts.append(f"<p>Command: <code>{esc(command)}</code></p>")
+    parts.append("<ul>" + "".join(f"<li>{esc(x[2:])}</li>" for x in _preamble(report)) + "</ul>")
+    for title, keys in TABLES.items():
+        head, rows = table_rows(report, keys)
+        parts.append(
+            f"<h2>{esc(title)}</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
+        )
+        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows]
+        parts.append("</table>")
+    parts.append(
+        "<h2>Columns</h2><ul>" + "".join(f"<li><b>{esc(a)}</b>: {esc(b)}</li>" for a, b in COLUMNS.values())
+    )
+    parts.append(
+        "</ul><p>Mean ± standard error over seeds; — marks a figure the domain or method does not produce.</p>"
+    )
+    if png:
+        parts.append(
+            f"<img alt='score against real executions and wall-clock' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+        )
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def plot(report: dict, path: Path) -> Path:
+    """Per domain (a row): mean in-run held-out score against real executions and against wall-clock,
+    one line per method (points aligned by evaluation index over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    doms = report["domains"]
+    fig, axes = plt.subplots(len(doms), 2, figsize=(11, 3.6 * len(doms)), squeeze=False)
+    for (dname, dom), (ax1, ax2) in zip(doms.items(), axes, strict=True):
+        for m in dom["methods"]:
+            curves = [v for k, v in dom["curves"].items() if k.split("/")[0] == m and v]
+            if not curves:
+                continue
+            n = min(len(c) for c in curves)
+            arr = np.array([c[:n] for c in curves], dtype=float).mean(0)
+            ax1.plot(arr[:, 0], arr[:, 2], marker=".", label=m)
+            ax2.plot(arr[:, 1], arr[:, 2], marker=".", label=m)
+        for ax, xl in ((ax1, "real executions"), (ax2, "wall-clock s (training)")):
+            ax.set_xlabel(xl)
+            ax.set_ylabel(f"eval/{dom['score']}")
+            ax.set_title(dname)
+            ax.grid(alpha=0.3)
+        ax1.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: Path, spec: GridSpec, cells: list[Cell], grid_wall_s: float | None = None,
+                 command: str | None = None) -> dict:  # fmt: skip
+    """Write report.json, report.md, report.png and report.html into ``out``; returns the report."""
+    report = summarise(out, spec, cells)
+    previous = _json(out / "report.json") or {}
+    # the wall-clock of the run that finished the grid is kept when a later call only rewrites the report
+    report["grid_wall_s"] = grid_wall_s if grid_wall_s is not None else previous.get("grid_wall_s")
+    (out / "report.json").write_text(json.dumps(report, indent=2, allow_nan=False))
+    png = plot(report, out / "report.png").read_bytes()
+    (out / "report.md").write_text(markdown(report, command))
+    (out / "report.html").write_text(html_report(report, png, command))
+    return report
