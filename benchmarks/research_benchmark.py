@@ -98,10 +98,12 @@ def plot(results: list[dict], path: Path) -> None:
     colors = {
         "real": "tab:blue",
         "wmrl": "tab:red",
-        "real_quarter": "tab:purple",
+        "real_quarter": "tab:brown",
         "mix": "tab:gray",
-        "debias": "tab:green",
+        "debias": "tab:olive",
         "denoise": "tab:orange",
+        "ppi": "tab:green",
+        "anchors_only": "tab:purple",
     }
     methods = sorted({r["method"] for r in results}, key=[r["method"] for r in results].index)
     for m in methods:
@@ -205,13 +207,39 @@ def main() -> None:
     write(results, [args.label] if args.label else args.methods, out)
 
 
+def standard_error(xs: list[float]) -> float:
+    """``std(xs, ddof=1) / sqrt(n)``; NaN for fewer than 2 values."""
+    return statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan")
+
+
+def paired_differences(per_seed: dict[str, dict], methods: list[str]) -> dict[str, dict]:
+    """For every ordered pair ``a-b`` of methods: over the seeds that ran both, the mean of the
+    per-seed differences of final held-out scores, its standard error, and the seeds where a > b."""
+    out = {}
+    for a in methods:
+        for b in methods:
+            if a == b:
+                continue
+            diffs = [v[a] - v[b] for v in per_seed.values() if a in v and b in v]
+            if diffs:
+                out[f"{a}-{b}"] = {
+                    "mean": statistics.mean(diffs),
+                    "se": standard_error(diffs),
+                    "seeds": len(diffs),
+                    "a_ahead": sum(d > 0 for d in diffs),
+                }
+    return out
+
+
 def write(results: list[dict], methods: list[str], out: Path) -> None:
     """The summary (per method: means over seeds; per seed: SFT and final held-out score), JSON, plot."""
     summary: dict = {}
     for m in methods:
         rs = [r for r in results if r["method"] == m]
         summary[m] = {
+            "seeds": len(rs),
             "final_score_mean": statistics.mean(r["final_score"] for r in rs),
+            "final_score_se": standard_error([r["final_score"] for r in rs]),
             "final_runnable_mean": statistics.mean(r["final_runnable"] for r in rs),
             "real_executions_mean": statistics.mean(r["real_executions"] for r in rs),
             "train_s_mean": statistics.mean(r["train_s"] for r in rs),
@@ -239,6 +267,7 @@ def write(results: list[dict], methods: list[str], out: Path) -> None:
         for seed in sorted({r["seed"] for r in results})
     }
     summary["sft_score_mean"] = statistics.mean(v["sft_score"] for v in summary["per_seed"].values())
+    summary["paired_differences"] = paired_differences(summary["per_seed"], methods)
     path = out / "research_benchmark.json"
     path.write_text(json.dumps({"summary": summary, "runs": results}, indent=2, default=float))
     plot(results, out / "research_benchmark.png")

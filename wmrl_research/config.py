@@ -41,14 +41,20 @@ class ResearchConfig(DomainConfig):
     # LoRA adapters (peft) on every linear layer; only the adapters train (SFT and RL).
     lora: bool = False
     lora_rank: int = 8
+    # Gradient checkpointing in SFT and GRPO updates: each layer's activations are recomputed in the
+    # backward pass instead of kept (SmolLM2 at batch 8 x 640 tokens: ~9 GB of activations kept
+    # without it, benchmarks/research_policy_memory.py). None: on for every policy but "tiny".
+    gradient_checkpointing: bool | None = None
     # "knobs": edits may only touch the knobs block (prompt shows the knobs); "free": any edit.
     edit_mode: str = "knobs"
     # Prompt: "short" (task id/kind/metric + one line per knob with its choices; for tiny models, knobs
     # mode only) or "full" (description, choices, current solution, instructions).
     prompt_style: str = "short"
-    # Task ids to train on (empty: every task of the "train" split); held-out evaluation always
-    # uses the "heldout" split.
+    # Task ids to train on (empty: every task of the "train" split).
     train_tasks: list[str] | None = None
+    # Task ids to evaluate on, all of the "heldout" split (empty: every held-out task of the cost
+    # tiers the train tasks belong to, so a light preset never evaluates on a heavy task).
+    heldout_tasks: list[str] | None = None
     # SFT warm start on valid edits generated from each train task's knob space.
     sft_steps: int = 300
     # Also SFT on valid edits of the held-out tasks' knob spaces. Format only: no execution and no
@@ -121,6 +127,8 @@ class ResearchConfig(DomainConfig):
     def __post_init__(self) -> None:
         if self.train_tasks:  # checked here, before anything is built
             check_ids("domain.train_tasks", self.train_tasks, task_ids(), "wmrl tasks research")
+        if self.heldout_tasks:
+            check_ids("domain.heldout_tasks", self.heldout_tasks, task_ids(), "wmrl tasks research")
         if self.world_model not in WORLD_MODELS:
             raise ConfigError(
                 f"domain.world_model={self.world_model!r} is not one of {', '.join(WORLD_MODELS)}"

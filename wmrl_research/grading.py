@@ -51,6 +51,7 @@ class GradeResult:
     score: float
     seconds: float  # the solution's own wall-clock time in the sandbox
     message: str = ""
+    cpu_s: float = 0.0  # the solution's CPU time (user + system): its cost on an idle core
 
     @property
     def ok(self) -> bool:
@@ -96,12 +97,12 @@ def execute_raw(task_id: str, solution_source: str, timeout_s: float = 60.0) -> 
     if result.status != "ok" or result.predictions_path is None:
         tail = result.stderr.strip()[-600:]
         msg = result.message + (f"\n{tail}" if tail else "")
-        return GradeResult(task_id, result.status, None, FAILURE_SCORE, seconds, msg)
+        return GradeResult(task_id, result.status, None, FAILURE_SCORE, seconds, msg, result.cpu_s)
     try:
         raw = score_predictions(task.scorer or task.metric, labels, result.predictions_path)
     except ValueError as e:
-        return GradeResult(task_id, "invalid", None, FAILURE_SCORE, seconds, str(e))
-    return GradeResult(task_id, "ok", raw, raw, seconds, "")
+        return GradeResult(task_id, "invalid", None, FAILURE_SCORE, seconds, str(e), result.cpu_s)
+    return GradeResult(task_id, "ok", raw, raw, seconds, "", result.cpu_s)
 
 
 def execute_and_grade(task_id: str, solution_source: str, timeout_s: float = 60.0) -> GradeResult:

@@ -64,14 +64,21 @@ def _say(cfg: ResearchConfig, msg: str) -> None:
 
 
 def select_tasks(cfg: ResearchConfig) -> tuple[list[Any], list[Any]]:
-    train = list_tasks("train")
-    if cfg.train_tasks:
-        known = {t.id: t for t in list_tasks()}
-        missing = [t for t in cfg.train_tasks if t not in known]
-        if missing:
-            raise KeyError(f"unknown task ids {missing}; known: {', '.join(sorted(known))}")
-        train = [known[t] for t in cfg.train_tasks]
-    heldout = list_tasks("heldout")
+    """(train tasks, held-out tasks): ``cfg.train_tasks`` (default: the whole train split) and
+    ``cfg.heldout_tasks`` (default: the held-out split's tasks of the train tasks' cost tiers)."""
+    known = {t.id: t for t in list_tasks()}
+    missing = [t for t in (cfg.train_tasks or []) + (cfg.heldout_tasks or []) if t not in known]
+    if missing:
+        raise KeyError(f"unknown task ids {missing}; known: {', '.join(sorted(known))}")
+    train = [known[t] for t in cfg.train_tasks] if cfg.train_tasks else list_tasks("train")
+    if cfg.heldout_tasks:
+        heldout = [known[t] for t in cfg.heldout_tasks]
+        wrong = [t.id for t in heldout if t.split != "heldout"]
+        if wrong:
+            raise ValueError(f"domain.heldout_tasks: {wrong} are not of the heldout split")
+    else:
+        tiers = {t.tier for t in train}
+        heldout = [t for t in list_tasks("heldout") if t.tier in tiers]
     return train, heldout
 
 
@@ -162,6 +169,10 @@ def untrained_policy(
         seed=run.seed,
         **({"hidden": cfg.tiny_hidden, "layers": cfg.tiny_layers} if cfg.policy == "tiny" else {}),
     )
+    checkpointing = cfg.gradient_checkpointing
+    if checkpointing if checkpointing is not None else cfg.policy != "tiny":
+        # recompute each layer in backward (training mode only; sampling is unchanged)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.lora:
         model = add_lora(model, r=cfg.lora_rank, alpha=2 * cfg.lora_rank)
     return ResearchPolicy(

@@ -28,7 +28,7 @@ from wmrl_research.constrain import (
 from wmrl_research.edits import apply_edits, knobs_block, parse_knobs, sample_knob_edit
 from wmrl_research.tasks import list_tasks
 
-HELDOUT = list_tasks("heldout")
+HELDOUT = list_tasks("heldout", tier="light")
 
 
 @pytest.fixture(scope="module", params=["bytelevel", "knobs"])

@@ -1,8 +1,10 @@
 """Research tasks: the public API, the data contract, and conformance of every task.
 
-Conformance runs each task's baseline and reference solution once, for real, in the sandbox
+Conformance runs each light task's baseline and reference solution once, for real, in the sandbox
 (module-scoped fixture) and checks the recorded scores, that the reference beats the baseline and
-that normalisation maps them to 0 and 1.
+that normalisation maps them to 0 and 1. Heavy-tier tasks (3-15 s per execution) get the same
+definition and data-layout checks but are not executed here (`python -m wmrl_research.tasks measure`
+measures them; their figures are in the tasks README).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from wmrl_research.tasks import (
 )
 
 ALL_IDS = [t.id for t in list_tasks()]
+LIGHT_IDS = [t.id for t in list_tasks(tier="light")]
 
 
 # --- API ---------------------------------------------------------------------------------------
@@ -59,6 +62,11 @@ def test_there_are_enough_tasks_of_every_kind():
         assert needed in kinds, f"no task of kind {needed}"
     heldout_kinds = {t.kind for t in list_tasks("heldout")}
     assert len(heldout_kinds) >= 3  # the held-out split is not one kind only
+    assert len(list_tasks(tier="light")) + len(list_tasks(tier="heavy")) == len(ALL_IDS)
+    # the heavy tier: at least 4 train and 2 held-out tasks, of more than one kind each
+    assert len(list_tasks("train", "heavy")) >= 4 and len(list_tasks("heldout", "heavy")) >= 2
+    assert len({t.kind for t in list_tasks("train", "heavy")}) >= 3
+    assert len({t.kind for t in list_tasks("heldout", "heavy")}) >= 2
 
 
 def test_unknown_task_and_split_fail_listing_the_known_ones():
@@ -66,15 +74,17 @@ def test_unknown_task_and_split_fail_listing_the_known_ones():
         get_task("no_such_task")
     with pytest.raises(ValueError, match="train, heldout"):
         list_tasks("test")
+    with pytest.raises(ValueError, match="light, heavy"):
+        list_tasks(tier="huge")
 
 
-def test_task_lines_are_tab_separated_id_split_kind_metric():
+def test_task_lines_are_tab_separated_id_split_kind_metric_tier():
     lines = task_lines()
     assert [ln.split("\t")[0] for ln in lines] == ALL_IDS
     for ln in lines:
-        tid, split, kind, metric = ln.split("\t")
+        tid, split, kind, metric, tier = ln.split("\t")
         task = get_task(tid)
-        assert (split, kind, metric) == (task.split, task.kind, task.metric)
+        assert (split, kind, metric, tier) == (task.split, task.kind, task.metric, task.tier)
 
 
 @pytest.mark.parametrize("task_id", ALL_IDS)
@@ -141,9 +151,9 @@ def test_data_layout_keeps_test_labels_out_of_the_public_folder(task_id):
 # --- conformance ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def measured() -> dict[str, tuple[GradeResult, GradeResult]]:
-    """Every task's baseline and reference, executed and graded once in the sandbox."""
+    """Every light task's baseline and reference, executed and graded once in the sandbox."""
     out = {}
-    for t in list_tasks():
+    for t in list_tasks(tier="light"):
         out[t.id] = (
             execute_and_grade(t.id, t.baseline_source, timeout_s=120),
             execute_and_grade(t.id, t.reference_source, timeout_s=120),
@@ -151,7 +161,7 @@ def measured() -> dict[str, tuple[GradeResult, GradeResult]]:
     return out
 
 
-@pytest.mark.parametrize("task_id", ALL_IDS)
+@pytest.mark.parametrize("task_id", LIGHT_IDS)
 def test_baseline_and_reference_reproduce_this_builds_scores(task_id, measured):
     """Each data build has its own secret split: its baseline and reference scores are measured
     once (``build_scores``) and normalise to exactly 0 and 1; the reference stays clearly ahead.
@@ -233,6 +243,9 @@ def test_an_unknown_metric_fails_at_registration_naming_the_known_ones():
     spec, src = _spec(split="test")
     with pytest.raises(TaskDefinitionError, match="split 'test'"):
         task_from_spec("my_task", spec, src)
+    spec, src = _spec(tier="huge")
+    with pytest.raises(TaskDefinitionError, match="tier 'huge' is not one of light, heavy"):
+        task_from_spec("my_task", spec, src)
     with pytest.raises(ValueError, match="direction must be"):
         Metric("auc", 0, lambda y, p: 0.0)
     with pytest.raises(TaskDefinitionError, match="lower-case Python identifier"):
@@ -297,11 +310,31 @@ def test_presets_list_their_train_tasks_explicitly():
     """A new train task does not silently join a preset (its figures would change)."""
     from wmrl.config import load_config
 
-    for preset in ("research-tiny", "research-debug"):
-        ids = load_config(preset, []).domain.train_tasks
-        assert ids, f"{preset} must list its train tasks"
-        assert all(get_task(i).split == "train" for i in ids)
+    for preset, tier in (
+        ("research-tiny", "light"),
+        ("research-debug", "light"),
+        ("research-heavy", "heavy"),
+    ):
+        dom = load_config(preset, []).domain
+        assert dom.train_tasks and dom.heldout_tasks, f"{preset} must list its train and held-out tasks"
+        assert all(get_task(i).split == "train" and get_task(i).tier == tier for i in dom.train_tasks)
+        assert all(get_task(i).split == "heldout" and get_task(i).tier == tier for i in dom.heldout_tasks)
     assert len(load_config("research-tiny", []).domain.train_tasks) == 10
+    heavy = load_config("research-heavy", []).domain
+    assert len(heavy.train_tasks) >= 4 and len(heavy.heldout_tasks) >= 2
+
+
+def test_held_out_tasks_default_to_the_train_tasks_tiers_and_must_be_held_out():
+    from wmrl.config import load_config
+    from wmrl_research.pipeline import select_tasks
+
+    light = load_config("research-tiny", ["--domain.heldout_tasks=[]"]).domain
+    assert [t.id for t in select_tasks(light)[1]] == [t.id for t in list_tasks("heldout", "light")]
+    heavy = load_config("research-heavy", ["--domain.heldout_tasks=[]"]).domain
+    assert [t.id for t in select_tasks(heavy)[1]] == [t.id for t in list_tasks("heldout", "heavy")]
+    wrong = load_config("research-tiny", ["--domain.heldout_tasks=[iris_cls]"]).domain
+    with pytest.raises(ValueError, match=r"\['iris_cls'\] are not of the heldout split"):
+        select_tasks(wrong)
 
 
 def test_a_split_on_which_the_reference_does_not_beat_the_baseline_is_redrawn(monkeypatch):

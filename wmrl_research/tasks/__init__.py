@@ -5,9 +5,9 @@ baseline ``solution.py``); adding a folder adds a task. See ``README.md`` in thi
 
 Public API (the agent, the world model and the grader use only this)::
 
-    list_tasks(split=None) -> list[ResearchTask]
+    list_tasks(split=None, tier=None) -> list[ResearchTask]
     get_task(task_id) -> ResearchTask
-    task_lines() -> list[str]          # "id<TAB>split<TAB>kind<TAB>metric", for `wmrl tasks research`
+    task_lines() -> list[str]          # "id<TAB>split<TAB>kind<TAB>metric<TAB>tier", for `wmrl tasks research`
     KNOBS_START, KNOBS_END, FAILURE_SCORE
     Metric, METRICS                    # a task's metric (tasks/metrics.py)
 
@@ -31,6 +31,7 @@ from wmrl_research.tasks.base import (
     PREDICTIONS_FILE,
     SCORE_CLIP,
     SPLITS,
+    TIERS,
     ResearchTask,
     Splits,
     TaskSpec,
@@ -50,6 +51,7 @@ __all__ = [
     "PREDICTIONS_FILE",
     "SCORE_CLIP",
     "SPLITS",
+    "TIERS",
     "ResearchTask",
     "Splits",
     "TaskDefinitionError",
@@ -91,6 +93,8 @@ def task_from_spec(task_id: str, spec: TaskSpec, baseline: str) -> ResearchTask:
     :class:`TaskDefinitionError` naming the task and what is wrong."""
     if spec.split not in SPLITS:
         raise TaskDefinitionError(f"task {task_id}: split {spec.split!r} is not one of {', '.join(SPLITS)}")
+    if spec.tier not in TIERS:
+        raise TaskDefinitionError(f"task {task_id}: tier {spec.tier!r} is not one of {', '.join(TIERS)}")
     try:
         metric = get_metric(spec.metric)
     except KeyError as e:
@@ -131,6 +135,7 @@ def task_from_spec(task_id: str, spec: TaskSpec, baseline: str) -> ResearchTask:
         build_data=spec.build_data,
         data_version=spec.data_version,
         scorer=metric,
+        tier=spec.tier,
     )
 
 
@@ -140,11 +145,18 @@ def _registry() -> dict[str, ResearchTask]:
     return {task_id: _load(task_id) for task_id in ids}
 
 
-def list_tasks(split: str | None = None) -> list[ResearchTask]:
-    """All tasks, or those of one split (``train`` or ``heldout``), sorted by id."""
+def list_tasks(split: str | None = None, tier: str | None = None) -> list[ResearchTask]:
+    """All tasks, or those of one split (``train`` or ``heldout``) and/or one cost tier (``light`` or
+    ``heavy``), sorted by id."""
     if split is not None and split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; known splits: {', '.join(SPLITS)}")
-    return [t for t in _registry().values() if split is None or t.split == split]
+    if tier is not None and tier not in TIERS:
+        raise ValueError(f"unknown tier {tier!r}; known tiers: {', '.join(TIERS)}")
+    return [
+        t
+        for t in _registry().values()
+        if (split is None or t.split == split) and (tier is None or t.tier == tier)
+    ]
 
 
 def get_task(task_id: str) -> ResearchTask:
@@ -156,5 +168,5 @@ def get_task(task_id: str) -> ResearchTask:
 
 
 def task_lines() -> list[str]:
-    """One ``id<TAB>split<TAB>kind<TAB>metric`` line per task (what `wmrl tasks research` prints)."""
-    return [f"{t.id}\t{t.split}\t{t.kind}\t{t.metric}" for t in list_tasks()]
+    """One ``id<TAB>split<TAB>kind<TAB>metric<TAB>tier`` line per task (what `wmrl tasks research` prints)."""
+    return [f"{t.id}\t{t.split}\t{t.kind}\t{t.metric}\t{t.tier}" for t in list_tasks()]

@@ -1,7 +1,7 @@
 """``python -m wmrl_research.tasks [list|measure] [TASK_ID ...]``.
 
 ``measure`` runs each task's baseline and reference solutions in the sandbox and prints their raw
-scores and execution times: the numbers a task author copies into ``SPEC``.
+scores, wall-clock and CPU seconds: the numbers a task author copies into ``SPEC``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
             r = execute_raw(task.id, source, timeout_s=args.timeout)
             row[name] = r.raw_score
             row[f"{name}_s"] = round(r.seconds, 3)
+            row[f"{name}_cpu_s"] = round(r.cpu_s, 3)
             if not r.ok:
                 row[f"{name}_error"] = r.message
         print(json.dumps(row), flush=True)

@@ -41,6 +41,9 @@ FAILURE_SCORE = -1.0
 # Normalised scores are clipped to this range so one lucky or broken run cannot dominate a batch.
 SCORE_CLIP = (-1.0, 2.0)
 SPLITS = ("train", "heldout")
+# Cost tiers: "light" tasks run in about a second, "heavy" ones in 3-15 s per execution (longer
+# training, larger data, cross-validation), where execution dominates an RL step.
+TIERS = ("light", "heavy")
 PREDICTIONS_FILE = "predictions.npy"
 DATA_ENV = "WMRL_DATA_DIR"
 # Bump to invalidate every cached data set (e.g. after changing the layout). 2: random splits are
@@ -76,6 +79,7 @@ class TaskSpec:
         reference_knobs: knob values that turn the baseline into the stronger reference solution.
         baseline_score, reference_score: measured with ``python -m wmrl_research.tasks measure``.
         split: ``train`` (used for training) or ``heldout`` (evaluation only).
+        tier: ``light`` (about a second per execution) or ``heavy`` (3-15 s; see :data:`TIERS`).
         data_version: bump when ``build_data`` changes, so cached data is rebuilt.
         direction: optional; +1 if higher is better, -1 if lower is better. The metric decides it;
             if given, it must agree (a check that the author meant that metric).
@@ -92,6 +96,7 @@ class TaskSpec:
     split: str = "train"
     data_version: int = 1
     direction: int | None = None
+    tier: str = "light"
 
 
 @dataclass
@@ -112,6 +117,7 @@ class ResearchTask:
     build_data: Callable[[], Splits] = field(repr=False, compare=False)
     data_version: int = 1
     scorer: Metric | None = field(default=None, repr=False, compare=False)  # the metric itself
+    tier: str = "light"
 
     def normalise(self, raw: float, baseline: float | None = None, reference: float | None = None) -> float:
         """``(raw - baseline) / (reference - baseline)``: 0 at the baseline, 1 at the reference.
