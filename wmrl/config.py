@@ -250,10 +250,15 @@ class TrackingConfig:
     # Evaluate on the held-out split every this many steps (0: only at the end).
     eval_every: int = 0
     progress: bool = True
+    # Log rollout media to wandb every this many steps (0: never): the domain's rollout_media (VLA:
+    # real simulator frames beside the WM's imagined frames of the same actions, as a GIF; research:
+    # a table of edits with predicted and true scores; toy: a table of actions). Not with wandb disabled.
+    media_every: int = 10
 
     def __post_init__(self) -> None:
         _one_of("tracking.wandb", self.wandb, ("offline", "online", "disabled"))
         _check(self.checkpoint_every >= 1, f"tracking.checkpoint_every={self.checkpoint_every} must be >= 1")
+        _check(self.media_every >= 0, f"tracking.media_every={self.media_every} must be >= 0")
 
 
 @dataclass

@@ -42,6 +42,9 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
     if acc is None:
         domain = cfg.domain.build(build_cfg)
     else:  # the main process builds first: the others then read what it cached (SFT, WM pretraining)
+        sft = getattr(cfg.domain, "sft_data_parallel", None)
+        if sft is not None and acc.num_processes > 1:  # SFT on every process, cached by the main one
+            sft(build_cfg, acc)
         with acc.main_process_first():
             domain = cfg.domain.build(build_cfg)
     trainer = Trainer(cfg, domain, resume=resume, accelerator=acc)
@@ -118,7 +121,15 @@ def _runs_brief(root: Path) -> str:
 
 
 # Fields that do not change a run's results: where it runs, how it reports.
-_BOOKKEEPING = ("out_dir", "executor", "torch_threads", "distributed", "tracking.progress", "tracking.wandb")
+_BOOKKEEPING = (
+    "out_dir",
+    "executor",
+    "torch_threads",
+    "distributed",
+    "tracking.progress",
+    "tracking.wandb",
+    "tracking.media_every",
+)
 
 
 def _result_fields(cfg: RunConfig | dict) -> dict:

@@ -98,6 +98,7 @@ class Trainer:
                     )
             self.model, self.optimizer = accelerator.prepare(LogProbs(self.policy), self.optimizer)
         self.logger = MetricsLogger(self.run_dir, cfg, resume) if self.is_main else None
+        self._media = None  # (batch, predicted, true rewards) of a step whose media are due
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -169,7 +170,8 @@ class Trainer:
                         anchor_groups[share.start : share.stop],
                     )
                     self.generated_tasks += len(share)
-                batch, owner, _, src_row = gather_batches(local, len(share), self.acc)
+                padding = getattr(self.domain, "extras_padding", None)
+                batch, owner, _, src_row = gather_batches(local, len(share), self.acc, padding)
             else:
                 batch = self.domain.generate(tasks, cfg.grpo.group_size, anchor_groups)
                 self.generated_tasks += len(tasks)
@@ -294,10 +296,35 @@ class Trainer:
         step_metrics = getattr(self.domain, "step_metrics", None)  # optional part of the protocol
         if step_metrics is not None:
             metrics.update({f"domain/{k}": float(v) for k, v in step_metrics().items()})
+        if self._media_due():  # logged by train() after the step's metrics
+            self._media = (batch, None if pred is None else pred.mean.float(), r_true)
         step_time = time.perf_counter() - t_step
         self.elapsed += step_time
         metrics.update({"time/step": step_time, "time/elapsed": self.elapsed})
         return metrics
+
+    def _media_due(self) -> bool:
+        """Whether this step's rollouts go to wandb as media (``tracking.media_every``, the main
+        process, wandb on, a domain with ``rollout_media``)."""
+        every = self.cfg.tracking.media_every
+        return (
+            every > 0
+            and self.step % every == 0
+            and self.logger is not None
+            and self.logger.wandb_active
+            and hasattr(self.domain, "rollout_media")
+        )
+
+    def _log_media(self) -> None:
+        """The domain's ``rollout_media(batch, predicted, true)`` of the step kept by train_step: its
+        RNG draws (a WM decoding frames) are undone, so logging media never changes a run."""
+        if self._media is None:
+            return
+        batch, predicted, true = self._media
+        self._media = None
+        with torch.random.fork_rng(), torch.no_grad():
+            media = self.domain.rollout_media(batch, predicted, true)
+        self.logger.log_media(self.step, media)
 
     def _weighted_advantages(
         self, batch: RolloutBatch, rewards: torch.Tensor, is_anchor: torch.Tensor, pred: Prediction | None
@@ -444,6 +471,7 @@ class Trainer:
                 if (every > 0 and self.step % every == 0) or self.step == cfg.grpo.steps:
                     metrics.update(self.evaluate())
                 self._log(self.step, metrics)
+                self._log_media()
                 last = metrics
                 if self.is_main and (
                     self.step % cfg.tracking.checkpoint_every == 0 or self.step == cfg.grpo.steps
