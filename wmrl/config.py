@@ -40,6 +40,8 @@ WM_METHODS = ("wm", "mix", "debias", "denoise", "wmrl", "ppi")
 """The methods that query a world model."""
 
 EXECUTORS = ("process", "ray", "inline")
+# RunConfig.precision (wmrl.device.autocast)
+PRECISIONS = ("fp32", "bf16")
 # RunConfig.device: auto | cpu | cuda | cuda:N (resolved by wmrl.device.resolve_device)
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -322,6 +324,10 @@ class RunConfig:
     overlap_wm_update: bool = True
     # Where the domain's models train and run: auto (CUDA when present) | cpu | cuda | cuda:N.
     device: str = "cpu"
+    # Autocast of the policy's forward passes (generation, the update, the reference), the WM's
+    # predictions and evaluation: fp32 (none) | bf16 (torch.autocast to bfloat16 on the run's device;
+    # the losses, SFT and the WM's refinement stay in float32).
+    precision: str = "fp32"
     domain: DomainConfig = field(default_factory=_default_domain)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     anchors: AnchorConfig = field(default_factory=AnchorConfig)
@@ -340,6 +346,7 @@ class RunConfig:
             DEVICE_RE.match(str(self.device)) is not None,
             f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N",
         )
+        _one_of("precision", self.precision, PRECISIONS)
         if self.method in ("anchors_only", "mix", "debias", "denoise", "wmrl", "ppi"):
             _check(
                 self.anchors.fraction > 0 or self.anchors.min_groups > 0,

@@ -18,11 +18,11 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
 
     The run directory is checked before anything is built: a fresh run needs an unused, writable
     directory; a resumed one a checkpoint and steps left to train."""
-    from wmrl.device import resolve_device
+    from wmrl.device import check_precision, resolve_device
     from wmrl.distributed import make_accelerator, wants_distributed
     from wmrl.trainer import Trainer
 
-    resolve_device(cfg.device)  # an unavailable device fails here, before any preparation
+    check_precision(cfg.precision, resolve_device(cfg.device))  # fails here, before any preparation
     acc = make_accelerator(cfg) if wants_distributed(cfg) else None
     main = acc is None or acc.is_main_process
     build_cfg = cfg  # the domain builds its models on this rank's GPU (the saved config keeps cfg's)

@@ -26,7 +26,7 @@ from wmrl.anchors import choose_anchor_groups
 from wmrl.config import ConfigError, RunConfig, save_config
 from wmrl.debias import OnlineDebiaser, centred_residual
 from wmrl.denoise import InverseVarianceDenoiser, normalise_weights, sample_weights
-from wmrl.device import module_device
+from wmrl.device import autocast, check_precision, module_device
 from wmrl.distributed import gather_batches, gather_rewards, group_owner, task_shares
 from wmrl.domain import Domain, Prediction, RolloutBatch
 from wmrl.executors import Executor, make_executor
@@ -64,6 +64,10 @@ class Trainer:
             prepare_run_dir(self.run_dir, resume)
         torch.set_num_threads(cfg.torch_threads)
         self.policy = domain.policy
+        dev = module_device(self.policy)
+        check_precision(cfg.precision, dev, getattr(domain, "bf16_unsupported", None))
+        # --precision=bf16: the policy's and the WM's forward passes under torch.autocast
+        self.autocast = lambda: autocast(cfg.precision, dev)
         params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(params, cfg.grpo)
         self.reference = None
@@ -158,7 +162,7 @@ class Trainer:
             tasks = [t for t, a in zip(tasks, anchor_groups.tolist(), strict=True) if a]
             anchor_groups = torch.ones(len(tasks), dtype=torch.bool)
         owner = local = src_row = None  # data-parallel: each group's rank; this rank's own batch
-        with timed("generate"), torch.no_grad():
+        with timed("generate"), torch.no_grad(), self.autocast():
             if self.shard:
                 if self.world > 1:  # this rank's sampling noise for this step (a resume redraws it)
                     self.domain.shard_rng(self.rank, self.step)
@@ -177,6 +181,7 @@ class Trainer:
                 self.generated_tasks += len(tasks)
                 if self.acc is not None:
                     owner = group_owner(batch, len(tasks), self.world)
+        batch.logprobs = batch.logprobs.float()  # sampled under autocast: the loss is in float32
         # A domain may append imagined twin groups of the anchor tasks (batch.twin_of); never executed.
         group_anchor = torch.zeros(batch.n_groups, dtype=torch.bool)
         group_anchor[: len(tasks)] = anchor_groups
@@ -207,8 +212,9 @@ class Trainer:
                 t0 = time.perf_counter()
                 future = pool.submit(self._execute, jobs)
             if cfg.uses_wm:
-                with timed("wm"), torch.no_grad():
+                with timed("wm"), torch.no_grad(), self.autocast():
                     pred = self.domain.world_model.predict(batch)
+                pred = Prediction(pred.mean.float(), None if pred.var is None else pred.var.float())
             if future is not None:
                 results = future.result()
                 times["time/execute"] = time.perf_counter() - t0
@@ -269,6 +275,7 @@ class Trainer:
                         owned=None if owner is None else (owner[batch.group_ids] == self.rank).to(dev),
                         accelerator=self.acc,
                         model=self.model,
+                        autocast=self.autocast,
                     )
                 )
             if refine_wm:
@@ -449,7 +456,7 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         self.policy.eval()
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             return {f"eval/{k}": v for k, v in self.domain.evaluate("eval").items()}
 
     def train(self) -> dict[str, float]:

@@ -457,7 +457,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         dataset=(str(out / "anchors"), "wmrl/anchors") if cfg.record_anchors else None,
         seed=run.seed,
     )
-    return VLADomain(
+    domain = VLADomain(
         policy,
         wm,
         cfg.tasks,
@@ -471,6 +471,9 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         out_dir=out,
         seed=run.seed,
     )
+    if cfg.policy != "small_vla":  # --precision=bf16 (wmrl.device.check_precision)
+        domain.bf16_unsupported = f"domain.policy={cfg.policy} (a lerobot policy) is run in float32 only"
+    return domain
 
 
 def mean_success(records: list[dict]) -> float:

@@ -176,3 +176,17 @@ def test_sharded_generation_joins_into_a_batch_the_policy_scores(built):
             lp[rows, :t] * part.mask[src_row[rows]], part.logprobs[src_row[rows]], atol=1e-4, rtol=1e-4
         )
         assert not batch.mask[rows, t:].any()
+
+
+def test_rollout_media_is_a_table_of_edits_with_predicted_and_true_scores(built):
+    _, domain = built
+    tasks = domain.sample_tasks(2, "train", torch.Generator().manual_seed(0))
+    batch = domain.generate(tasks, 3, torch.tensor([True, False]))
+    pred = domain.world_model.predict(batch).mean
+    true = torch.full((6,), float("nan"))
+    true[:3] = domain.execute(batch, [0, 1, 2])
+    table = domain.rollout_media(batch, pred, true)["rollouts/edits"]
+    assert table.columns == ["task", "group", "edit", "applied", "reason", "predicted", "true"]
+    assert [r[2] for r in table.rows] == [p.completion for p in batch.payload]
+    assert [r[5] for r in table.rows] == pytest.approx(pred.tolist())
+    assert [r[6] for r in table.rows[:3]] == pytest.approx(true[:3].tolist()) and table.rows[3][6] is None

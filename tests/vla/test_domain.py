@@ -191,3 +191,26 @@ def test_sharded_generation_joins_into_a_batch_the_policy_scores(built):
         rows = (src_rank == r).nonzero().squeeze(-1)
         steps = part.extras["step_mask"].sum(1)
         assert torch.equal(batch.extras["step_mask"][rows].sum(1), steps[src_row[rows]])
+
+
+def test_rollout_media_shows_the_simulator_beside_the_world_model(built, batch):
+    """wandb media of a step: the first real rollout's frames (left) beside the WM's imagined frames
+    under the same actions (right), upscaled; the first imagined rollout; a table of every rollout."""
+    from wmrl.tracking import Table, Video
+
+    _, domain, _ = built
+    pred = domain.world_model.predict(batch).mean
+    true = torch.tensor([p["reward"] for p in batch.payload], dtype=torch.float32)
+    media = domain.rollout_media(batch, pred, true, scale=2)
+    video = media["rollouts/real_vs_imagined"]
+    assert isinstance(video, Video)
+    real = np.asarray(batch.payload[0]["images"])  # [T, 3, 32, 32]
+    assert video.frames.shape == (len(real), 3, 64, 128) and video.frames.dtype == np.uint8
+    assert np.array_equal(video.frames[:, :, ::2, :64:2], real)
+    assert np.array_equal(video.frames[0, :, ::2, 64::2], real[0])  # both start from the same frame
+    assert not np.array_equal(video.frames[1:, :, :, 64:], video.frames[1:, :, :, :64])  # imagined
+    assert media["rollouts/imagined"].frames.shape[1:] == (3, 64, 64)
+    table = media["rollouts/table"]
+    assert isinstance(table, Table) and len(table.rows) == batch.n_rollouts
+    assert [r[1] for r in table.rows] == [p["kind"] for p in batch.payload]
+    assert table.rows[0][5] == pytest.approx(float(true[0])) and table.rows[-1][5] is None
