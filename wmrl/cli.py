@@ -5,7 +5,7 @@ wmrl run --resume RUN_DIR
 wmrl config PRESET [overrides]     # every field with its value and comment (also: wmrl run PRESET --help)
 wmrl tasks DOMAIN
 wmrl presets
-wmrl export RUN_DIR --out DIR [--adapter] [--push-to-hub REPO [--dry-run]]
+wmrl export RUN_DIR --out DIR [--adapter] [--push-to-hub REPO [--private] [--dry-run]]
 
 Every bad input ends in one line on stderr, ``wmrl: error: ...``, exit status 2, and nothing
 written before is touched.
@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="LoRA research agents: write the peft adapter, not merged weights",
     )
     export.add_argument("--push-to-hub", metavar="REPO", help="then upload DIR to this Hub model repo")
+    export.add_argument(
+        "--private", action="store_true", help="with --push-to-hub: create the Hub repo as private"
+    )
     export.add_argument(
         "--dry-run",
         action="store_true",
@@ -204,15 +207,16 @@ def _refuse_ignored_overrides(cfg, overrides: list[str]) -> None:
 def _export(args: argparse.Namespace) -> None:
     from wmrl.export import export_run, push_to_hub
 
-    if args.dry_run and not args.push_to_hub:
-        raise ConfigError("--dry-run goes with --push-to-hub REPO")
+    for flag in ("dry_run", "private"):
+        if getattr(args, flag) and not args.push_to_hub:
+            raise ConfigError(f"--{flag.replace('_', '-')} goes with --push-to-hub REPO")
     manifest = export_run(args.run_dir, args.out, adapter=args.adapter)
     print(f"exported {manifest['domain']} run ({manifest['method']}, step {manifest['step']}) to {args.out}")
     print(f"  policy: {manifest['policy']['format']}")
     if manifest.get("world_model"):
         print(f"  world model: {manifest['world_model']['format']}")
     if args.push_to_hub:
-        ops = push_to_hub(args.out, args.push_to_hub, dry_run=args.dry_run)
+        ops = push_to_hub(args.out, args.push_to_hub, private=args.private or None, dry_run=args.dry_run)
         verb = "would upload" if args.dry_run else "uploaded"
         print(f"{verb} {len(ops)} files to {args.push_to_hub}:")
         for op in ops:
