@@ -33,6 +33,13 @@ def wants_distributed(cfg: RunConfig) -> bool:
     return bool(cfg.distributed.enabled) or int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def writes_run_dir() -> bool:
+    """Whether this process writes the run directory: the only process, or global rank 0 of a
+    ``torchrun`` / ``accelerate launch`` (``RANK``). Domains built on every rank use it to keep
+    their own run-directory files (execution logs, recorded anchors, videos) to one writer."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def make_accelerator(cfg: RunConfig):
     """The run's ``accelerate.Accelerator``: CPU (gloo) for ``device=cpu`` or when no GPU is present,
     else one GPU per process (NCCL). Created before the domain, so ``cuda`` means this rank's GPU."""

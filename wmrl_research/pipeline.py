@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from wmrl.device import module_device, resolve_device
+from wmrl.distributed import writes_run_dir
 from wmrl.executors import make_executor
 from wmrl_research.agent import ResearchPolicy, add_lora, build_prompt, build_tokenizer, load_lm
 from wmrl_research.config import WORLD_MODELS
@@ -536,8 +537,9 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         cfg, run, wm, examples, cache, _log_name(log_path, random_examples, random_path)
     )
     # The run's own log: the pretraining log's records, then every anchor execution of this run.
-    run_log = ExecutionLog(Path(run.out_dir) / "execution_log.jsonl")
-    if not run_log.path.exists():
+    # Data-parallel: every rank refines its WM on the same anchors; the main process alone logs them.
+    run_log = ExecutionLog(Path(run.out_dir) / "execution_log.jsonl") if writes_run_dir() else None
+    if run_log is not None and not run_log.path.exists():
         run_log.append(examples)
     world_model = ResearchWorldModel(
         wm, {t.id: t for t in all_tasks}, run_log, cfg.wm_update_steps, cfg.wm_input

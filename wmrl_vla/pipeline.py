@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from wmrl.device import DeviceError, resolve_device
+from wmrl.distributed import writes_run_dir
 from wmrl_vla.domain import VLADomain, VLAWorldModel
 from wmrl_vla.policy import SmallVLA, SmallVLAConfig
 from wmrl_vla.sft import SFTConfig, sft
@@ -444,7 +445,8 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
     episodes = episodes_from_records(records) + episodes_from_records(prepare_policy_rollouts(cfg, policy))
     model, quality = prepare_world_model(cfg, episodes, device)
     out = Path(run.out_dir)
-    if quality:
+    main = writes_run_dir()  # data-parallel: one writer of the run directory's files
+    if quality and main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "wm_quality.json").write_text(json.dumps(quality, indent=2))
     wm = VLAWorldModel(
@@ -454,7 +456,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         batch_size=cfg.wm_batch_size,
         horizon=cfg.wm_horizon,
         lr=cfg.wm_update_lr,
-        dataset=(str(out / "anchors"), "wmrl/anchors") if cfg.record_anchors else None,
+        dataset=(str(out / "anchors"), "wmrl/anchors") if cfg.record_anchors and main else None,
         seed=run.seed,
     )
     domain = VLADomain(
@@ -468,7 +470,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         n_videos=cfg.n_videos,
         regrade=cfg.regrade,
         max_steps=cfg.max_steps,
-        out_dir=out,
+        out_dir=out if main else None,
         seed=run.seed,
     )
     if cfg.policy != "small_vla":  # --precision=bf16 (wmrl.device.check_precision)
