@@ -171,8 +171,11 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     if args.resume:
         if args.preset or overrides:
             raise ConfigError("--resume RUN_DIR takes no preset or overrides: the run keeps its own config")
+        from wmrl.distributed import writes_run_dir
+
         result = resume_run(args.resume)
-        print(format_table(result) if "methods" in result else _brief(result))
+        if writes_run_dir():
+            print(format_table(result) if "methods" in result else _brief(result))
         return
     if not args.preset:
         raise ConfigError(f"wmrl run needs a preset; known presets: {', '.join(presets())}")
@@ -184,8 +187,12 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
         print(format_table(summary))
         print(f"\nsummary: {out_dir}/summary.json   plot: {out_dir}/comparison.png")
     else:
-        print(_brief(train_run(cfg)))
-        print(f"run directory: {out_dir}")
+        from wmrl.distributed import writes_run_dir
+
+        last = train_run(cfg)
+        if writes_run_dir():  # data-parallel: the main process reports the run (its metrics)
+            print(_brief(last))
+            print(f"run directory: {out_dir}")
 
 
 def _refuse_ignored_overrides(cfg, overrides: list[str]) -> None:
