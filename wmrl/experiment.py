@@ -41,7 +41,7 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
         acc.wait_for_everyone()
     if acc is None:
         domain = cfg.domain.build(build_cfg)
-    else:  # the main process builds first: the others then read what it cached (SFT, WM pretraining)
+    else:  # SFT on every rank; then the main process builds first and the others read its caches
         sft = getattr(cfg.domain, "sft_data_parallel", None)
         if sft is not None and acc.num_processes > 1:  # SFT on every process, cached by the main one
             sft(build_cfg, acc)

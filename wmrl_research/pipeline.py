@@ -249,7 +249,7 @@ def build_policy(
 
 
 def sft_data_parallel(cfg: ResearchConfig, run: RunConfig, accelerator) -> None:
-    """The SFT stage on every process of a data-parallel run (``wmrl train`` with N processes calls
+    """The SFT stage on every process of a data-parallel run (``wmrl run`` with N processes calls
     this before the domain is built; the build then reads the cached SFT policy)."""
     train, heldout = select_tasks(cfg)
     cache = policy_cache(cfg, run)

@@ -182,7 +182,7 @@ def prepare_policy(cfg: VLAConfig, demos: list[dict], device: torch.device | str
 
 
 def sft_data_parallel(cfg: VLAConfig, run: RunConfig, accelerator) -> None:
-    """Behaviour cloning on every process of a data-parallel run (``wmrl train`` with N processes
+    """Behaviour cloning on every process of a data-parallel run (``wmrl run`` with N processes
     calls this before the domain is built; the build then reads the cached SFT policy). The lerobot
     bridges train in the main process during the build, as with one process."""
     if cfg.policy != "small_vla":
