@@ -5,6 +5,7 @@ For a user with a GPU (and for this project's machines when one is lent):
     uv run python benchmarks/gpu_check.py                    # --device=cuda, both domains
     uv run python benchmarks/gpu_check.py --device cuda:1 --domains vla
     uv run python benchmarks/gpu_check.py --device cpu       # the same checks on the CPU
+    uv run python benchmarks/gpu_check.py --precision bf16   # policy and WM forward passes autocast
 
 For each domain it builds the debug preset on ``--device`` (SFT, world-model pretraining there),
 trains ``--steps`` GRPO steps with a KL reference, and checks that the policy, the reference, the
@@ -36,7 +37,7 @@ def _devices(module: torch.nn.Module) -> set[str]:
     return {str(t.device) for t in [*module.parameters(), *module.buffers()]}
 
 
-def run_domain(name: str, device: str, steps: int, cache: Path, work: Path) -> dict:
+def run_domain(name: str, device: str, steps: int, cache: Path, work: Path, precision: str = "fp32") -> dict:
     import wmrl.trainer as trainer_mod
     from wmrl.config import load_config
     from wmrl.device import resolve_device
@@ -45,7 +46,7 @@ def run_domain(name: str, device: str, steps: int, cache: Path, work: Path) -> d
     cfg = load_config(
         PRESETS[name],
         [f"--out_dir={work / f'{name}-{device}'}", f"--domain.cache_dir={cache / name}", f"--device={device}",
-         f"--grpo.steps={steps}", "--grpo.kl_coef=0.05", "--tracking.eval_every=0"],
+         f"--grpo.steps={steps}", "--grpo.kl_coef=0.05", "--tracking.eval_every=0", f"--precision={precision}"],
     )  # fmt: skip
     want = str(resolve_device(cfg.device))
     t0 = time.perf_counter()
@@ -89,6 +90,7 @@ def run_domain(name: str, device: str, steps: int, cache: Path, work: Path) -> d
     return {
         "domain": name,
         "device": want,
+        "precision": precision,
         "checks": checks,
         "ok": all(checks.values()),
         "build_s": build_s,
@@ -106,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--domains", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--no-cpu-baseline", action="store_true")
     p.add_argument("--out", default=None, help="JSON file for the results")
     a = p.parse_args(argv)
@@ -124,9 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="wmrl-gpu-check-") as tmp:
         cache, work = Path(tmp) / "cache", Path(tmp) / "runs"
         for name in a.domains:
-            r = run_domain(name, a.device, a.steps, cache, work)
+            r = run_domain(name, a.device, a.steps, cache, work, a.precision)
             if not a.no_cpu_baseline and dev.type != "cpu":
-                r["cpu_train_s_per_step"] = run_domain(name, "cpu", a.steps, cache, work)["train_s_per_step"]
+                cpu = run_domain(name, "cpu", a.steps, cache, work, "fp32")
+                r["cpu_train_s_per_step"] = cpu["train_s_per_step"]
             results.append(r)
             bad = [k for k, v in r["checks"].items() if not v]
             print(

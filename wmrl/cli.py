@@ -6,7 +6,7 @@ wmrl compare SPEC.yaml [--out-dir DIR] [--executor.type=ray --seeds=[0,1] ...]  
 wmrl config PRESET [overrides]     # every field with its value and comment (also: wmrl run PRESET --help)
 wmrl tasks DOMAIN
 wmrl presets
-wmrl export RUN_DIR --out DIR [--adapter] [--push-to-hub REPO [--dry-run]]
+wmrl export RUN_DIR --out DIR [--adapter] [--push-to-hub REPO [--private] [--dry-run]]
 
 Every bad input ends in one line on stderr, ``wmrl: error: ...``, exit status 2, and nothing
 written before is touched.
@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--push-to-hub", metavar="REPO", help="then upload DIR to this Hub model repo")
     export.add_argument(
+        "--private", action="store_true", help="with --push-to-hub: create the Hub repo as private"
+    )
+    export.add_argument(
         "--dry-run",
         action="store_true",
         help="with --push-to-hub: list what would be uploaded, upload nothing",
@@ -183,8 +186,11 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     if args.resume:
         if args.preset or overrides:
             raise ConfigError("--resume RUN_DIR takes no preset or overrides: the run keeps its own config")
+        from wmrl.distributed import writes_run_dir
+
         result = resume_run(args.resume)
-        print(format_table(result) if "methods" in result else _brief(result))
+        if writes_run_dir():
+            print(format_table(result) if "methods" in result else _brief(result))
         return
     if not args.preset:
         raise ConfigError(f"wmrl run needs a preset; known presets: {', '.join(presets())}")
@@ -196,8 +202,12 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
         print(format_table(summary))
         print(f"\nsummary: {out_dir}/summary.json   plot: {out_dir}/comparison.png")
     else:
-        print(_brief(train_run(cfg)))
-        print(f"run directory: {out_dir}")
+        from wmrl.distributed import writes_run_dir
+
+        last = train_run(cfg)
+        if writes_run_dir():  # data-parallel: the main process reports the run (its metrics)
+            print(_brief(last))
+            print(f"run directory: {out_dir}")
 
 
 def _compare(args: argparse.Namespace, overrides: list[str], argv: list[str]) -> None:
@@ -229,15 +239,16 @@ def _refuse_ignored_overrides(cfg, overrides: list[str]) -> None:
 def _export(args: argparse.Namespace) -> None:
     from wmrl.export import export_run, push_to_hub
 
-    if args.dry_run and not args.push_to_hub:
-        raise ConfigError("--dry-run goes with --push-to-hub REPO")
+    for flag in ("dry_run", "private"):
+        if getattr(args, flag) and not args.push_to_hub:
+            raise ConfigError(f"--{flag.replace('_', '-')} goes with --push-to-hub REPO")
     manifest = export_run(args.run_dir, args.out, adapter=args.adapter)
     print(f"exported {manifest['domain']} run ({manifest['method']}, step {manifest['step']}) to {args.out}")
     print(f"  policy: {manifest['policy']['format']}")
     if manifest.get("world_model"):
         print(f"  world model: {manifest['world_model']['format']}")
     if args.push_to_hub:
-        ops = push_to_hub(args.out, args.push_to_hub, dry_run=args.dry_run)
+        ops = push_to_hub(args.out, args.push_to_hub, private=args.private or None, dry_run=args.dry_run)
         verb = "would upload" if args.dry_run else "uploaded"
         print(f"{verb} {len(ops)} files to {args.push_to_hub}:")
         for op in ops:

@@ -40,6 +40,8 @@ WM_METHODS = ("wm", "mix", "debias", "denoise", "wmrl", "ppi")
 """The methods that query a world model."""
 
 EXECUTORS = ("process", "ray", "inline")
+# RunConfig.precision (wmrl.device.autocast)
+PRECISIONS = ("fp32", "bf16")
 # RunConfig.device: auto | cpu | cuda | cuda:N (resolved by wmrl.device.resolve_device)
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -250,10 +252,15 @@ class TrackingConfig:
     # Evaluate on the held-out split every this many steps (0: only at the end).
     eval_every: int = 0
     progress: bool = True
+    # Log rollout media to wandb every this many steps (0: never): the domain's rollout_media (VLA:
+    # real simulator frames beside the WM's imagined frames of the same actions, as a GIF; research:
+    # a table of edits with predicted and true scores; toy: a table of actions). Not with wandb disabled.
+    media_every: int = 10
 
     def __post_init__(self) -> None:
         _one_of("tracking.wandb", self.wandb, ("offline", "online", "disabled"))
         _check(self.checkpoint_every >= 1, f"tracking.checkpoint_every={self.checkpoint_every} must be >= 1")
+        _check(self.media_every >= 0, f"tracking.media_every={self.media_every} must be >= 0")
 
 
 @dataclass
@@ -325,6 +332,10 @@ class RunConfig:
     overlap_wm_update: bool = True
     # Where the domain's models train and run: auto (CUDA when present) | cpu | cuda | cuda:N.
     device: str = "cpu"
+    # Autocast of the policy's forward passes (generation, the update, the reference), the WM's
+    # predictions and evaluation: fp32 (none) | bf16 (torch.autocast to bfloat16 on the run's device;
+    # the losses, SFT and the WM's refinement stay in float32).
+    precision: str = "fp32"
     domain: DomainConfig = field(default_factory=_default_domain)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     anchors: AnchorConfig = field(default_factory=AnchorConfig)
@@ -343,6 +354,7 @@ class RunConfig:
             DEVICE_RE.match(str(self.device)) is not None,
             f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N",
         )
+        _one_of("precision", self.precision, PRECISIONS)
         if self.method in ("anchors_only", "mix", "debias", "denoise", "wmrl", "ppi"):
             _check(
                 self.anchors.fraction > 0 or self.anchors.min_groups > 0,

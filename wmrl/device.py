@@ -7,11 +7,12 @@ Rollout records, rewards and metrics stay on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 
-from wmrl.config import DEVICE_RE
+from wmrl.config import DEVICE_RE, PRECISIONS
 
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
 
@@ -52,3 +53,27 @@ def module_device(module: torch.nn.Module) -> torch.device:
     for t in module.buffers():
         return t.device
     return torch.device("cpu")
+
+
+def check_precision(precision: str, device: torch.device, unsupported: str | None = None) -> None:
+    """Raise :class:`DeviceError` for a precision this device (or model) cannot autocast to.
+
+    ``unsupported``: a domain's reason its models do not run under bf16 autocast (None: they do)."""
+    if precision not in PRECISIONS:
+        raise DeviceError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision == "fp32":
+        return
+    if unsupported:
+        raise DeviceError(f"precision={precision} is not supported here: {unsupported}; use --precision=fp32")
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise DeviceError(
+            f"precision=bf16 but {torch.cuda.get_device_name(device)} has no bfloat16 support; use --precision=fp32"
+        )
+
+
+def autocast(precision: str, device: torch.device):
+    """A context: ``torch.autocast`` to bfloat16 on ``device`` for ``precision="bf16"`` (matmuls and
+    convolutions in bf16, reductions and softmax in float32), nothing for ``fp32``."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)

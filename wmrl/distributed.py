@@ -33,6 +33,13 @@ def wants_distributed(cfg: RunConfig) -> bool:
     return bool(cfg.distributed.enabled) or int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def writes_run_dir() -> bool:
+    """Whether this process writes the run directory: the only process, or global rank 0 of a
+    ``torchrun`` / ``accelerate launch`` (``RANK``). Domains built on every rank use it to keep
+    their own run-directory files (execution logs, recorded anchors, videos) to one writer."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def make_accelerator(cfg: RunConfig):
     """The run's ``accelerate.Accelerator``: CPU (gloo) for ``device=cpu`` or when no GPU is present,
     else one GPU per process (NCCL). Created before the domain, so ``cuda`` means this rank's GPU."""
@@ -78,8 +85,20 @@ def group_owner(batch: RolloutBatch, n_tasks: int, world: int) -> torch.Tensor:
     return owner
 
 
+def shard_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of rank ``rank``'s sampling noise at ``step`` of a sharded run (a domain's
+    ``shard_rng`` reseeds its generation generator with it): independent across ranks and steps, and
+    what a resumed run draws again."""
+    from wmrl.anchors import hash_seed
+
+    return hash_seed(seed, step, salt=0x5A4D + rank)
+
+
 def gather_batches(
-    local: RolloutBatch | None, n_real: int, accelerator
+    local: RolloutBatch | None,
+    n_real: int,
+    accelerator,
+    padding: dict[str, tuple[str, float]] | None = None,
 ) -> tuple[RolloutBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every rank's share of the step, joined into the batch one process would have generated.
 
@@ -94,13 +113,31 @@ def gather_batches(
     from accelerate.utils import gather_object
 
     item = None if local is None else (local.to(torch.device("cpu")), n_real)
-    return join_shares(gather_object([item]))
+    return join_shares(gather_object([item]), padding)
+
+
+def pad_to(t: torch.Tensor, shape: tuple[int, ...], value: float, side: str = "right") -> torch.Tensor:
+    """``t`` ``[B, d1, d2, ...]`` padded with ``value`` to ``[B, *shape]``: at the end of every dim,
+    or (``side="left"``) at the start of dim 1 (left-padded prompts) and the end of the others."""
+    if tuple(t.shape[1:]) == tuple(shape):
+        return t
+    out = torch.full((t.shape[0], *shape), value, dtype=t.dtype)
+    idx = [slice(None)] + [slice(0, n) for n in t.shape[1:]]
+    if side == "left":
+        idx[1] = slice(shape[0] - t.shape[1], shape[0])
+    out[tuple(idx)] = t
+    return out
 
 
 def join_shares(
     parts: list[tuple[RolloutBatch, int] | None],
+    padding: dict[str, tuple[str, float]] | None = None,
 ) -> tuple[RolloutBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`gather_batches` once every rank's ``(batch, n_real)`` (or None) is here, rank order."""
+    """:func:`gather_batches` once every rank's ``(batch, n_real)`` (or None) is here, rank order.
+
+    ``extras`` whose sizes differ across ranks (each rank pads its own rollouts to its longest) are
+    padded to the largest: with ``padding[key] = (side, value)`` (a domain's ``extras_padding``),
+    else with zeros at the end of each dim."""
     present = [(r, p) for r, p in enumerate(parts) if p is not None]
     if not present:
         raise RuntimeError("no rank generated anything this step")
@@ -131,11 +168,15 @@ def join_shares(
         src_row.append(torch.arange(b.n_rollouts))
         real_off, twin_off = real_off + n, twin_off + n_twins
     for k, vs in extras.items():
-        if len({tuple(v.shape[1:]) for v in vs}) > 1:
+        if len({v.dim() for v in vs}) > 1:
             raise ValueError(
-                f"RolloutBatch.extras[{k!r}] has different shapes across ranks "
+                f"RolloutBatch.extras[{k!r}] has different numbers of dims across ranks "
                 f"({[tuple(v.shape) for v in vs]}): use --distributed.generation=replicate"
             )
+        if len({tuple(v.shape[1:]) for v in vs}) > 1:
+            shape = tuple(max(sizes) for sizes in zip(*(v.shape[1:] for v in vs), strict=True))
+            side, value = (padding or {}).get(k, ("right", 0))
+            extras[k] = [pad_to(v, shape, value, side) for v in vs]
     gid = torch.cat(gids)
     order = torch.argsort(gid, stable=True)
     n_groups = total_real + twin_off

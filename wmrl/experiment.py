@@ -18,11 +18,11 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
 
     The run directory is checked before anything is built: a fresh run needs an unused, writable
     directory; a resumed one a checkpoint and steps left to train."""
-    from wmrl.device import resolve_device
+    from wmrl.device import check_precision, resolve_device
     from wmrl.distributed import make_accelerator, wants_distributed
     from wmrl.trainer import Trainer
 
-    resolve_device(cfg.device)  # an unavailable device fails here, before any preparation
+    check_precision(cfg.precision, resolve_device(cfg.device))  # fails here, before any preparation
     acc = make_accelerator(cfg) if wants_distributed(cfg) else None
     main = acc is None or acc.is_main_process
     build_cfg = cfg  # the domain builds its models on this rank's GPU (the saved config keeps cfg's)
@@ -41,7 +41,10 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
         acc.wait_for_everyone()
     if acc is None:
         domain = cfg.domain.build(build_cfg)
-    else:  # the main process builds first: the others then read what it cached (SFT, WM pretraining)
+    else:  # SFT on every rank; then the main process builds first and the others read its caches
+        sft = getattr(cfg.domain, "sft_data_parallel", None)
+        if sft is not None and acc.num_processes > 1:  # SFT on every process, cached by the main one
+            sft(build_cfg, acc)
         with acc.main_process_first():
             domain = cfg.domain.build(build_cfg)
     trainer = Trainer(cfg, domain, resume=resume, accelerator=acc)
@@ -122,7 +125,15 @@ def _runs_brief(root: Path) -> str:
 
 
 # Fields that do not change a run's results: where it runs, how it reports.
-_BOOKKEEPING = ("out_dir", "executor", "torch_threads", "distributed", "tracking.progress", "tracking.wandb")
+_BOOKKEEPING = (
+    "out_dir",
+    "executor",
+    "torch_threads",
+    "distributed",
+    "tracking.progress",
+    "tracking.wandb",
+    "tracking.media_every",
+)
 
 
 def _result_fields(cfg: RunConfig | dict) -> dict:

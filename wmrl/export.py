@@ -32,6 +32,21 @@ if TYPE_CHECKING:
     from wmrl.config import RunConfig
 
 CARD = "README.md"
+# The model card's one-line account of each method (wmrl.config.METHODS; DESIGN.md section 6).
+METHOD_NOTES = {
+    "real": "standard GRPO: every rollout group executed for real",
+    "anchors_only": "GRPO on the anchor groups alone (the WM methods' real executions, no world model)",
+    "wm": "every rollout scored by the world model, none executed",
+    "mix": "anchor groups executed for real, the other groups scored by the world model's raw scores",
+    "debias": "anchor groups executed for real, the other groups scored by the world model calibrated "
+    "online on the anchors",
+    "denoise": "anchor groups executed for real with their advantages weighted by the denoiser's w, the "
+    "other groups scored by the world model",
+    "wmrl": "anchor groups executed for real (advantages weighted by w), the other groups scored by the "
+    "world model calibrated online on the anchors",
+    "ppi": "prediction-powered advantages: the world model's advantages corrected by the anchor groups' "
+    "real outcomes (unbiased whatever the world model's errors)",
+}
 DOMAIN_NAMES = {"vla": "VLA", "research": "AutoResearch agent", "toy": "toy"}
 MANIFEST = "wmrl_export.json"
 
@@ -71,12 +86,28 @@ def export_run(run_dir: str | Path, out: str | Path, adapter: bool = False) -> d
         "seed": cfg.seed,
         "step": int(state["step"]),
         "real_executions": int(state["real_executions"]),
+        "training": training_facts(cfg),
         "figures": run_figures(run_dir),
         **written,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
     (out / CARD).write_text(model_card(manifest, (run_dir / "config.yaml").read_text()))
     return manifest
+
+
+def training_facts(cfg: RunConfig) -> dict[str, Any]:
+    """How the run trained, for the model card (the whole config follows it there)."""
+    g = cfg.grpo
+    return {
+        "steps": g.steps,
+        "tasks_per_step": g.tasks_per_step,
+        "group_size": g.group_size,
+        "anchor_fraction": cfg.anchors.fraction,
+        "optimizer": g.optimizer,
+        "lr": g.lr,
+        "kl_coef": g.kl_coef,
+        "precision": cfg.precision,
+    }
 
 
 def run_figures(run_dir: Path) -> dict[str, float]:
@@ -122,6 +153,20 @@ def model_card(m: dict[str, Any], config_yaml: str) -> str:
         f"Post-trained with WMRL GRPO (`wmrl run`, method `{m['method']}`) for "
         f"{m['step']} steps, with **{m['real_executions']} real executions** "
         f"({'every rollout group executed' if m['method'] == 'real' else 'the other rollouts scored by a world model'}).",
+        "",
+        "## Method",
+        "",
+        f"`{m['method']}`: {METHOD_NOTES.get(m['method'], 'see the wmrl documentation')}.",
+    ]
+    if m.get("training"):
+        t = m["training"]
+        lines += [
+            "",
+            f"GRPO, {t['steps']} steps of {t['tasks_per_step']} tasks x {t['group_size']} rollouts; "
+            + (f"anchor fraction {t['anchor_fraction']:g}; " if m["method"] not in ("real", "wm") else "")
+            + f"{t['optimizer']} lr {t['lr']:g}, KL coefficient {t['kl_coef']:g}; precision {t['precision']}.",
+        ]
+    lines += [
         "",
         "## Load it",
         "",

@@ -6,6 +6,9 @@ ungraded rollout (excluded, never scored zero); ``group_ids`` ``[N]`` in ``0 .. 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 import torch
 
 from wmrl.config import GRPOConfig
@@ -162,9 +165,13 @@ def grpo_update(
     owned: torch.Tensor | None = None,
     accelerator=None,
     model: torch.nn.Module | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> dict[str, float]:
     """``cfg.epochs`` passes over the batch in ``cfg.minibatches`` minibatches (split by group), each an
     optimizer step on the clipped loss, with gradient-norm clipping. Returns averaged diagnostics.
+
+    ``autocast()`` wraps the policy's and the reference's forward passes (``--precision=bf16``); their
+    log-probs are cast to float32 before the loss, and the backward pass runs outside it.
 
     Data-parallel (``accelerator`` given): ``batch`` is the whole step on every rank and ``owned``
     ``[N]`` bool marks this rank's rows. The minibatches are the 1-process ones (same generator);
@@ -186,12 +193,13 @@ def grpo_update(
             generator,
             accelerator,
             model,
+            autocast,
         )
     batch, advantages = batch.select(keep), advantages[keep]
     ref_logp = None
     if reference is not None and cfg.kl_coef > 0:
-        with torch.no_grad():
-            ref_logp = reference.log_probs(batch)
+        with torch.no_grad(), autocast():
+            ref_logp = reference.log_probs(batch).float()
     groups = batch.group_ids.unique()
     sums: dict[str, float] = {}
     n_steps = 0
@@ -200,9 +208,11 @@ def grpo_update(
         for chunk in torch.tensor_split(order, min(cfg.minibatches, groups.numel())):
             rows = torch.isin(batch.group_ids, chunk).nonzero().squeeze(-1)
             mb = batch.select(rows)
+            with autocast():
+                logp = policy.log_probs(mb)
             loss, stats = clipped_policy_loss(
-                policy.log_probs(mb),
-                mb.logprobs,
+                logp.float(),
+                mb.logprobs.float(),
                 advantages[rows],
                 mb.mask,
                 cfg.clip_eps,
@@ -242,15 +252,16 @@ def _grpo_update_dp(
     generator: torch.Generator | None,
     accelerator,
     model: torch.nn.Module,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> dict[str, float]:
     """:func:`grpo_update` over the used rows of the whole step, this rank's ``owned`` share."""
     world = accelerator.num_processes
     mine_all = owned.nonzero().squeeze(-1)
     ref_logp = None
     if reference is not None and cfg.kl_coef > 0:  # only this rank's rows are needed
-        ref_logp = torch.zeros_like(batch.logprobs)
+        ref_logp = torch.zeros_like(batch.logprobs, dtype=torch.float32)
         if mine_all.numel():
-            with torch.no_grad():
+            with torch.no_grad(), autocast():
                 ref_logp[mine_all] = reference.log_probs(batch.select(mine_all)).to(ref_logp.dtype)
     groups = batch.group_ids.unique()
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -268,9 +279,11 @@ def _grpo_update_dp(
             idle = mine.numel() == 0
             sel = rows[:1] if idle else mine
             mb = batch.select(sel)
+            with autocast():
+                logp = model(mb)
             loss, stats = clipped_policy_loss(
-                model(mb),
-                mb.logprobs,
+                logp.float(),
+                mb.logprobs.float(),
                 advantages[sel],
                 mb.mask,
                 cfg.clip_eps,

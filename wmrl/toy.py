@@ -176,9 +176,9 @@ class ToyDomain:
         """Data-parallel ``generation="shard"`` (wmrl/distributed.py), before each step's generation:
         reseed the sampling noise from ``(seed, step, rank)``, so that ranks draw independent actions
         for their shares and a resumed run draws what an uninterrupted one drew."""
-        from wmrl.anchors import hash_seed
+        from wmrl.distributed import shard_seed
 
-        self.sample_gen.manual_seed(hash_seed(self.seed, step, salt=0x5A4D + rank))
+        self.sample_gen.manual_seed(shard_seed(self.seed, step, rank))
 
     def sample_tasks(self, n: int, split: str, generator: torch.Generator) -> list[int]:
         return torch.randint(self.cfg.n_contexts, (n,), generator=generator).tolist()
@@ -217,6 +217,27 @@ class ToyDomain:
 
     def oracle_rewards(self, batch: RolloutBatch) -> torch.Tensor:
         return self.problem.reward[batch.extras["context"], batch.tokens[:, 0]]
+
+    def rollout_media(self, batch: RolloutBatch, predicted: torch.Tensor | None, true: torch.Tensor) -> dict:
+        """wandb media of a step: one row per rollout (context, action, the WM's score, the executed
+        reward where executed, the true reward)."""
+        from wmrl.tracking import Table, table_value
+
+        oracle = self.oracle_rewards(batch)
+        rows = [
+            [
+                int(batch.group_ids[i]),
+                int(batch.extras["context"][i]),
+                int(batch.tokens[i, 0]),
+                None if predicted is None else table_value(predicted[i]),
+                table_value(true[i]),
+                float(oracle[i]),
+            ]
+            for i in range(batch.n_rollouts)
+        ]
+        return {
+            "rollouts/table": Table(["group", "context", "action", "predicted", "executed", "true"], rows)
+        }
 
     def evaluate(self, split: str) -> dict[str, float]:
         """Exact expected true reward of the policy over all contexts, and the optimum's."""

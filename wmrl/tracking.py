@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,51 @@ class RunDirError(RuntimeError):
     """A run directory that cannot be used as asked (exists, missing, or does not match the config)."""
 
 
+@dataclass
+class Video:
+    """A rollout as frames ``[T, 3, H, W]`` uint8 (several side by side: concatenated along W)."""
+
+    frames: np.ndarray
+    fps: int = 8
+    caption: str = ""
+
+
+@dataclass
+class Table:
+    """Rows of rollouts (``columns`` names, ``rows`` lists of plain values)."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+def table_value(v: Any) -> Any:
+    """A plain table cell: tensors and numpy scalars as Python numbers, NaN (not measured) as None."""
+    v = _plain(v)
+    return None if isinstance(v, float) and v != v else v
+
+
+def write_gif(frames: np.ndarray, path: Path, fps: int = 8) -> Path:
+    """``frames`` ``[T, 3, H, W]`` (or ``[T, H, W, 3]``) uint8 -> an endlessly looping GIF at ``path``."""
+    from PIL import Image
+
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or 3 not in (frames.shape[1], frames.shape[-1]):
+        raise ValueError(f"frames must be [T, 3, H, W] or [T, H, W, 3], got {frames.shape}")
+    if frames.shape[1] == 3 and frames.shape[-1] != 3:
+        frames = frames.transpose(0, 2, 3, 1)
+    images = [Image.fromarray(np.ascontiguousarray(f.astype(np.uint8))) for f in frames]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+    return path
+
+
 class MetricsLogger:
-    """Appends one JSON line per step to ``metrics.jsonl`` and mirrors it to wandb (offline by default)."""
+    """Appends one JSON line per step to ``metrics.jsonl`` and mirrors it to wandb (offline by default).
+
+    wandb gets the run's config as its config, every metric (the WM diagnostics ``ppi/*``, ``wm/*``,
+    ``denoise/*``, ``debias/*`` are charted against ``step``) and, through :meth:`log_media`, rollout
+    media: :class:`Video` as a GIF (also kept under ``<run_dir>/media/``), :class:`Table` as a
+    ``wandb.Table``."""
 
     def __init__(self, run_dir: Path, cfg: RunConfig, resume: bool):
         self.path = run_dir / "metrics.jsonl"
@@ -47,6 +91,13 @@ class MetricsLogger:
                 resume="allow" if resume else None,
                 reinit="finish_previous",
             )
+            self._wandb.define_metric("step")
+            self._wandb.define_metric("*", step_metric="step")
+        self.media_dir = run_dir / "media"
+
+    @property
+    def wandb_active(self) -> bool:
+        return self._wandb is not None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
@@ -54,6 +105,26 @@ class MetricsLogger:
             f.write(json.dumps(row) + "\n")
         if self._wandb is not None:
             self._wandb.log(row, step=step)
+
+    def log_media(self, step: int, media: dict[str, Video | Table]) -> None:
+        """Rollout media of ``step`` to wandb (GIFs also under ``media/``); nothing without wandb."""
+        if self._wandb is None or not media:
+            return
+        import wandb
+
+        row: dict[str, Any] = {"step": step}
+        for key, item in media.items():
+            if isinstance(item, Video):
+                name = key.replace("/", "-")
+                path = write_gif(item.frames, self.media_dir / f"{name}-step{step:06d}.gif", item.fps)
+                row[key] = wandb.Video(str(path), caption=item.caption or None, format="gif")
+            elif isinstance(item, Table):
+                row[key] = wandb.Table(
+                    columns=item.columns, data=[[table_value(v) for v in r] for r in item.rows]
+                )
+            else:
+                raise TypeError(f"media[{key!r}] is a {type(item).__name__}, not a Video or a Table")
+        self._wandb.log(row, step=step)
 
     def close(self) -> None:
         if self._wandb is not None:

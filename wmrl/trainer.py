@@ -26,7 +26,7 @@ from wmrl.anchors import choose_anchor_groups
 from wmrl.config import ConfigError, RunConfig, save_config
 from wmrl.debias import OnlineDebiaser, centred_residual
 from wmrl.denoise import InverseVarianceDenoiser, normalise_weights, sample_weights
-from wmrl.device import module_device
+from wmrl.device import autocast, check_precision, module_device
 from wmrl.distributed import gather_batches, gather_rewards, group_owner, task_shares
 from wmrl.domain import Domain, Prediction, RolloutBatch
 from wmrl.executors import Executor, make_executor
@@ -64,6 +64,10 @@ class Trainer:
             prepare_run_dir(self.run_dir, resume)
         torch.set_num_threads(cfg.torch_threads)
         self.policy = domain.policy
+        dev = module_device(self.policy)
+        check_precision(cfg.precision, dev, getattr(domain, "bf16_unsupported", None))
+        # --precision=bf16: the policy's and the WM's forward passes under torch.autocast
+        self.autocast = lambda: autocast(cfg.precision, dev)
         params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(params, cfg.grpo)
         self.reference = None
@@ -98,6 +102,7 @@ class Trainer:
                     )
             self.model, self.optimizer = accelerator.prepare(LogProbs(self.policy), self.optimizer)
         self.logger = MetricsLogger(self.run_dir, cfg, resume) if self.is_main else None
+        self._media = None  # (batch, predicted, true rewards) of a step whose media are due
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -157,7 +162,7 @@ class Trainer:
             tasks = [t for t, a in zip(tasks, anchor_groups.tolist(), strict=True) if a]
             anchor_groups = torch.ones(len(tasks), dtype=torch.bool)
         owner = local = src_row = None  # data-parallel: each group's rank; this rank's own batch
-        with timed("generate"), torch.no_grad():
+        with timed("generate"), torch.no_grad(), self.autocast():
             if self.shard:
                 if self.world > 1:  # this rank's sampling noise for this step (a resume redraws it)
                     self.domain.shard_rng(self.rank, self.step)
@@ -169,12 +174,14 @@ class Trainer:
                         anchor_groups[share.start : share.stop],
                     )
                     self.generated_tasks += len(share)
-                batch, owner, _, src_row = gather_batches(local, len(share), self.acc)
+                padding = getattr(self.domain, "extras_padding", None)
+                batch, owner, _, src_row = gather_batches(local, len(share), self.acc, padding)
             else:
                 batch = self.domain.generate(tasks, cfg.grpo.group_size, anchor_groups)
                 self.generated_tasks += len(tasks)
                 if self.acc is not None:
                     owner = group_owner(batch, len(tasks), self.world)
+        batch.logprobs = batch.logprobs.float()  # sampled under autocast: the loss is in float32
         # A domain may append imagined twin groups of the anchor tasks (batch.twin_of); never executed.
         group_anchor = torch.zeros(batch.n_groups, dtype=torch.bool)
         group_anchor[: len(tasks)] = anchor_groups
@@ -205,8 +212,9 @@ class Trainer:
                 t0 = time.perf_counter()
                 future = pool.submit(self._execute, jobs)
             if cfg.uses_wm:
-                with timed("wm"), torch.no_grad():
+                with timed("wm"), torch.no_grad(), self.autocast():
                     pred = self.domain.world_model.predict(batch)
+                pred = Prediction(pred.mean.float(), None if pred.var is None else pred.var.float())
             if future is not None:
                 results = future.result()
                 times["time/execute"] = time.perf_counter() - t0
@@ -267,6 +275,7 @@ class Trainer:
                         owned=None if owner is None else (owner[batch.group_ids] == self.rank).to(dev),
                         accelerator=self.acc,
                         model=self.model,
+                        autocast=self.autocast,
                     )
                 )
             if refine_wm:
@@ -294,10 +303,35 @@ class Trainer:
         step_metrics = getattr(self.domain, "step_metrics", None)  # optional part of the protocol
         if step_metrics is not None:
             metrics.update({f"domain/{k}": float(v) for k, v in step_metrics().items()})
+        if self._media_due():  # logged by train() after the step's metrics
+            self._media = (batch, None if pred is None else pred.mean.float(), r_true)
         step_time = time.perf_counter() - t_step
         self.elapsed += step_time
         metrics.update({"time/step": step_time, "time/elapsed": self.elapsed})
         return metrics
+
+    def _media_due(self) -> bool:
+        """Whether this step's rollouts go to wandb as media (``tracking.media_every``, the main
+        process, wandb on, a domain with ``rollout_media``)."""
+        every = self.cfg.tracking.media_every
+        return (
+            every > 0
+            and self.step % every == 0
+            and self.logger is not None
+            and self.logger.wandb_active
+            and hasattr(self.domain, "rollout_media")
+        )
+
+    def _log_media(self) -> None:
+        """The domain's ``rollout_media(batch, predicted, true)`` of the step kept by train_step: its
+        RNG draws (a WM decoding frames) are undone, so logging media never changes a run."""
+        if self._media is None:
+            return
+        batch, predicted, true = self._media
+        self._media = None
+        with torch.random.fork_rng(), torch.no_grad():
+            media = self.domain.rollout_media(batch, predicted, true)
+        self.logger.log_media(self.step, media)
 
     def _weighted_advantages(
         self, batch: RolloutBatch, rewards: torch.Tensor, is_anchor: torch.Tensor, pred: Prediction | None
@@ -422,7 +456,7 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         self.policy.eval()
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             return {f"eval/{k}": v for k, v in self.domain.evaluate("eval").items()}
 
     def train(self) -> dict[str, float]:
@@ -444,6 +478,7 @@ class Trainer:
                 if (every > 0 and self.step % every == 0) or self.step == cfg.grpo.steps:
                     metrics.update(self.evaluate())
                 self._log(self.step, metrics)
+                self._log_media()
                 last = metrics
                 if self.is_main and (
                     self.step % cfg.tracking.checkpoint_every == 0 or self.step == cfg.grpo.steps

@@ -184,6 +184,13 @@ class ResearchConfig(DomainConfig):
 
         return build_domain(self, run)
 
+    def sft_data_parallel(self, run: RunConfig, accelerator) -> None:
+        """The SFT stage on every process of a data-parallel run, before :meth:`build` (which then
+        reads the cached SFT policy)."""
+        from wmrl_research.pipeline import sft_data_parallel
+
+        sft_data_parallel(self, run, accelerator)
+
     def export(self, run: RunConfig, state: dict, out: Path, adapter: bool = False) -> dict[str, Any]:
         """``wmrl export``: the agent (transformers folder or LoRA adapter) and the outcome WM of a
         run's checkpoint (wmrl_research.export)."""

@@ -19,6 +19,7 @@ import torch
 from wmrl.domain import Job, Prediction, RolloutBatch
 from wmrl.executors import Executor
 from wmrl_research.agent import ResearchPolicy, build_prompt
+from wmrl_research.constrain import EXTRA_ALLOWED
 from wmrl_research.edits import apply_edits, knobs_view
 from wmrl_research.tasks import FAILURE_SCORE
 from world_models.outcome import ExecutionLog, OutcomeExample
@@ -217,7 +218,15 @@ class ResearchDomain:
         self.max_prompt_tokens = max_prompt_tokens
         self.eval_samples_per_task = eval_samples_per_task
         self.eval_seed = eval_seed
+        self.seed = seed
         self.gen = torch.Generator().manual_seed(seed)
+        # Data-parallel sharded generation: how each rank's extras are padded to the longest share
+        # (prompts are left-padded; the search constraint's allowed ids are -1 padded).
+        self.extras_padding = {
+            "prompt_ids": ("left", policy.tokenizer.pad_token_id),
+            "prompt_mask": ("left", 0),
+            EXTRA_ALLOWED: ("right", -1),
+        }
         # Scores that evaluate() reports alongside the current policy's (e.g. the SFT policy's).
         self.reference_scores = dict(reference_scores or {})
         # Figures measured while building (SFT validity, WM quality, ...); see pipeline.build_domain.
@@ -230,6 +239,14 @@ class ResearchDomain:
         if split in ("eval", "heldout"):
             return self.eval_tasks
         raise ValueError(f"unknown split {split!r}; expected 'train', 'eval' or 'heldout'")
+
+    def shard_rng(self, rank: int, step: int) -> None:
+        """Data-parallel ``generation="shard"`` (wmrl/distributed.py), before each step's generation:
+        reseed the sampling generator from ``(seed, step, rank)`` (independent edits per rank; a
+        resumed run draws what an uninterrupted one drew)."""
+        from wmrl.distributed import shard_seed
+
+        self.gen.manual_seed(shard_seed(self.seed, step, rank))
 
     def sample_tasks(self, n: int, split: str, generator: torch.Generator) -> list[Any]:
         pool = self._pool(split)
@@ -284,6 +301,29 @@ class ResearchDomain:
         idx = list(range(batch.n_rollouts)) if indices is None else list(indices)
         results = self.executor.run(self.execution_jobs(batch, idx))
         return torch.tensor([r.reward for r in results], dtype=torch.float32)
+
+    def rollout_media(
+        self, batch: RolloutBatch, predicted: torch.Tensor | None, true: torch.Tensor, max_rows: int = 64
+    ) -> dict:
+        """wandb media of a step: a table of the first ``max_rows`` edits (task, group, completion,
+        applied or why not, the WM's predicted score, the true score where executed)."""
+        from wmrl.tracking import Table, table_value
+
+        rows = []
+        for i, p in enumerate(batch.payload[:max_rows]):
+            rows.append(
+                [
+                    p.task_id,
+                    int(batch.group_ids[i]),
+                    p.completion,
+                    p.applied,
+                    p.reason,
+                    None if predicted is None else table_value(predicted[i]),
+                    table_value(true[i]),
+                ]
+            )
+        columns = ["task", "group", "edit", "applied", "reason", "predicted", "true"]
+        return {"rollouts/edits": Table(columns, rows)}
 
     # ---- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()

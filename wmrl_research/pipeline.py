@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from wmrl.device import module_device, resolve_device
+from wmrl.distributed import writes_run_dir
 from wmrl.executors import make_executor
 from wmrl_research.agent import ResearchPolicy, add_lora, build_prompt, build_tokenizer, load_lm
 from wmrl_research.config import WORLD_MODELS
@@ -186,11 +187,27 @@ def untrained_policy(
     )
 
 
-def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout: list[Any], cache: Path):
-    """The policy after SFT (cached ``policy.pt``), and the SFT edit-validity figures."""
+def build_policy(
+    cfg: ResearchConfig,
+    run: RunConfig,
+    train: list[Any],
+    heldout: list[Any],
+    cache: Path,
+    accelerator=None,
+):
+    """The policy after SFT (cached ``policy.pt``), and the SFT edit-validity figures.
+
+    With an ``accelerator`` (every process of a data-parallel run calls this): the main process
+    trains the tokenizer first, SFT runs data-parallel (:func:`wmrl_research.sft.run_sft`), and the
+    main process alone measures the validity figures and writes the cache, which the others read."""
     sft_tasks = train + (heldout if cfg.sft_include_heldout else [])
     # SFT and its validity figures below are unconstrained (sample() gets no sources there)
-    policy = untrained_policy(cfg, run, train, heldout, cache).to(resolve_device(run.device))
+    if accelerator is None:
+        policy = untrained_policy(cfg, run, train, heldout, cache)
+    else:
+        with accelerator.main_process_first():  # the tokenizer is trained once and cached
+            policy = untrained_policy(cfg, run, train, heldout, cache)
+    policy = policy.to(resolve_device(run.device))
     path = cache / "policy.pt"
     info_path = cache / "sft.json"
     if path.exists() and info_path.exists():
@@ -217,6 +234,7 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
                 synthetic_fraction=cfg.sft_synthetic,
                 randomise_fraction=cfg.sft_randomise,
             ),
+            accelerator,
         )
         info.update(
             {
@@ -225,6 +243,9 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
                 "sft_loss_last": losses[-1],
             }
         )
+    if accelerator is not None and not accelerator.is_main_process:
+        accelerator.wait_for_everyone()  # the main process measures and writes the cache
+        return policy, json.loads(info_path.read_text())
     gen = torch.Generator().manual_seed(run.seed + 7)
     info["temperature"] = policy.temperature  # of the validity samples below
     info["validity_train"] = edit_validity(policy, train, 8, gen, cfg.edit_mode, cfg.prompt_style)
@@ -233,7 +254,20 @@ def build_policy(cfg: ResearchConfig, run: RunConfig, train: list[Any], heldout:
          f"held-out {info['validity_heldout']['apply_fraction']:.2f}")  # fmt: skip
     torch.save({k: v.cpu() for k, v in policy.state_dict().items()}, path)
     info_path.write_text(json.dumps(info, indent=2))
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
     return policy, info
+
+
+def sft_data_parallel(cfg: ResearchConfig, run: RunConfig, accelerator) -> None:
+    """The SFT stage on every process of a data-parallel run (``wmrl run`` with N processes calls
+    this before the domain is built; the build then reads the cached SFT policy)."""
+    train, heldout = select_tasks(cfg)
+    cache = policy_cache(cfg, run)
+    if accelerator.is_main_process:
+        cache.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+    build_policy(cfg, run, train, heldout, cache, accelerator)
 
 
 def surrogate_tasks(tasks: list[Any]) -> dict[str, tuple[dict[str, list[str]], dict[str, str]]]:
@@ -514,8 +548,9 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         cfg, run, wm, examples, cache, _log_name(log_path, random_examples, random_path)
     )
     # The run's own log: the pretraining log's records, then every anchor execution of this run.
-    run_log = ExecutionLog(Path(run.out_dir) / "execution_log.jsonl")
-    if not run_log.path.exists():
+    # Data-parallel: every rank refines its WM on the same anchors; the main process alone logs them.
+    run_log = ExecutionLog(Path(run.out_dir) / "execution_log.jsonl") if writes_run_dir() else None
+    if run_log is not None and not run_log.path.exists():
         run_log.append(examples)
     world_model = ResearchWorldModel(
         wm, {t.id: t for t in all_tasks}, run_log, cfg.wm_update_steps, cfg.wm_input

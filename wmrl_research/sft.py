@@ -8,6 +8,11 @@ With ``synthetic_fraction > 0`` that fraction of each batch comes from synthetic
 blocks in the same format, :func:`wmrl_research.edits.synthetic_task`), drawn fresh every step: a
 small policy then learns to copy a knob line of its prompt and rewrite its value, instead of
 memorising the training tasks' lines, and its edits of tasks it has never seen apply.
+
+Data-parallel (``accelerator`` with N processes, ``accelerate launch`` / ``torchrun``): every rank
+draws the same batch (same seed), keeps its contiguous share of it and sums its tokens' NLL over the
+*whole* batch's token count times N, so DDP's gradient mean (or FSDP's reduce-scatter) is the
+1-process gradient of the whole batch.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 import torch
 
+from wmrl.distributed import task_shares
 from wmrl_research.agent import ResearchPolicy, build_prompt, encode_prompts, sequence_nll
 from wmrl_research.edits import apply_edits, randomise_knobs, sample_knob_edit, synthetic_task
 
@@ -66,14 +72,56 @@ def sft_examples(
     return out
 
 
-def run_sft(policy: ResearchPolicy, tasks: Sequence[Any], cfg: SFTConfig) -> list[float]:
-    """Train ``policy`` (its trainable parameters) on fresh edit samples; returns the loss per step."""
+class SummedNLL(torch.nn.Module):
+    """``forward(prompts, completions)`` -> the summed NLL of the completions' real tokens (+ EOS),
+    a module so that DDP / FSDP (which hook ``forward``) wrap the policy's SFT loss."""
+
+    def __init__(self, policy: ResearchPolicy):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, prompts: Sequence[str], completions: Sequence[str]) -> torch.Tensor:
+        p_ids, p_mask = encode_prompts(self.policy.tokenizer, prompts)
+        c_ids, c_mask = self.policy.encode_completions(completions)
+        lp = self.policy.completion_log_probs(p_ids, p_mask, c_ids, temperature=1.0)
+        return -(lp * c_mask.to(lp.device)).sum()
+
+
+def share_nll(
+    model: torch.nn.Module, policy: ResearchPolicy, pairs: list[tuple[str, str]], rank: int, world: int
+) -> torch.Tensor:
+    """This rank's share of the batch's mean token NLL: ``sum_{i in share} nll_i / T_batch``, where
+    ``T_batch`` counts the whole batch's completion tokens; the shares sum to the batch's mean NLL.
+    A rank with no row (batch smaller than ``world``) runs one row times 0 (DDP needs every rank)."""
+    share = task_shares(len(pairs), world)[rank]
+    mine = pairs[share.start : share.stop]
+    idle = not mine
+    mine = mine or pairs[:1]
+    tokens = policy.encode_completions([c for _, c in pairs])[1].sum().clamp(min=1)
+    loss = model([p for p, _ in mine], [c for _, c in mine]) / tokens.to(policy_device(policy))
+    return loss * 0.0 if idle else loss
+
+
+def policy_device(policy: torch.nn.Module) -> torch.device:
+    return next(policy.parameters()).device
+
+
+def run_sft(policy: ResearchPolicy, tasks: Sequence[Any], cfg: SFTConfig, accelerator=None) -> list[float]:
+    """Train ``policy`` (its trainable parameters) on fresh edit samples; returns the loss per step.
+
+    With an ``accelerator`` (any number of processes): the policy's loss runs through the prepared
+    (DDP / FSDP) :class:`SummedNLL`, each rank on its share of every batch (:func:`share_nll`), and
+    the returned losses are the whole batch's (summed over ranks)."""
     rng = random.Random(cfg.seed)
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / cfg.steps)
     )
+    model = None
+    if accelerator is not None:  # the scheduler stays on the plain optimizer: one step per step
+        model, opt = accelerator.prepare(SummedNLL(policy), opt)
+        params = [p for p in model.parameters() if p.requires_grad]  # FSDP's own (flat) parameters
     policy.train()
     losses = []
     for _ in range(cfg.steps):
@@ -86,10 +134,17 @@ def run_sft(policy: ResearchPolicy, tasks: Sequence[Any], cfg: SFTConfig) -> lis
             cfg.synthetic_fraction,
             cfg.randomise_fraction,
         )
-        loss = sequence_nll(policy, [p for p, _ in pairs], [c for _, c in pairs])
         opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        if model is None:
+            loss = sequence_nll(policy, [p for p, _ in pairs], [c for _, c in pairs])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+        else:
+            world = accelerator.num_processes
+            local = share_nll(model, policy, pairs, accelerator.process_index, world)
+            accelerator.backward(local * world)
+            accelerator.clip_grad_norm_(params, 1.0)
+            loss = accelerator.reduce(local.detach(), "sum")
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))

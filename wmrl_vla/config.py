@@ -132,6 +132,13 @@ class VLAConfig(DomainConfig):
 
         return build_domain(self, run)
 
+    def sft_data_parallel(self, run: RunConfig, accelerator) -> None:
+        """The SFT stage on every process of a data-parallel run, before :meth:`build` (which then
+        reads the cached SFT policy)."""
+        from wmrl_vla.pipeline import sft_data_parallel
+
+        sft_data_parallel(self, run, accelerator)
+
     def export(self, run: RunConfig, state: dict, out: Path, adapter: bool = False) -> dict[str, Any]:
         """``wmrl export``: the policy and the world model of a run's checkpoint (wmrl_vla.export)."""
         from wmrl_vla.export import export_vla

@@ -195,10 +195,19 @@ class VLADomain:
         self.horizon = {t: max_steps or sims.task_info(t)["max_steps"] for t in self.tasks}
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.pool = EnvPool(image_size, max_steps)
+        self.seed = seed
         self.gen = torch.Generator().manual_seed(seed)
         self.n_evals = 0
         self.sim_steps = 0
         self.imagined_steps = 0
+
+    def shard_rng(self, rank: int, step: int) -> None:
+        """Data-parallel ``generation="shard"`` (wmrl/distributed.py), before each step's generation:
+        reseed the sampling generator (policy actions in the simulator and in imagination) from
+        ``(seed, step, rank)``; each rank's rollouts are padded to the longest share when gathered."""
+        from wmrl.distributed import shard_seed
+
+        self.gen.manual_seed(shard_seed(self.seed, step, rank))
 
     # ------------------------------------------------------------------ tasks
     def sample_tasks(self, n: int, split: str, generator: torch.Generator) -> list[VLATask]:
@@ -348,6 +357,65 @@ class VLADomain:
                 "init_states": states[:, 0].clone(),
             },
         )
+
+    # ------------------------------------------------------------------ media
+    def rollout_media(
+        self, batch: RolloutBatch, predicted: torch.Tensor | None, true: torch.Tensor, scale: int = 4
+    ) -> dict:
+        """wandb media of a step: the first real (simulator) rollout beside the world model's
+        imagined frames under the very same actions (``rollouts/real_vs_imagined``), the first
+        rollout of the policy in imagination (``rollouts/imagined``), and a table of every rollout
+        (task, kind, steps, predicted and true score). Frames are upscaled ``scale`` times."""
+        from wmrl.tracking import Table, Video, table_value
+
+        def big(frames: np.ndarray) -> np.ndarray:  # [T, 3, H, W] -> [T, 3, sH, sW]
+            return np.asarray(frames).repeat(scale, -2).repeat(scale, -1)
+
+        def score(i: int) -> str:
+            p = "n/a" if predicted is None else f"{float(predicted[i]):.2f}"
+            return f"WM score {p}, true {float(true[i]):.2f}"
+
+        media: dict = {}
+        kinds = [p["kind"] for p in batch.payload]
+        if "sim" in kinds:
+            i = kinds.index("sim")
+            p = batch.payload[i]
+            actions = torch.as_tensor(np.asarray(p["actions"]), dtype=torch.float32)  # [T, A]
+            n = actions.shape[0]
+            wm: VLADynamics = self.world_model.model
+            wm.eval()
+            out = wm.imagine(
+                batch.extras["init_images"][i : i + 1],
+                batch.extras["init_states"][i : i + 1],
+                lambda frames, states, t: actions[min(t, n - 1)][None],
+                n,
+                generator=torch.Generator().manual_seed(0),
+            )
+            real, dreamt = np.asarray(p["images"])[:n], out["images"][0, :n].numpy()
+            media["rollouts/real_vs_imagined"] = Video(
+                big(np.concatenate([real, dreamt], axis=-1)),
+                caption=f"{p['task_id']} seed {p['seed']}: {p['instruction']!r}; left: simulator, right: "
+                f"world model on the same actions; {score(i)}",
+            )
+        if "imagined" in kinds:
+            i = kinds.index("imagined")
+            p = batch.payload[i]
+            media["rollouts/imagined"] = Video(
+                big(p["images"]), caption=f"{p['task_id']}: {p['instruction']!r} in imagination; {score(i)}"
+            )
+        rows = [
+            [
+                p["task_id"],
+                p["kind"],
+                int(batch.group_ids[i]),
+                len(p["actions"]),
+                None if predicted is None else table_value(predicted[i]),
+                table_value(true[i]),
+            ]
+            for i, p in enumerate(batch.payload)
+        ]
+        media["rollouts/table"] = Table(["task", "kind", "group", "steps", "predicted", "true"], rows)
+        return media
 
     # ------------------------------------------------------------------ execution
     def execution_jobs(self, batch: RolloutBatch, indices: Sequence[int]) -> list[Job]:

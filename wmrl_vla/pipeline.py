@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from wmrl.device import DeviceError, resolve_device
+from wmrl.distributed import writes_run_dir
 from wmrl_vla.domain import VLADomain, VLAWorldModel
 from wmrl_vla.policy import SmallVLA, SmallVLAConfig
 from wmrl_vla.sft import SFTConfig, sft
@@ -108,8 +109,10 @@ def _policy_fields(cfg: VLAConfig) -> dict[str, Any]:
     return fields
 
 
-def prepare_policy(cfg: VLAConfig, demos: list[dict], device: torch.device | str = "cpu"):
-    """The SFT policy on ``device`` (trained there once, then cached)."""
+def prepare_policy(cfg: VLAConfig, demos: list[dict], device: torch.device | str = "cpu", accelerator=None):
+    """The SFT policy on ``device`` (trained there once, then cached). With an ``accelerator`` (every
+    process of a data-parallel run calls this; small VLA only) behaviour cloning runs data-parallel
+    (:func:`wmrl_vla.sft.sft`) and the main process alone writes the cache."""
     device = torch.device(device)
     fields = _policy_fields(cfg)
     path = Path(cfg.cache_dir) / f"sft-{_key(fields)}.pt"
@@ -150,6 +153,7 @@ def prepare_policy(cfg: VLAConfig, demos: list[dict], device: torch.device | str
             aux_goal=cfg.sft_aux_goal,
         ),  # fmt: skip
         progress=cfg.progress,
+        accelerator=accelerator,
     )
     relabelled: list[dict] = []
     for r in range(cfg.dagger_rounds):
@@ -163,12 +167,29 @@ def prepare_policy(cfg: VLAConfig, demos: list[dict], device: torch.device | str
             SFTConfig(epochs=cfg.dagger_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr / 2,
                       seed=cfg.demo_seed + 1 + r, aux_goal=cfg.sft_aux_goal if cfg.locator else 0.0),
             progress=cfg.progress,
+            accelerator=accelerator,
         )  # fmt: skip
         hist.setdefault("dagger_accuracy", []).append(h["accuracy"][-1])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    policy.save(path)
-    path.with_suffix(".json").write_text(json.dumps({**hist, "seconds": time.perf_counter() - t0, **fields}))
+    if accelerator is None or accelerator.is_main_process:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        policy.save(path)
+        path.with_suffix(".json").write_text(
+            json.dumps({**hist, "seconds": time.perf_counter() - t0, **fields})
+        )
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
     return policy
+
+
+def sft_data_parallel(cfg: VLAConfig, run: RunConfig, accelerator) -> None:
+    """Behaviour cloning on every process of a data-parallel run (``wmrl run`` with N processes
+    calls this before the domain is built; the build then reads the cached SFT policy). The lerobot
+    bridges train in the main process during the build, as with one process."""
+    if cfg.policy != "small_vla":
+        return
+    with accelerator.main_process_first():  # the demos are recorded once
+        records = prepare_demos(cfg)
+    prepare_policy(cfg, records, resolve_device(run.device), accelerator)
 
 
 DAGGER_SEED0 = 900_000
@@ -424,7 +445,8 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
     episodes = episodes_from_records(records) + episodes_from_records(prepare_policy_rollouts(cfg, policy))
     model, quality = prepare_world_model(cfg, episodes, device)
     out = Path(run.out_dir)
-    if quality:
+    main = writes_run_dir()  # data-parallel: one writer of the run directory's files
+    if quality and main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "wm_quality.json").write_text(json.dumps(quality, indent=2))
     wm = VLAWorldModel(
@@ -434,10 +456,10 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         batch_size=cfg.wm_batch_size,
         horizon=cfg.wm_horizon,
         lr=cfg.wm_update_lr,
-        dataset=(str(out / "anchors"), "wmrl/anchors") if cfg.record_anchors else None,
+        dataset=(str(out / "anchors"), "wmrl/anchors") if cfg.record_anchors and main else None,
         seed=run.seed,
     )
-    return VLADomain(
+    domain = VLADomain(
         policy,
         wm,
         cfg.tasks,
@@ -448,9 +470,12 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         n_videos=cfg.n_videos,
         regrade=cfg.regrade,
         max_steps=cfg.max_steps,
-        out_dir=out,
+        out_dir=out if main else None,
         seed=run.seed,
     )
+    if cfg.policy != "small_vla":  # --precision=bf16 (wmrl.device.check_precision)
+        domain.bf16_unsupported = f"domain.policy={cfg.policy} (a lerobot policy) is run in float32 only"
+    return domain
 
 
 def mean_success(records: list[dict]) -> float:

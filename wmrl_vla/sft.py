@@ -2,12 +2,18 @@
 
 ``uv run python -m wmrl_vla.sft --root DATA --repo-id ID --out policy.pt`` trains from a LeRobot
 dataset on disk; :func:`sft` is the library function the VLA domain calls.
+
+Data-parallel: ``accelerate launch -m wmrl_vla.sft ...`` (or :func:`sft` with an ``accelerator``)
+runs N processes; every rank draws the same permutation and image shifts (same seed), keeps its
+contiguous share of each batch, weights its mean loss by its share of the batch times N, and DDP's
+gradient mean is the 1-process gradient of the whole batch. The main process saves the checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from wmrl.distributed import task_shares
 from wmrl_vla.policy import LOC_UNIT, SmallVLA, SmallVLAConfig, actions_to_bins
 
 
@@ -107,21 +114,44 @@ def random_shift(images: torch.Tensor, pad: int, generator: torch.Generator) -> 
     return out.to(images.dtype)
 
 
+class BCModel(torch.nn.Module):
+    """The policy and its optional auxiliary goal head as one module, ``forward`` the policy's: what
+    DDP / FSDP wrap, so that both are synchronised (the locator / encoder hooks still fire)."""
+
+    def __init__(self, policy: SmallVLA, aux_head: torch.nn.Module | None = None):
+        super().__init__()
+        self.policy, self.aux_head = policy, aux_head
+
+    def forward(self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor) -> torch.Tensor:
+        return self.policy(images, states, instr)
+
+
 def sft(
-    policy: SmallVLA, records: Sequence[dict], cfg: SFTConfig | None = None, progress: bool = True
+    policy: SmallVLA,
+    records: Sequence[dict],
+    cfg: SFTConfig | None = None,
+    progress: bool = True,
+    accelerator=None,
 ) -> dict[str, list[float]]:
     """Train ``policy`` in place by behaviour cloning. Returns per-epoch ``loss`` and ``accuracy``
-    (fraction of action tokens whose argmax is the expert's bin)."""
+    (fraction of action tokens whose argmax is the expert's bin).
+
+    With an ``accelerator``: each rank trains on its share of every batch through the prepared
+    (DDP / FSDP) :class:`BCModel`; each share's loss is weighted by ``|share| / |batch| * N`` so that
+    the gradient mean is the whole batch's; the figures returned are the whole batch's (summed over
+    ranks)."""
     from tqdm.auto import tqdm
 
     cfg = cfg or SFTConfig()
+    world = 1 if accelerator is None else accelerator.num_processes
+    rank = 0 if accelerator is None else accelerator.process_index
     dev = policy.centers.device  # train where the policy lives (--device)
     data = {k: v.to(dev) for k, v in flatten_demos(records, policy).items()}
     n = data["bins"].shape[0]
     g = torch.Generator().manual_seed(cfg.seed)
     params = list(policy.parameters())
     feats: list[torch.Tensor] = []
-    hook = None
+    hook = aux_head = None
     use_locator = cfg.aux_goal > 0 and getattr(policy, "locator", None) is not None
     if use_locator:
         hook = policy.locator.register_forward_hook(lambda m, i, o: feats.append(o))
@@ -134,17 +164,25 @@ def sft(
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_total = cfg.epochs * max(1, (n + cfg.batch_size - 1) // cfg.batch_size)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps_total, pct_start=0.1)
+    model = BCModel(policy, aux_head)
+    if accelerator is not None:  # the scheduler stays on the plain optimizer: one step per step
+        model, opt = accelerator.prepare(model, opt)
+        params = [p for p in model.parameters() if p.requires_grad]  # FSDP's own (flat) parameters
     hist: dict[str, list[float]] = {"loss": [], "accuracy": []}
     policy.train()
-    bar = tqdm(total=steps_total, desc="SFT", disable=not progress)
+    bar = tqdm(total=steps_total, desc="SFT", disable=not progress or rank != 0)
     for _ in range(cfg.epochs):
         perm = torch.randperm(n, generator=g)
-        tot, correct, count, gerr = 0.0, 0, 0, 0.0
+        sums = torch.zeros(4, dtype=torch.float64)  # loss * rows, correct tokens, tokens, goal error
         for s in range(0, n, cfg.batch_size):
-            j = perm[s : s + cfg.batch_size]
-            logits = policy(
-                random_shift(data["images"][j], cfg.shift, g), data["states"][j], data["instr"][j]
-            )
+            batch = perm[s : s + cfg.batch_size]
+            images = random_shift(data["images"][batch], cfg.shift, g)  # the whole batch's shifts
+            share = task_shares(len(batch), world)[rank]
+            idle = len(share) == 0  # a rank without rows runs one row times 0 (DDP needs every rank)
+            sl = slice(0, 1) if idle else slice(share.start, share.stop)
+            j = batch[sl]
+            weight = 0.0 if idle else len(j) / len(batch) * world
+            logits = model(images[sl], data["states"][j], data["instr"][j])
             target = data["bins"][j]
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
             total = loss
@@ -152,21 +190,30 @@ def sft(
                 loc = feats.pop()
                 feats.clear()
                 total = loss + cfg.aux_goal * locator_loss(loc, data["goal"][j], data["goal_px"][j])
-                gerr += float((loc["xy"].detach() * LOC_UNIT - data["goal"][j]).norm(dim=-1).sum())
+                if not idle:
+                    sums[3] += float((loc["xy"].detach() * LOC_UNIT - data["goal"][j]).norm(dim=-1).sum())
             elif hook is not None:
                 pred = aux_head(feats.pop())
                 feats.clear()
                 total = loss + cfg.aux_goal * F.mse_loss(pred, (data["goal"][j] - g_mean) / g_std)
             opt.zero_grad()
-            total.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            if accelerator is None:
+                total.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+            else:
+                accelerator.backward(total * weight)
+                accelerator.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
-            tot += float(loss.detach()) * len(j)
-            correct += int((logits.argmax(-1) == target).sum())
-            count += target.numel()
+            if not idle:
+                sums[0] += float(loss.detach()) * len(j)
+                sums[1] += int((logits.argmax(-1) == target).sum())
+                sums[2] += target.numel()
             bar.update(1)
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+        if accelerator is not None:
+            sums = accelerator.reduce(sums.to(accelerator.device), "sum").cpu()
+        tot, correct, count, gerr = sums.tolist()
         hist["loss"].append(tot / n)
         hist["accuracy"].append(correct / count)
         if use_locator:  # mean distance (m) of the locator's table xy from the goal label
@@ -202,8 +249,17 @@ def main(argv: list[str] | None = None) -> None:
         n_bins=a.n_bins,
     )
     torch.manual_seed(a.seed)
-    policy = SmallVLA(cfg)
-    hist = sft(policy, records, SFTConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed))
+    acc = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # accelerate launch / torchrun with N processes
+        from accelerate import Accelerator
+
+        acc = Accelerator(cpu=not torch.cuda.is_available())
+    policy = SmallVLA(cfg).to("cpu" if acc is None else acc.device)
+    main_process = acc is None or acc.is_main_process
+    sft_cfg = SFTConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed)
+    hist = sft(policy, records, sft_cfg, progress=main_process, accelerator=acc)
+    if not main_process:
+        return
     policy.save(a.out)
     print(f"saved {a.out}: final loss {hist['loss'][-1]:.4f}, token accuracy {hist['accuracy'][-1]:.3f}")
 

@@ -172,3 +172,28 @@ def test_two_processes_give_the_one_process_update(tmp_path):
     for ref, row in zip(ref_rows[1:], shard_rows[1:], strict=True):
         for k in ("anchors/fraction", "exec/step", "exec/real_total", "loss/optimizer_steps"):
             assert row[k] == ref[k], k
+
+
+def test_join_shares_pads_extras_to_the_longest_share():
+    """Shares whose extras differ in size (each rank pads to its own longest rollout or prompt) are
+    padded to the largest: right with zeros by default, or as the domain's ``extras_padding`` says
+    (a left-padded prompt keeps its tokens at the end)."""
+    domain = ToyDomain(ToyConfig(), seed=0)
+    a, b = (
+        domain.generate([1, 2], 2, torch.zeros(2, dtype=torch.bool)),
+        domain.generate([3], 2, torch.zeros(1, dtype=torch.bool)),
+    )
+    a.extras |= {"prompt": torch.tensor([[7, 8]] * 4), "steps": torch.ones(4, 1, 2)}
+    b.extras |= {"prompt": torch.tensor([[5, 6, 9]] * 2), "steps": torch.ones(2, 3, 1)}
+    batch, _, src_rank, _ = join_shares([(a, 2), (b, 1)], {"prompt": ("left", -1)})
+    assert (
+        batch.extras["prompt"].tolist()[:4] == [[-1, 7, 8]] * 4
+        and batch.extras["prompt"][4:].tolist() == [[5, 6, 9]] * 2
+    )
+    steps = batch.extras["steps"]
+    assert steps.shape == (6, 3, 2) and steps[:4].sum() == 8 and steps[4:].sum() == 6
+    assert steps[:4, 1:].abs().sum() == 0 and steps[4:, :, 1:].abs().sum() == 0
+    c = domain.generate([4], 2, torch.zeros(1, dtype=torch.bool))
+    c.extras["steps"] = torch.ones(2, 3)
+    with pytest.raises(ValueError, match="numbers of dims"):
+        join_shares([(a, 2), (c, 1)])

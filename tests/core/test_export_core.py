@@ -18,6 +18,8 @@ def test_export_refusals_are_one_clear_line(tmp_path, capsys):
     assert "domain 'toy' has no export" in capsys.readouterr().err
     assert main(["export", str(run), "--out", str(tmp_path / "o"), "--dry-run"]) == 2
     assert "--dry-run goes with --push-to-hub" in capsys.readouterr().err
+    assert main(["export", str(run), "--out", str(tmp_path / "o"), "--private"]) == 2
+    assert "--private goes with --push-to-hub" in capsys.readouterr().err
 
 
 def test_model_card_tables_held_out_figures_against_the_start():
@@ -27,9 +29,14 @@ def test_model_card_tables_held_out_figures_against_the_start():
                     "eval/sim_steps_train": 999.0},
         "policy": {"library": "wmrl", "load": "LOAD-SNIPPET", "files": ["model.safetensors"]},
         "tags": ["robotics"],
+        "training": {"steps": 20, "tasks_per_step": 8, "group_size": 4, "anchor_fraction": 0.25,
+                     "optimizer": "adamw", "lr": 1e-4, "kl_coef": 0.0, "precision": "bf16"},
     }  # fmt: skip
     card = model_card(manifest, "method: wmrl\n")
     assert card.startswith("---\n") and "- robotics" in card and "library_name: wmrl" in card
     assert "| `eval/success` | 0.6 | 0.5 |" in card
     assert "`eval/sim_steps_train` = 999" in card  # a training cost, not a held-out figure
     assert "**480 real executions**" in card and "LOAD-SNIPPET" in card and "method: wmrl" in card
+    assert "`wmrl`: anchor groups executed for real (advantages weighted by w)" in card
+    assert "20 steps of 8 tasks x 4 rollouts; anchor fraction 0.25; adamw lr 0.0001" in card
+    assert "precision bf16" in card

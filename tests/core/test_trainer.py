@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -99,10 +100,66 @@ def test_checkpoint_that_does_not_match_the_config_is_refused(tmp_path):
         train_run(_cfg(tmp_path / "empty"), resume=True)
 
 
-def test_wandb_offline_writes_a_local_run(tmp_path):
-    cfg = load_config(None, [*FAST, f"--out_dir={tmp_path}", "--tracking.wandb=offline", "--grpo.steps=2"])
+def test_wandb_offline_writes_a_local_run_with_config_diagnostics_and_media(tmp_path):
+    """An offline wandb run beside the run: the run config as wandb's config, every metric (the WM
+    diagnostics included) in its history, the domain's rollout table every ``media_every`` steps;
+    a Video through the logger becomes a GIF in the run's media/ and in wandb's media."""
+    from wmrl.tracking import MetricsLogger, Table, Video
+
+    cfg = load_config(
+        None,
+        [*FAST, f"--out_dir={tmp_path}", "--tracking.wandb=offline", "--grpo.steps=2", "--method=ppi",
+         "--tracking.media_every=2"],
+    )  # fmt: skip
     train_run(cfg)
-    assert list((tmp_path / "wandb").glob("offline-run-*"))
+    (run,) = (tmp_path / "wandb").glob("offline-run-*")
+    tables = sorted((run / "files" / "media" / "table" / "rollouts").glob("table_*.table.json"))
+    assert len(tables) == 1  # step 2 only
+    table = json.loads(tables[0].read_text())
+    assert table["columns"] == ["group", "context", "action", "predicted", "executed", "true"]
+    assert len(table["data"]) == 8 * cfg.grpo.group_size
+    assert any(r[4] is not None for r in table["data"]) and any(r[4] is None for r in table["data"])
+    from wandb.proto import wandb_internal_pb2  # the history as wandb recorded it
+    from wandb.sdk.internal import datastore
+
+    ds = datastore.DataStore()
+    ds.open_for_scan(str(next(run.glob("*.wandb"))))
+    keys, config = set(), {}
+    while (data := ds.scan_data()) is not None:
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(data)
+        if rec.WhichOneof("record_type") == "history":
+            keys |= {item.key or "/".join(item.nested_key) for item in rec.history.item}
+        elif rec.WhichOneof("record_type") in ("run", "config"):
+            updates = rec.run.config.update if rec.HasField("run") else rec.config.update
+            config |= {item.key: json.loads(item.value_json) for item in updates}
+    assert {"ppi/lambda", "ppi/rho", "wm/residual_before", "denoise/w", "denoise/s2"} <= keys
+    assert config["method"] == "ppi" and config["grpo"]["steps"] == 2  # the run config
+
+    other = tmp_path / "other"
+    other.mkdir()
+    cfg2 = load_config(None, [*FAST, f"--out_dir={other}", "--tracking.wandb=offline"])
+    logger = MetricsLogger(other, cfg2, resume=False)
+    frames = np.zeros((3, 3, 8, 16), np.uint8)
+    frames[:, 0, :, :8] = 255  # red left half (real); the right half (imagined) brightens
+    frames[:, 1, :, 8:] = np.array([0, 100, 200], np.uint8)[:, None, None]
+    logger.log(1, {"loss/loss": 0.5})
+    logger.log_media(1, {"rollouts/real_vs_imagined": Video(frames, caption="x"), "t": Table(["a"], [[1.0]])})
+    with pytest.raises(TypeError, match="not a Video or a Table"):
+        logger.log_media(2, {"bad": [1, 2]})
+    logger.close()
+    gif = other / "media" / "rollouts-real_vs_imagined-step000001.gif"
+    from PIL import Image
+
+    with Image.open(gif) as im:
+        assert im.n_frames == 3 and im.size == (16, 8)
+        assert im.convert("RGB").getpixel((2, 2))[0] > 200 and im.convert("RGB").getpixel((12, 2)) == (
+            0,
+            0,
+            0,
+        )
+    (run2,) = (other / "wandb").glob("offline-run-*")
+    assert list((run2 / "files" / "media" / "videos").rglob("*.gif"))
 
 
 def _run_cli(args, **kw):

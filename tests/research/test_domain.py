@@ -147,3 +147,46 @@ def test_config_errors_name_the_field(kwargs, message):
         ResearchConfig(**kwargs)
     with pytest.raises(ConfigError):
         load_config("research-debug", [f"--domain.{k}={v}" for k, v in kwargs.items()])
+
+
+def test_sharded_generation_joins_into_a_batch_the_policy_scores(built):
+    """Data-parallel ``generation=shard``: two ranks' shares (reseeded by ``shard_rng``, so they draw
+    independent edits) have prompts and completions of different lengths; joined with the domain's
+    ``extras_padding`` (prompts left-padded), the policy re-scores every rollout as its rank did."""
+    from wmrl.distributed import join_shares
+
+    _, domain = built
+    tasks = [domain.train_tasks[0], *domain.eval_tasks[:2]]
+    parts = []
+    for rank, share in ((0, tasks[:2]), (1, tasks[2:])):
+        domain.shard_rng(rank, step=5)
+        parts.append((domain.generate(share, 2, torch.zeros(len(share), dtype=torch.bool)), len(share)))
+    domain.shard_rng(0, step=5)
+    again = domain.generate(tasks[:2], 2, torch.zeros(2, dtype=torch.bool))
+    assert torch.equal(again.tokens, parts[0][0].tokens)  # (seed, step, rank) fixes the draw
+    shapes = [(b.extras["prompt_ids"].shape[1], b.tokens.shape[1]) for b, _ in parts]
+    assert len(set(shapes)) == 2, shapes  # the shares' paddings differ
+    batch, _, src_rank, src_row = join_shares(parts, domain.extras_padding)
+    assert [t.id for t in batch.tasks] == [t.id for t in tasks]
+    lp = domain.policy.log_probs(batch)
+    for r, (part, _) in enumerate(parts):
+        rows = (src_rank == r).nonzero().squeeze(-1)
+        t = part.tokens.shape[1]
+        torch.testing.assert_close(
+            lp[rows, :t] * part.mask[src_row[rows]], part.logprobs[src_row[rows]], atol=1e-4, rtol=1e-4
+        )
+        assert not batch.mask[rows, t:].any()
+
+
+def test_rollout_media_is_a_table_of_edits_with_predicted_and_true_scores(built):
+    _, domain = built
+    tasks = domain.sample_tasks(2, "train", torch.Generator().manual_seed(0))
+    batch = domain.generate(tasks, 3, torch.tensor([True, False]))
+    pred = domain.world_model.predict(batch).mean
+    true = torch.full((6,), float("nan"))
+    true[:3] = domain.execute(batch, [0, 1, 2])
+    table = domain.rollout_media(batch, pred, true)["rollouts/edits"]
+    assert table.columns == ["task", "group", "edit", "applied", "reason", "predicted", "true"]
+    assert [r[2] for r in table.rows] == [p.completion for p in batch.payload]
+    assert [r[5] for r in table.rows] == pytest.approx(pred.tolist())
+    assert [r[6] for r in table.rows[:3]] == pytest.approx(true[:3].tolist()) and table.rows[3][6] is None

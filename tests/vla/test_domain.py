@@ -166,3 +166,51 @@ def test_lerobot_act_policy_through_the_domain(built, tmp_path):
     assert torch.allclose(lp[m], batch.logprobs[m], atol=1e-4)
     assert batch.payload[0]["kind"] == "sim" and batch.payload[2]["kind"] == "imagined"
     domain.close()
+
+
+def test_sharded_generation_joins_into_a_batch_the_policy_scores(built):
+    """Data-parallel ``generation=shard``: each rank (reseeded by ``shard_rng``) rolls out its share
+    (sim and imagined groups), padded to its longest rollout; the joined batch pads every extra to
+    the longest share and the policy re-scores each rollout's steps as its rank sampled them."""
+    from wmrl.distributed import join_shares
+
+    _, domain, _ = built
+    tasks = domain.sample_tasks(3, "train", torch.Generator().manual_seed(1))
+    anchors = torch.tensor([True, False, True])
+    parts = []
+    for rank, sl in ((0, slice(0, 2)), (1, slice(2, 3))):
+        domain.shard_rng(rank, step=3)
+        parts.append((domain.generate(tasks[sl], 2, anchors[sl]), len(tasks[sl])))
+    batch, _, src_rank, src_row = join_shares(parts, getattr(domain, "extras_padding", None))
+    t_max = max(b.extras["step_mask"].shape[1] for b, _ in parts)
+    assert batch.extras["images"].shape[1] == batch.extras["step_mask"].shape[1] == t_max
+    lp = domain.policy.log_probs(batch)
+    m = batch.mask.bool()
+    assert torch.allclose(lp[m], batch.logprobs[m], atol=1e-5)
+    for r, (part, _) in enumerate(parts):
+        rows = (src_rank == r).nonzero().squeeze(-1)
+        steps = part.extras["step_mask"].sum(1)
+        assert torch.equal(batch.extras["step_mask"][rows].sum(1), steps[src_row[rows]])
+
+
+def test_rollout_media_shows_the_simulator_beside_the_world_model(built, batch):
+    """wandb media of a step: the first real rollout's frames (left) beside the WM's imagined frames
+    under the same actions (right), upscaled; the first imagined rollout; a table of every rollout."""
+    from wmrl.tracking import Table, Video
+
+    _, domain, _ = built
+    pred = domain.world_model.predict(batch).mean
+    true = torch.tensor([p["reward"] for p in batch.payload], dtype=torch.float32)
+    media = domain.rollout_media(batch, pred, true, scale=2)
+    video = media["rollouts/real_vs_imagined"]
+    assert isinstance(video, Video)
+    real = np.asarray(batch.payload[0]["images"])  # [T, 3, 32, 32]
+    assert video.frames.shape == (len(real), 3, 64, 128) and video.frames.dtype == np.uint8
+    assert np.array_equal(video.frames[:, :, ::2, :64:2], real)
+    assert np.array_equal(video.frames[0, :, ::2, 64::2], real[0])  # both start from the same frame
+    assert not np.array_equal(video.frames[1:, :, :, 64:], video.frames[1:, :, :, :64])  # imagined
+    assert media["rollouts/imagined"].frames.shape[1:] == (3, 64, 64)
+    table = media["rollouts/table"]
+    assert isinstance(table, Table) and len(table.rows) == batch.n_rollouts
+    assert [r[1] for r in table.rows] == [p["kind"] for p in batch.payload]
+    assert table.rows[0][5] == pytest.approx(float(true[0])) and table.rows[-1][5] is None
