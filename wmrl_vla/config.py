@@ -86,6 +86,9 @@ class VLAConfig(DomainConfig):
     wm_update_steps: int = 20
     wm_update_lr: float = 3e-4
     diffusion_steps: int = 4
+    # Calibrate the ensemble's variance (predict's var = a * var + b): fitted on held-out episodes at
+    # pretraining, refitted on every step's anchors before the WM trains on them.
+    wm_calibrate: bool = True
     # Anchor jobs re-simulate the recorded actions from the seed (a second real execution) instead
     # of returning the reward recorded while the anchor rollout was generated.
     regrade: bool = False

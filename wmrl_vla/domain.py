@@ -45,7 +45,13 @@ from wmrl_vla.rollout import (
     replay_reward,
     run_episodes,
 )
-from world_models.vla_dynamics import VLADynamics, rollout_score, train_dynamics
+from world_models.vla_dynamics import (
+    VLADynamics,
+    calibration_stats,
+    fit_variance_calibration,
+    rollout_score,
+    train_dynamics,
+)
 
 TRAIN_SEEDS = (0, 1_000_000)
 EVAL_SEEDS = (1_000_000, 2_000_000)
@@ -61,7 +67,16 @@ class VLATask:
 
 
 class VLAWorldModel:
-    """The core's WorldModel interface over :class:`VLADynamics`, with online refinement."""
+    """The core's WorldModel interface over :class:`VLADynamics`, with online refinement and a
+    calibrated variance.
+
+    ``predict``'s variance is ``var_scale * (ensemble variance) + var_floor``
+    (:func:`~world_models.vla_dynamics.fit_variance_calibration`): fitted first on held-out real
+    episodes at pretraining (``calibration``), then refitted at every ``update`` on the last
+    ``calib_window`` anchor pairs, each scored by the WM *before* it trains on them (held out). The
+    z^2 of each step's anchors under the calibration fitted before them is logged
+    (``wm/z2_raw``, ``wm/z2``).
+    """
 
     def __init__(
         self,
@@ -74,8 +89,15 @@ class VLAWorldModel:
         max_episodes: int = 2000,
         dataset: tuple[str, str] | None = None,
         seed: int = 0,
+        calibration: tuple[float, float] = (1.0, 0.0),
+        calibrate: bool = True,
+        calib_window: int = 256,
     ) -> None:
         self.model = model
+        self.var_scale, self.var_floor = (float(c) for c in calibration)
+        self.calibrate = calibrate
+        self.calib_window = calib_window
+        self.calib_pairs: list[tuple[float, float]] = []  # (squared error, raw variance) of anchors
         self.episodes = list(episodes)  # replay: demos, then anchor rollouts
         self.update_steps = update_steps
         self.batch_size = batch_size
@@ -87,7 +109,8 @@ class VLAWorldModel:
         self.seed = seed
 
     @torch.no_grad()
-    def predict(self, batch: RolloutBatch) -> Prediction:
+    def raw_predict(self, batch: RolloutBatch) -> Prediction:
+        """The members' mean rollout score and their (uncalibrated) variance ``[N]``."""
         ex = batch.extras
         prog, succ = self.model.score_actions(
             ex["init_images"], ex["init_states"], ex["actions"], ex["step_mask"].float()
@@ -96,11 +119,39 @@ class VLAWorldModel:
         var = scores.var(0, unbiased=False) if scores.shape[0] > 1 else None
         return Prediction(mean=scores.mean(0), var=var)
 
+    def predict(self, batch: RolloutBatch) -> Prediction:
+        pred = self.raw_predict(batch)
+        if pred.var is None:
+            return pred
+        return Prediction(mean=pred.mean, var=self.var_scale * pred.var + self.var_floor)
+
+    def _calibrate(
+        self, batch: RolloutBatch, indices: torch.Tensor, rewards: torch.Tensor
+    ) -> dict[str, float]:
+        """Score the new anchors (held out: the WM has not trained on them), log their z^2 under the
+        calibration so far, add them to the window and refit."""
+        pred = self.raw_predict(batch.select(indices))
+        if pred.var is None:
+            return {}
+        sq = ((pred.mean - rewards.float().cpu()) ** 2).numpy()
+        var = pred.var.numpy()
+        out = {
+            "z2_raw": calibration_stats(sq, var)["z2_mean"],
+            "z2": calibration_stats(sq, var, self.var_scale, self.var_floor)["z2_mean"],
+        }
+        self.calib_pairs = (self.calib_pairs + list(zip(sq.tolist(), var.tolist(), strict=True)))[
+            -self.calib_window :
+        ]
+        pairs = np.asarray(self.calib_pairs)
+        self.var_scale, self.var_floor = fit_variance_calibration(pairs[:, 0], pairs[:, 1])
+        return {**out, "var_scale": self.var_scale, "var_floor": self.var_floor}
+
     def update(self, batch: RolloutBatch, indices: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
         new = [batch.payload[int(i)]["rollout"] for i in indices]
         new = [r for r in new if r is not None]
         if not new:
             return {}
+        calib = self._calibrate(batch, indices, rewards) if self.calibrate else {}
         self.episodes.extend(r.as_episode() for r in new)
         if len(self.episodes) > self.max_episodes:
             self.episodes = self.episodes[-self.max_episodes :]
@@ -125,6 +176,7 @@ class VLAWorldModel:
         return {
             "update_loss": float(np.mean(hist)) if hist else float("nan"),
             "episodes": float(len(self.episodes)),
+            **calib,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -132,12 +184,17 @@ class VLAWorldModel:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "n_updates": self.n_updates,
+            "calibration": [self.var_scale, self.var_floor],
+            "calib_pairs": list(self.calib_pairs),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.n_updates = int(state["n_updates"])
+        if "calibration" in state:  # checkpoints from before the calibration keep the raw variance
+            self.var_scale, self.var_floor = (float(c) for c in state["calibration"])
+            self.calib_pairs = [tuple(p) for p in state["calib_pairs"]]
 
 
 def to_frames(r: SimRollout) -> list[tuple]:

@@ -107,7 +107,11 @@ def test_predict_scores_each_action_sequence_with_every_member(built, batch):
     )
     scores = rollout_score(prog, succ)[:, 0]
     assert torch.allclose(pred.mean[2], scores.mean(), atol=1e-5)
-    assert torch.allclose(pred.var[2], scores.var(unbiased=False), atol=1e-6)
+    wm = domain.world_model
+    raw = wm.raw_predict(batch)
+    assert torch.allclose(raw.var[2], scores.var(unbiased=False), atol=1e-6)
+    # the reported variance is the calibrated one: a * var + b
+    assert torch.allclose(pred.var, wm.var_scale * raw.var + wm.var_floor)
 
 
 def test_update_refines_the_world_model_and_records_anchors(built, batch):
@@ -115,8 +119,18 @@ def test_update_refines_the_world_model_and_records_anchors(built, batch):
     wm = domain.world_model
     before = [p.clone() for p in wm.model.parameters()]
     n_eps = len(wm.episodes)
-    metrics = wm.update(batch, torch.arange(4), torch.tensor([p["reward"] for p in batch.payload[:4]]))
+    calib = (wm.var_scale, wm.var_floor)
+    rewards = torch.tensor([p["reward"] for p in batch.payload[:4]])
+    held = wm.raw_predict(batch.select(torch.arange(4)))  # scored before the WM trains on them
+    metrics = wm.update(batch, torch.arange(4), rewards)
     assert metrics["episodes"] == n_eps + 4
+    # the anchors' z^2 under the calibration before them, then a refit on the held-out pairs
+    z2_raw = float((((held.mean - rewards) ** 2) / held.var.clamp(min=1e-8)).mean())
+    assert metrics["z2_raw"] == pytest.approx(z2_raw, rel=1e-4)
+    z2 = float((((held.mean - rewards) ** 2) / (calib[0] * held.var + calib[1]).clamp(min=1e-8)).mean())
+    assert metrics["z2"] == pytest.approx(z2, rel=1e-4)
+    assert len(wm.calib_pairs) == 4 and (wm.var_scale, wm.var_floor) != calib
+    assert (metrics["var_scale"], metrics["var_floor"]) == (wm.var_scale, wm.var_floor)
     assert any(not torch.equal(a, b) for a, b in zip(before, wm.model.parameters(), strict=True))
     from wmrl_vla.data import load_episodes
 
@@ -127,6 +141,7 @@ def test_update_refines_the_world_model_and_records_anchors(built, batch):
     state = domain.state_dict()
     domain.load_state_dict(state)
     assert domain.world_model.n_updates == 1
+    assert (domain.world_model.var_scale, len(domain.world_model.calib_pairs)) == (wm.var_scale, 4)
 
 
 def test_evaluate_in_the_simulator_saves_videos(built):
