@@ -89,6 +89,9 @@ class VLAConfig(DomainConfig):
     # Calibrate the ensemble's variance (predict's var = a * var + b): fitted on held-out episodes at
     # pretraining, refitted on every step's anchors before the WM trains on them.
     wm_calibrate: bool = True
+    # Imagine a twin group for every anchor group with the same sampling noise as its real rollouts
+    # (common random numbers), for `ppi`'s task-level correction (RolloutBatch.twin_of).
+    twin_anchors: bool = False
     # Anchor jobs re-simulate the recorded actions from the seed (a second real execution) instead
     # of returning the reward recorded while the anchor rollout was generated.
     regrade: bool = False

@@ -15,6 +15,10 @@ initial state and instruction.
   measures the WM's error on one trajectory.
 - ``world_model.update`` trains the WM on the anchor rollouts (and appends them to the LeRobot
   dataset of the run).
+- ``twin_anchors``: each anchor group also gets an imagined *twin* group (appended after the
+  sampled tasks' groups, ``RolloutBatch.twin_of``) from the same initial observation, whose rollout
+  j samples its actions with real rollout j's uniforms (common random numbers, inverse-CDF
+  sampling): ``ppi``'s task-level correction ``g_real - λ ĝ_twin`` then has a low variance.
 
 Reward of a rollout: ``0.5 * success + 0.5 * max progress`` (:func:`wmrl_vla.rollout.rollout_reward`).
 
@@ -232,6 +236,7 @@ class VLADomain:
         max_steps: int | None = None,
         out_dir: str | Path | None = None,
         seed: int = 0,
+        twin_anchors: bool = False,
     ) -> None:
         import sims
 
@@ -251,6 +256,7 @@ class VLADomain:
         self.max_steps = max_steps
         self.horizon = {t: max_steps or sims.task_info(t)["max_steps"] for t in self.tasks}
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.twin_anchors = twin_anchors
         self.pool = EnvPool(image_size, max_steps)
         self.gen = torch.Generator().manual_seed(seed)
         self.n_evals = 0
@@ -288,13 +294,23 @@ class VLADomain:
         rollouts: list[dict | None] = [None] * (n_groups * group_size)
         sim_groups = [g for g in range(n_groups) if bool(anchor_groups[g])]
         wm_groups = [g for g in range(n_groups) if not bool(anchor_groups[g])]
+        twins = self.twin_anchors and bool(sim_groups)
+        noise = None
+        if twins:  # common random numbers: [group, rollout, step, action dim] uniforms
+            horizon = max(self.horizon[tasks[g].task_id] for g in sim_groups)
+            shape = (n_groups, group_size, horizon, self.policy.cfg.action_dim)
+            noise = torch.rand(shape, generator=self.gen)
         if sim_groups:
             # one lockstep call per env split
             for split in sorted({tasks[g].env_split for g in sim_groups}):
                 sel = [g for g in sim_groups if tasks[g].env_split == split]
                 specs = [(tasks[g].task_id, tasks[g].seed) for g in sel for _ in range(group_size)]
                 sim = run_episodes(
-                    policy_actor(self.policy, self.temperature, self.gen), specs, self.pool, split
+                    policy_actor(self.policy, self.temperature, self.gen),
+                    specs,
+                    self.pool,
+                    split,
+                    noise=None if noise is None else noise[sel].flatten(0, 1),
                 )
                 for k, r in enumerate(sim):
                     g = sel[k // group_size]
@@ -304,7 +320,13 @@ class VLADomain:
             for k, r in enumerate(self._imagine([tasks[g] for g in wm_groups], group_size)):
                 g = wm_groups[k // group_size]
                 rollouts[g * group_size + k % group_size] = r
-        return self._collate(rollouts, tasks, group_size)
+        if not twins:
+            return self._collate(rollouts, tasks, group_size)
+        # an imagined twin of every anchor group: rollout j drawn with real rollout j's uniforms
+        twin_noise = noise[sim_groups].flatten(0, 1)
+        rollouts += self._imagine([tasks[g] for g in sim_groups], group_size, noise=twin_noise)
+        twin_of = torch.tensor([-1] * n_groups + sim_groups)
+        return self._collate(rollouts, [*tasks, *(tasks[g] for g in sim_groups)], group_size, twin_of)
 
     def _from_sim(self, r: SimRollout) -> dict:
         return {
@@ -322,8 +344,11 @@ class VLADomain:
             "rollout": r,
         }
 
-    def _imagine(self, tasks: Sequence[VLATask], group_size: int) -> list[dict]:
-        """Roll ``group_size`` copies of each task forward together in the world model."""
+    def _imagine(
+        self, tasks: Sequence[VLATask], group_size: int, noise: torch.Tensor | None = None
+    ) -> list[dict]:
+        """Roll ``group_size`` copies of each task forward together in the world model; ``noise``
+        ``[len(tasks) * group_size, T, A]``: each rollout's sampling uniforms (else the generator)."""
         inits = [self._initial_obs(t) for t in tasks]
         imgs = torch.from_numpy(np.stack([i[0] for i in inits])).repeat_interleave(group_size, 0)
         sts = torch.from_numpy(np.stack([i[1] for i in inits])).repeat_interleave(group_size, 0)
@@ -334,7 +359,8 @@ class VLADomain:
         rec_bins, rec_lp = [], []
 
         def act(frames: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
-            bins, lp, a = self.policy.act(frames, states, instr_ids, self.temperature, self.gen)
+            kw = {} if noise is None else {"noise": noise[:, t]}
+            bins, lp, a = self.policy.act(frames, states, instr_ids, self.temperature, self.gen, **kw)
             rec_bins.append(bins)
             rec_lp.append(lp)
             return a
@@ -367,7 +393,13 @@ class VLADomain:
             )
         return res
 
-    def _collate(self, rollouts: list[dict], tasks: Sequence[VLATask], group_size: int) -> RolloutBatch:
+    def _collate(
+        self,
+        rollouts: list[dict],
+        tasks: Sequence[VLATask],
+        group_size: int,
+        twin_of: torch.Tensor | None = None,
+    ) -> RolloutBatch:
         n = len(rollouts)
         t_max = max(len(r["actions"]) for r in rollouts)
         a = rollouts[0]["actions"].shape[1]
@@ -404,6 +436,7 @@ class VLADomain:
                 "init_images": images[:, 0].clone(),
                 "init_states": states[:, 0].clone(),
             },
+            twin_of=twin_of,
         )
 
     # ------------------------------------------------------------------ execution

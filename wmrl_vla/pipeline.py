@@ -459,6 +459,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         max_steps=cfg.max_steps,
         out_dir=out,
         seed=run.seed,
+        twin_anchors=cfg.twin_anchors,
     )
 
 

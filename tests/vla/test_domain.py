@@ -181,3 +181,46 @@ def test_lerobot_act_policy_through_the_domain(built, tmp_path):
     assert torch.allclose(lp[m], batch.logprobs[m], atol=1e-4)
     assert batch.payload[0]["kind"] == "sim" and batch.payload[2]["kind"] == "imagined"
     domain.close()
+
+
+def test_twin_groups_share_the_real_rollouts_sampling_noise(built):
+    _, domain, _ = built
+    domain.twin_anchors = True
+    try:
+        tasks = domain.sample_tasks(3, "train", torch.Generator().manual_seed(1))
+        batch = domain.generate(tasks, 4, torch.tensor([True, False, True]))
+    finally:
+        domain.twin_anchors = False
+    assert batch.n_groups == 5 and batch.twin_of.tolist() == [-1, -1, -1, 0, 2]
+    assert batch.tasks[3:] == [tasks[0], tasks[2]]
+    kinds = [p["kind"] for p in batch.payload]
+    assert kinds == ["sim"] * 4 + ["imagined"] * 4 + ["sim"] * 4 + ["imagined"] * 8
+    for twin, real in ((3, 0), (4, 2)):
+        for j in range(4):
+            t, r = batch.payload[4 * twin + j], batch.payload[4 * real + j]
+            assert (t["task_id"], t["seed"]) == (r["task_id"], r["seed"])
+            # same first observation and the same uniforms: the same first action
+            np.testing.assert_array_equal(t["bins"][0], r["bins"][0])
+    # the uniforms are per rollout: a group's rollouts do not all start alike
+    assert len({batch.payload[j]["bins"][0].tobytes() for j in range(4)}) > 1
+    m = batch.mask.bool()  # the recorded log-probs are the policy's, twins included
+    assert torch.allclose(domain.policy.log_probs(batch)[m], batch.logprobs[m], atol=1e-5)
+
+
+def test_ppi_step_uses_the_twin_groups(built, tmp_path):
+    from wmrl.trainer import Trainer
+
+    cfg, _, root = built
+    cfg = load_config(
+        "vla-debug",
+        [f"--out_dir={tmp_path / 'run'}", f"--domain.cache_dir={root / 'cache'}", "--method=ppi",
+         "--domain.twin_anchors=true", "--grpo.tasks_per_step=4", "--anchors.fraction=0.5",
+         "--domain.record_anchors=false"],
+    )  # fmt: skip
+    domain = cfg.domain.build(cfg)
+    try:
+        metrics = Trainer(cfg, domain).train_step()
+    finally:
+        domain.close()
+    assert metrics["exec/real_total"] == 2 * cfg.grpo.group_size  # twins are never executed
+    assert "ppi/rho" in metrics and "wm/z2_raw" in metrics
