@@ -90,7 +90,8 @@ class VLAConfig(DomainConfig):
     # pretraining, refitted on every step's anchors before the WM trains on them.
     wm_calibrate: bool = True
     # Imagine a twin group for every anchor group with the same sampling noise as its real rollouts
-    # (common random numbers), for `ppi`'s task-level correction (RolloutBatch.twin_of).
+    # (common random numbers), for `ppi`'s task-level correction (RolloutBatch.twin_of); other
+    # methods ignore it.
     twin_anchors: bool = False
     # Anchor jobs re-simulate the recorded actions from the seed (a second real execution) instead
     # of returning the reward recorded while the anchor rollout was generated.

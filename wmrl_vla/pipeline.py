@@ -459,7 +459,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         max_steps=cfg.max_steps,
         out_dir=out,
         seed=run.seed,
-        twin_anchors=cfg.twin_anchors,
+        twin_anchors=cfg.twin_anchors and run.method == "ppi",  # only ppi's update uses twins
     )
 
 
