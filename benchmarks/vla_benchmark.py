@@ -327,6 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--throughput-threads", type=int, default=1, help="torch threads while measuring throughput"
     )
+    p.add_argument("--no-throughput", action="store_true", help="only the GRPO runs (no throughput figures)")
     p.add_argument("--plot-only", metavar="JSON", help="redraw the plot of an existing vla_benchmark.json")
     p.add_argument(
         "--merge",
@@ -377,10 +378,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     extra = [*a.overrides, *extra, "--tracking.progress=false"]
     report: dict = {"preset": a.preset, "overrides": extra}
-    report["throughput"] = throughput(
-        a.preset, a.throughput_batch, repeats=a.throughput_repeats, threads=a.throughput_threads
-    )
-    print(json.dumps({k: v for k, v in report["throughput"].items() if k != "rounds"}, indent=2))
+    if not a.no_throughput:
+        report["throughput"] = throughput(
+            a.preset, a.throughput_batch, repeats=a.throughput_repeats, threads=a.throughput_threads
+        )
+        print(json.dumps({k: v for k, v in report["throughput"].items() if k != "rounds"}, indent=2))
     if a.throughput_only:  # its own file: vla_benchmark.json holds the GRPO runs
         (out / "vla_throughput.json").write_text(json.dumps(report, indent=2))
         return
