@@ -34,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -96,7 +97,7 @@ def measure(preset: str, groups: int, out: Path, extra: list[str]) -> dict:
     from wmrl.config import load_config
     from world_models.vla_dynamics import _auc, calibration_stats, fit_variance_calibration
 
-    cfg = load_config(preset, [f"--out_dir={out / 'vla_wm_quality_run'}", *extra])
+    cfg = load_config(preset, [f"--out_dir={tempfile.mkdtemp(prefix='wmrl-wm-quality-')}", *extra])
     cfg.domain.progress = False
     domain = cfg.domain.build(cfg)
     g = cfg.grpo.group_size
