@@ -226,8 +226,9 @@ def run_method(preset: str, method: str, seed: int, out: Path, extra: list[str])
 
 def summarise(results: dict) -> dict:
     """Per method: SFT and final held-out success/reward (mean, standard error, per seed), real sim
-    steps and wall-clock (means); and, for every method but ``real``, its paired gap to ``real``
-    (``real - method`` over the seeds both ran) and ``real``'s sim steps per its own."""
+    steps and wall-clock (means); for every method but ``real``, its paired gap to ``real``
+    (``real - method`` over the seeds both ran) and ``real``'s sim steps per its own; for ``ppi`` and
+    ``wmrl``, the paired difference to ``anchors_only`` (the same anchors without the WM)."""
     summary: dict = {}
     for m, runs in results.items():
         finals = [r["curve"][-1] for r in runs.values()]
@@ -256,6 +257,17 @@ def summarise(results: dict) -> dict:
         summary[m]["sim_steps_fewer_than_real"] = summary["real"]["sim_steps"] / max(
             summary[m]["sim_steps"], 1.0
         )
+    for m, base in (
+        ("ppi", "anchors_only"),
+        ("wmrl", "anchors_only"),
+    ):  # same anchors, with vs without the WM
+        both = [s for s in results.get(m, {}) if s in results.get(base, {})]
+        diff = np.array(
+            [results[m][s]["curve"][-1]["success"] - results[base][s]["curve"][-1]["success"] for s in both]
+        )
+        if len(diff) > 1:
+            summary[m][f"paired_minus_{base}"] = float(diff.mean())
+            summary[m][f"paired_minus_{base}_se"] = float(diff.std(ddof=1) / np.sqrt(len(diff)))
     return summary
 
 
