@@ -232,8 +232,9 @@ def run_method(preset: str, method: str, seed: int, out: Path, extra: list[str])
 
 def summarise(results: dict) -> dict:
     """Per method: SFT and final held-out success/reward (mean, standard error, per seed), real sim
-    steps and wall-clock (means); and, for every method but ``real``, its paired gap to ``real``
-    (``real - method`` over the seeds both ran) and ``real``'s sim steps per its own."""
+    steps and wall-clock (means); for every method but ``real``, its paired gap to ``real``
+    (``real - method`` over the seeds both ran) and ``real``'s sim steps per its own; for ``ppi`` and
+    ``wmrl``, the paired difference to ``anchors_only`` (the same anchors without the WM)."""
     summary: dict = {}
     for m, runs in results.items():
         finals = [r["curve"][-1] for r in runs.values()]
@@ -262,6 +263,17 @@ def summarise(results: dict) -> dict:
         summary[m]["sim_steps_fewer_than_real"] = summary["real"]["sim_steps"] / max(
             summary[m]["sim_steps"], 1.0
         )
+    for m, base in (
+        ("ppi", "anchors_only"),
+        ("wmrl", "anchors_only"),
+    ):  # same anchors, with vs without the WM
+        both = [s for s in results.get(m, {}) if s in results.get(base, {})]
+        diff = np.array(
+            [results[m][s]["curve"][-1]["success"] - results[base][s]["curve"][-1]["success"] for s in both]
+        )
+        if len(diff) > 1:
+            summary[m][f"paired_minus_{base}"] = float(diff.mean())
+            summary[m][f"paired_minus_{base}_se"] = float(diff.std(ddof=1) / np.sqrt(len(diff)))
     return summary
 
 
@@ -333,6 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--throughput-threads", type=int, default=1, help="torch threads while measuring throughput"
     )
+    p.add_argument("--no-throughput", action="store_true", help="only the GRPO runs (no throughput figures)")
     p.add_argument("--plot-only", metavar="JSON", help="redraw the plot of an existing vla_benchmark.json")
     p.add_argument(
         "--merge",
@@ -383,10 +396,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     extra = [*a.overrides, *extra, "--tracking.progress=false"]
     report: dict = {"preset": a.preset, "overrides": extra}
-    report["throughput"] = throughput(
-        a.preset, a.throughput_batch, repeats=a.throughput_repeats, threads=a.throughput_threads
-    )
-    print(json.dumps({k: v for k, v in report["throughput"].items() if k != "rounds"}, indent=2))
+    if not a.no_throughput:
+        report["throughput"] = throughput(
+            a.preset, a.throughput_batch, repeats=a.throughput_repeats, threads=a.throughput_threads
+        )
+        print(json.dumps({k: v for k, v in report["throughput"].items() if k != "rounds"}, indent=2))
     if a.throughput_only:  # its own file: vla_benchmark.json holds the GRPO runs
         (out / "vla_throughput.json").write_text(json.dumps(report, indent=2))
         return

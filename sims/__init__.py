@@ -16,8 +16,9 @@ Sources:
   (dx, dy, dz, grip), state_dim 7 (hand position, hand velocity, gripper opening); colours, positions
   and instruction templates are randomised per episode; ``get_sim_state``/``set_sim_state`` replay
   exactly; ``split="train"|"test"`` keeps to / holds out about 1 in 5 instruction-colour combinations.
-- ``metaworld``: the ten MT10 v3 tasks, same action (4) and state (7) layout; MetaWorld's own
-  scripted policies are the experts.
+- ``metaworld``: the ten MT10 v3 tasks are listed; every other MetaWorld v3 task is served by its
+  id alone (``wmrl/MetaWorld-<name>``, resolved by ``sims.registry.get``); same action (4) and state
+  (7) layout; MetaWorld's own scripted policies are the experts.
 - ``dm_control``: suite tasks (reacher, manipulator) with their own action/state sizes.
 
 Rendering is offscreen through ``mujoco.Renderer`` with EGL (``MUJOCO_GL=egl`` is set here unless
@@ -102,6 +103,11 @@ def expert_for(env: Any):
     return act
 
 
-def task_lines() -> list[str]:
-    """One line per task for ``wmrl tasks vla``: id, source, action_dim, example instruction (tab-separated)."""
-    return [f"{t}\t{s.source}\t{s.action_dim}\t{s.example_instruction}" for t, s in TASKS.items()]
+def task_lines(all_metaworld: bool = False) -> list[str]:
+    """One line per task for ``wmrl tasks vla``: id, source, action_dim, example instruction
+    (tab-separated). ``all_metaworld``: also every MetaWorld v3 task outside MT10 (imports MetaWorld)."""
+    from sims.registry import all_task_ids
+
+    ids = all_task_ids() if all_metaworld else list(TASKS)
+    specs = [get(t) for t in ids]
+    return [f"{s.task_id}\t{s.source}\t{s.action_dim}\t{s.example_instruction}" for s in specs]

@@ -27,7 +27,7 @@ from gymnasium import spaces
 
 from sims import _gl  # noqa: F401  (selects the GL backend before mujoco is imported)
 from sims.replay import ReplayState
-from sims.specs import MT10, mw_task_id
+from sims.specs import mw_instruction, mw_max_steps, mw_task_id
 
 ACTION_DIM = 4
 STATE_DIM = 7
@@ -68,14 +68,16 @@ class MetaWorldEnv(ReplayState, gym.Env):
         from metaworld.env_dict import ALL_V3_ENVIRONMENTS, ML1_args_kwargs
 
         if env_name not in ALL_V3_ENVIRONMENTS:
-            raise KeyError(f"unknown MetaWorld task {env_name!r}; known: {sorted(ALL_V3_ENVIRONMENTS)}")
+            from sims.registry import close_names
+
+            raise KeyError(
+                f"unknown MetaWorld task {env_name!r}; close: {close_names(env_name, ALL_V3_ENVIRONMENTS)}; "
+                f"known: {sorted(ALL_V3_ENVIRONMENTS)}"
+            )
         self.env_name = env_name
         self.task_id = task_id_of(env_name)
-        default_steps, default_instr = MT10.get(
-            env_name, (150, env_name.removesuffix("-v3").replace("-", " "))
-        )
-        self.max_steps = int(max_steps or default_steps)
-        self._instruction = instruction or default_instr
+        self.max_steps = int(max_steps or mw_max_steps(env_name))
+        self._instruction = instruction or mw_instruction(env_name)
         self.image_size = int(image_size)
         self.render_images = bool(render)
         self.camera = camera

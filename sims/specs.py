@@ -20,8 +20,32 @@ MT10: dict[str, tuple[int, str]] = {
 }
 
 
+#: Time limit of every other MetaWorld v3 task (any of the 50, by configuration: see
+#: ``sims.registry.get``). MetaWorld's own expert succeeds within it on every task; the slowest
+#: need ~200 steps (``benchmarks/metaworld_experts.py``, ``benchmarks/results/metaworld_experts.json``).
+MW_OTHER_STEPS = 250
+#: ... except these, whose expert needs longer (push-back: 74-364 steps).
+MW_LONG_STEPS: dict[str, int] = {"push-back-v3": 400}
+
+MW_PREFIX = "wmrl/MetaWorld-"
+
+
 def mw_task_id(env_name: str) -> str:
-    return f"wmrl/MetaWorld-{env_name}"
+    return f"{MW_PREFIX}{env_name}"
+
+
+def mw_max_steps(env_name: str) -> int:
+    """Time limit of a MetaWorld v3 task: MT10's own, else ``MW_LONG_STEPS`` or ``MW_OTHER_STEPS``."""
+    if env_name in MT10:
+        return MT10[env_name][0]
+    return MW_LONG_STEPS.get(env_name, MW_OTHER_STEPS)
+
+
+def mw_instruction(env_name: str) -> str:
+    """Instruction of a MetaWorld v3 task: MT10's own, else its name in words ("dial-turn-v3" -> "dial turn")."""
+    if env_name in MT10:
+        return MT10[env_name][1]
+    return env_name.removesuffix("-v3").replace("-", " ")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from wmrl.config import ConfigError, DomainConfig, check_ids
+from wmrl.config import ConfigError, DomainConfig, did_you_mean
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -27,7 +27,8 @@ WORLD_MODELS = ("deterministic", "diffusion")
 @dataclass
 class VLAConfig(DomainConfig):
     HELDOUT_SCORE, HELDOUT_SIZE = "success", "eval_episodes_per_task"
-    # Task ids (see `wmrl tasks vla`); tasks must share action and state dims.
+    # Task ids (see `wmrl tasks vla`); tasks must share action and state dims. Any MetaWorld v3 task
+    # is wmrl/MetaWorld-<name> (e.g. wmrl/MetaWorld-dial-turn-v3), its expert MetaWorld's own policy.
     tasks: list[str] = field(default_factory=lambda: list(OWN_TASKS_DEFAULT))
     # Side of the square camera image.
     image_size: int = 64
@@ -86,6 +87,13 @@ class VLAConfig(DomainConfig):
     wm_update_steps: int = 20
     wm_update_lr: float = 3e-4
     diffusion_steps: int = 4
+    # Calibrate the ensemble's variance (predict's var = a * var + b): fitted on held-out episodes at
+    # pretraining, refitted on every step's anchors before the WM trains on them.
+    wm_calibrate: bool = True
+    # Imagine a twin group for every anchor group with the same sampling noise as its real rollouts
+    # (common random numbers), for `ppi`'s task-level correction (RolloutBatch.twin_of); other
+    # methods ignore it.
+    twin_anchors: bool = False
     # Anchor jobs re-simulate the recorded actions from the seed (a second real execution) instead
     # of returning the reward recorded while the anchor rollout was generated.
     regrade: bool = False
@@ -99,9 +107,19 @@ class VLAConfig(DomainConfig):
     def __post_init__(self) -> None:
         if not self.tasks:
             raise ConfigError("domain.tasks is empty; list task ids (see `wmrl tasks vla`)")
-        from sims.registry import TASKS  # a static table: checked here, before anything is built
+        from sims.registry import TASKS, all_task_ids, close_names, unknown_task_message
 
-        check_ids("domain.tasks", self.tasks, TASKS, "wmrl tasks vla")
+        # checked here, before anything is built; MetaWorld is imported only for ids outside TASKS
+        for task_id in self.tasks:
+            if task_id not in TASKS and unknown_task_message(task_id) is not None:
+                known = all_task_ids()
+                close = close_names(task_id, known)
+                raise ConfigError(
+                    f"domain.tasks: unknown task id {task_id!r}{did_you_mean(task_id, known)}"
+                    f"{' (close: ' + ', '.join(close) + ')' if len(close) > 1 else ''}; any MetaWorld v3 "
+                    f"task is wmrl/MetaWorld-<name>, e.g. wmrl/MetaWorld-dial-turn-v3 (`wmrl tasks vla` "
+                    f"lists the {len(known)} ids)"
+                )
         if self.policy not in POLICIES:
             raise ConfigError(f"domain.policy={self.policy!r} is not one of {', '.join(POLICIES)}")
         if self.world_model not in WORLD_MODELS:
@@ -149,4 +167,4 @@ class VLAConfig(DomainConfig):
     def task_lines(cls) -> list[str]:
         import sims
 
-        return sims.task_lines()
+        return sims.task_lines(all_metaworld=True)

@@ -15,6 +15,10 @@ initial state and instruction.
   measures the WM's error on one trajectory.
 - ``world_model.update`` trains the WM on the anchor rollouts (and appends them to the LeRobot
   dataset of the run).
+- ``twin_anchors``: each anchor group also gets an imagined *twin* group (appended after the
+  sampled tasks' groups, ``RolloutBatch.twin_of``) from the same initial observation, whose rollout
+  j samples its actions with real rollout j's uniforms (common random numbers, inverse-CDF
+  sampling): ``ppi``'s task-level correction ``g_real - λ ĝ_twin`` then has a low variance.
 
 Reward of a rollout: ``0.5 * success + 0.5 * max progress`` (:func:`wmrl_vla.rollout.rollout_reward`).
 
@@ -45,7 +49,13 @@ from wmrl_vla.rollout import (
     replay_reward,
     run_episodes,
 )
-from world_models.vla_dynamics import VLADynamics, rollout_score, train_dynamics
+from world_models.vla_dynamics import (
+    VLADynamics,
+    calibration_stats,
+    fit_variance_calibration,
+    rollout_score,
+    train_dynamics,
+)
 
 TRAIN_SEEDS = (0, 1_000_000)
 EVAL_SEEDS = (1_000_000, 2_000_000)
@@ -61,7 +71,16 @@ class VLATask:
 
 
 class VLAWorldModel:
-    """The core's WorldModel interface over :class:`VLADynamics`, with online refinement."""
+    """The core's WorldModel interface over :class:`VLADynamics`, with online refinement and a
+    calibrated variance.
+
+    ``predict``'s variance is ``var_scale * (ensemble variance) + var_floor``
+    (:func:`~world_models.vla_dynamics.fit_variance_calibration`): fitted first on held-out real
+    episodes at pretraining (``calibration``), then refitted at every ``update`` on the last
+    ``calib_window`` anchor pairs, each scored by the WM *before* it trains on them (held out). The
+    z^2 of each step's anchors under the calibration fitted before them is logged
+    (``wm/z2_raw``, ``wm/z2``).
+    """
 
     def __init__(
         self,
@@ -74,8 +93,15 @@ class VLAWorldModel:
         max_episodes: int = 2000,
         dataset: tuple[str, str] | None = None,
         seed: int = 0,
+        calibration: tuple[float, float] = (1.0, 0.0),
+        calibrate: bool = True,
+        calib_window: int = 256,
     ) -> None:
         self.model = model
+        self.var_scale, self.var_floor = (float(c) for c in calibration)
+        self.calibrate = calibrate
+        self.calib_window = calib_window
+        self.calib_pairs: list[tuple[float, float]] = []  # (squared error, raw variance) of anchors
         self.episodes = list(episodes)  # replay: demos, then anchor rollouts
         self.update_steps = update_steps
         self.batch_size = batch_size
@@ -87,7 +113,8 @@ class VLAWorldModel:
         self.seed = seed
 
     @torch.no_grad()
-    def predict(self, batch: RolloutBatch) -> Prediction:
+    def raw_predict(self, batch: RolloutBatch) -> Prediction:
+        """The members' mean rollout score and their (uncalibrated) variance ``[N]``."""
         ex = batch.extras
         prog, succ = self.model.score_actions(
             ex["init_images"], ex["init_states"], ex["actions"], ex["step_mask"].float()
@@ -96,11 +123,39 @@ class VLAWorldModel:
         var = scores.var(0, unbiased=False) if scores.shape[0] > 1 else None
         return Prediction(mean=scores.mean(0), var=var)
 
+    def predict(self, batch: RolloutBatch) -> Prediction:
+        pred = self.raw_predict(batch)
+        if pred.var is None:
+            return pred
+        return Prediction(mean=pred.mean, var=self.var_scale * pred.var + self.var_floor)
+
+    def _calibrate(
+        self, batch: RolloutBatch, indices: torch.Tensor, rewards: torch.Tensor
+    ) -> dict[str, float]:
+        """Score the new anchors (held out: the WM has not trained on them), log their z^2 under the
+        calibration so far, add them to the window and refit."""
+        pred = self.raw_predict(batch.select(indices))
+        if pred.var is None:
+            return {}
+        sq = ((pred.mean - rewards.float().cpu()) ** 2).numpy()
+        var = pred.var.numpy()
+        out = {
+            "z2_raw": calibration_stats(sq, var)["z2_mean"],
+            "z2": calibration_stats(sq, var, self.var_scale, self.var_floor)["z2_mean"],
+        }
+        self.calib_pairs = (self.calib_pairs + list(zip(sq.tolist(), var.tolist(), strict=True)))[
+            -self.calib_window :
+        ]
+        pairs = np.asarray(self.calib_pairs)
+        self.var_scale, self.var_floor = fit_variance_calibration(pairs[:, 0], pairs[:, 1])
+        return {**out, "var_scale": self.var_scale, "var_floor": self.var_floor}
+
     def update(self, batch: RolloutBatch, indices: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
         new = [batch.payload[int(i)]["rollout"] for i in indices]
         new = [r for r in new if r is not None]
         if not new:
             return {}
+        calib = self._calibrate(batch, indices, rewards) if self.calibrate else {}
         self.episodes.extend(r.as_episode() for r in new)
         if len(self.episodes) > self.max_episodes:
             self.episodes = self.episodes[-self.max_episodes :]
@@ -125,6 +180,7 @@ class VLAWorldModel:
         return {
             "update_loss": float(np.mean(hist)) if hist else float("nan"),
             "episodes": float(len(self.episodes)),
+            **calib,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -132,12 +188,17 @@ class VLAWorldModel:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "n_updates": self.n_updates,
+            "calibration": [self.var_scale, self.var_floor],
+            "calib_pairs": list(self.calib_pairs),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.n_updates = int(state["n_updates"])
+        if "calibration" in state:  # checkpoints from before the calibration keep the raw variance
+            self.var_scale, self.var_floor = (float(c) for c in state["calibration"])
+            self.calib_pairs = [tuple(p) for p in state["calib_pairs"]]
 
 
 def to_frames(r: SimRollout) -> list[tuple]:
@@ -175,6 +236,7 @@ class VLADomain:
         max_steps: int | None = None,
         out_dir: str | Path | None = None,
         seed: int = 0,
+        twin_anchors: bool = False,
     ) -> None:
         import sims
 
@@ -194,6 +256,7 @@ class VLADomain:
         self.max_steps = max_steps
         self.horizon = {t: max_steps or sims.task_info(t)["max_steps"] for t in self.tasks}
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.twin_anchors = twin_anchors
         self.pool = EnvPool(image_size, max_steps)
         self.seed = seed
         self.gen = torch.Generator().manual_seed(seed)
@@ -240,13 +303,23 @@ class VLADomain:
         rollouts: list[dict | None] = [None] * (n_groups * group_size)
         sim_groups = [g for g in range(n_groups) if bool(anchor_groups[g])]
         wm_groups = [g for g in range(n_groups) if not bool(anchor_groups[g])]
+        twins = self.twin_anchors and bool(sim_groups)
+        noise = None
+        if twins:  # common random numbers: [group, rollout, step, action dim] uniforms
+            horizon = max(self.horizon[tasks[g].task_id] for g in sim_groups)
+            shape = (n_groups, group_size, horizon, self.policy.cfg.action_dim)
+            noise = torch.rand(shape, generator=self.gen)
         if sim_groups:
             # one lockstep call per env split
             for split in sorted({tasks[g].env_split for g in sim_groups}):
                 sel = [g for g in sim_groups if tasks[g].env_split == split]
                 specs = [(tasks[g].task_id, tasks[g].seed) for g in sel for _ in range(group_size)]
                 sim = run_episodes(
-                    policy_actor(self.policy, self.temperature, self.gen), specs, self.pool, split
+                    policy_actor(self.policy, self.temperature, self.gen),
+                    specs,
+                    self.pool,
+                    split,
+                    noise=None if noise is None else noise[sel].flatten(0, 1),
                 )
                 for k, r in enumerate(sim):
                     g = sel[k // group_size]
@@ -256,7 +329,13 @@ class VLADomain:
             for k, r in enumerate(self._imagine([tasks[g] for g in wm_groups], group_size)):
                 g = wm_groups[k // group_size]
                 rollouts[g * group_size + k % group_size] = r
-        return self._collate(rollouts, tasks, group_size)
+        if not twins:
+            return self._collate(rollouts, tasks, group_size)
+        # an imagined twin of every anchor group: rollout j drawn with real rollout j's uniforms
+        twin_noise = noise[sim_groups].flatten(0, 1)
+        rollouts += self._imagine([tasks[g] for g in sim_groups], group_size, noise=twin_noise)
+        twin_of = torch.tensor([-1] * n_groups + sim_groups)
+        return self._collate(rollouts, [*tasks, *(tasks[g] for g in sim_groups)], group_size, twin_of)
 
     def _from_sim(self, r: SimRollout) -> dict:
         return {
@@ -274,8 +353,11 @@ class VLADomain:
             "rollout": r,
         }
 
-    def _imagine(self, tasks: Sequence[VLATask], group_size: int) -> list[dict]:
-        """Roll ``group_size`` copies of each task forward together in the world model."""
+    def _imagine(
+        self, tasks: Sequence[VLATask], group_size: int, noise: torch.Tensor | None = None
+    ) -> list[dict]:
+        """Roll ``group_size`` copies of each task forward together in the world model; ``noise``
+        ``[len(tasks) * group_size, T, A]``: each rollout's sampling uniforms (else the generator)."""
         inits = [self._initial_obs(t) for t in tasks]
         imgs = torch.from_numpy(np.stack([i[0] for i in inits])).repeat_interleave(group_size, 0)
         sts = torch.from_numpy(np.stack([i[1] for i in inits])).repeat_interleave(group_size, 0)
@@ -286,7 +368,8 @@ class VLADomain:
         rec_bins, rec_lp = [], []
 
         def act(frames: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
-            bins, lp, a = self.policy.act(frames, states, instr_ids, self.temperature, self.gen)
+            kw = {} if noise is None else {"noise": noise[:, t]}
+            bins, lp, a = self.policy.act(frames, states, instr_ids, self.temperature, self.gen, **kw)
             rec_bins.append(bins)
             rec_lp.append(lp)
             return a
@@ -319,7 +402,13 @@ class VLADomain:
             )
         return res
 
-    def _collate(self, rollouts: list[dict], tasks: Sequence[VLATask], group_size: int) -> RolloutBatch:
+    def _collate(
+        self,
+        rollouts: list[dict],
+        tasks: Sequence[VLATask],
+        group_size: int,
+        twin_of: torch.Tensor | None = None,
+    ) -> RolloutBatch:
         n = len(rollouts)
         t_max = max(len(r["actions"]) for r in rollouts)
         a = rollouts[0]["actions"].shape[1]
@@ -356,6 +445,7 @@ class VLADomain:
                 "init_images": images[:, 0].clone(),
                 "init_states": states[:, 0].clone(),
             },
+            twin_of=twin_of,
         )
 
     # ------------------------------------------------------------------ media

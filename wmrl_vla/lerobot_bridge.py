@@ -83,16 +83,22 @@ class GaussianActionHead(nn.Module):
         instr: torch.Tensor,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(placeholder tokens ``[B, A]`` zeros, log-densities ``[B, A]`` under the untempered policy,
-        sampled actions ``[B, A]``); ``temperature`` scales the standard deviation (0: the mean)."""
+        sampled actions ``[B, A]``); ``temperature`` scales the standard deviation (0: the mean).
+        ``noise`` ``[B, A]`` uniforms in (0, 1) replace the generator (inverse normal CDF: common
+        random numbers)."""
         if temperature < 0:
             raise ValueError(f"temperature={temperature} must be >= 0")
         dev = self.log_std.device  # inputs move to the policy's device; outputs come back on the CPU
         instr = instr.to(dev) if instr is not None else None
         mu = self.step_mean(images.to(dev), states.to(dev), instr).cpu()
         log_std = self.clamped_log_std().cpu().expand_as(mu)
-        noise = torch.randn(mu.shape, generator=generator)
+        if noise is not None:
+            noise = torch.special.ndtri(noise.float().clamp(1e-6, 1 - 1e-6)).reshape(mu.shape)
+        else:
+            noise = torch.randn(mu.shape, generator=generator)
         a = mu + temperature * log_std.exp() * noise
         return torch.zeros_like(mu, dtype=torch.long), gaussian_log_prob(a, mu, log_std), a
 

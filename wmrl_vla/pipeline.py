@@ -27,6 +27,8 @@ from world_models.vla_dynamics import (
     VLADynamicsConfig,
     episodes_from_records,
     evaluate_dynamics,
+    fit_variance_calibration,
+    score_episodes,
     train_dynamics,
 )
 
@@ -410,9 +412,17 @@ def prepare_world_model(
               "diffusion_steps": cfg.diffusion_steps, "arch": WM_ARCH}  # fmt: skip
     path = Path(cfg.cache_dir) / f"wm-{_key(fields)}.pt"
     qpath = path.with_suffix(".json")
+    # hold out every 10th episode to measure quality
+    held = [e for i, e in enumerate(episodes) if i % 10 == 9] or episodes[-1:]
+    train = [e for i, e in enumerate(episodes) if i % 10 != 9] or episodes
     if path.exists():
         quality = json.loads(qpath.read_text()) if qpath.exists() else {}
-        return VLADynamics.load(path).to(device), quality
+        model = VLADynamics.load(path).to(device)
+        if "var_scale" not in quality and model.cfg.n_members > 1:  # cached before the calibration
+            scores, real, _ = score_episodes(model, held)
+            sq, var = ((scores.mean(0) - real) ** 2).numpy(), scores.var(0, unbiased=False).numpy()
+            quality["var_scale"], quality["var_floor"] = fit_variance_calibration(sq, var)
+        return model, quality
     state_dim, action_dim = _dims(cfg.tasks)
     torch.manual_seed(cfg.demo_seed + 1)
     model = VLADynamics(
@@ -421,9 +431,6 @@ def prepare_world_model(
             n_members=cfg.wm_members, frame_decoder=cfg.world_model, diffusion_steps=cfg.diffusion_steps,
         )
     ).to(device)  # fmt: skip
-    # hold out every 10th episode to measure quality
-    held = [e for i, e in enumerate(episodes) if i % 10 == 9] or episodes[-1:]
-    train = [e for i, e in enumerate(episodes) if i % 10 != 9] or episodes
     t0 = time.perf_counter()
     train_dynamics(model, train, cfg.wm_train_steps, cfg.wm_batch_size, cfg.wm_horizon, cfg.wm_lr,
                    seed=cfg.demo_seed, progress=cfg.progress)  # fmt: skip
@@ -458,6 +465,8 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         lr=cfg.wm_update_lr,
         dataset=(str(out / "anchors"), "wmrl/anchors") if cfg.record_anchors and main else None,
         seed=run.seed,
+        calibration=(quality.get("var_scale", 1.0), quality.get("var_floor", 0.0)),
+        calibrate=cfg.wm_calibrate,
     )
     domain = VLADomain(
         policy,
@@ -472,6 +481,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         max_steps=cfg.max_steps,
         out_dir=out if main else None,
         seed=run.seed,
+        twin_anchors=cfg.twin_anchors and run.method == "ppi",  # only ppi's update uses twins
     )
     if cfg.policy != "small_vla":  # --precision=bf16 (wmrl.device.check_precision)
         domain.bf16_unsupported = f"domain.policy={cfg.policy} (a lerobot policy) is run in float32 only"

@@ -314,6 +314,7 @@ class SmallVLA(
         instr: torch.Tensor,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample one step: returns (bins ``[B, A]`` long, log-probs ``[B, A]`` of the sampled bins
         under the *untempered* policy, continuous actions ``[B, A]``), on the CPU.
@@ -321,7 +322,10 @@ class SmallVLA(
         ``temperature`` 0 takes the argmax. The log-probs are those of the policy being trained
         (temperature 1), which is what the clipped ratio compares against. Inputs may live on any
         device (they move to the policy's); sampling draws from ``generator`` (a CPU generator), so a
-        seeded rollout samples the same bins on every device given the same logits.
+        seeded rollout samples the same bins on every device given the same logits. ``noise``
+        ``[B, A]`` uniforms in [0, 1) replace the generator: bin = the first whose cumulative
+        probability exceeds it (inverse CDF), so two rollouts given the same uniforms (common
+        random numbers) draw the same bin wherever their distributions agree.
         """
         if temperature < 0:
             raise ValueError(f"temperature={temperature} must be >= 0")
@@ -329,6 +333,12 @@ class SmallVLA(
         logits = self(images.to(dev), states.to(dev), instr.to(dev)).cpu()  # [B, A, K]
         if temperature == 0:
             bins = logits.argmax(-1)
+        elif noise is not None:
+            if noise.shape != logits.shape[:-1]:
+                raise ValueError(f"noise has shape {tuple(noise.shape)}, expected {tuple(logits.shape[:-1])}")
+            cdf = torch.softmax(logits / temperature, dim=-1).cumsum(-1)
+            bins = torch.searchsorted(cdf, noise.float().unsqueeze(-1).contiguous(), right=True).squeeze(-1)
+            bins = bins.clamp(max=logits.shape[-1] - 1)
         else:
             probs = torch.softmax(logits / temperature, dim=-1)
             bins = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)

@@ -101,7 +101,9 @@ def _chw(img: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(img).transpose(2, 0, 1))
 
 
-Actor = Callable[[torch.Tensor, torch.Tensor, list[str]], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+#: ``actor(images, states, instructions)``, or with ``noise=`` (per-row uniforms ``[B, A]``) when
+#: :func:`run_episodes` is given common random numbers.
+Actor = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def run_episodes(
@@ -109,11 +111,14 @@ def run_episodes(
     specs: Sequence[tuple[str, int]],
     pool: EnvPool,
     split: str = "train",
+    noise: torch.Tensor | None = None,
 ) -> list[SimRollout]:
     """Roll out ``actor`` in the real simulator from each ``(task_id, seed)``, all in lockstep.
 
     ``actor(images [B, 3, H, W] uint8, states [B, S], instructions) -> (bins [B, A], logprobs
-    [B, A], actions [B, A])``. Episodes end at success (terminated) or the time limit.
+    [B, A], actions [B, A])``. Episodes end at success (terminated) or the time limit. ``noise``
+    ``[len(specs), T, A]`` (T at least the longest episode): episode i's sampling uniforms at step
+    t, passed to the actor as ``noise=`` (common random numbers with an imagined twin).
     """
     envs, obs, instrs = [], [], []
     for task_id, seed in specs:
@@ -136,10 +141,13 @@ def run_episodes(
         for o in obs
     ]
     alive = list(range(n))
+    t = 0
     while alive:
         imgs = torch.from_numpy(np.stack([rec[i]["images"][-1] for i in alive]))
         sts = torch.from_numpy(np.stack([rec[i]["states"][-1] for i in alive]).astype(np.float32))
-        bins, lps, acts = actor(imgs, sts, [instrs[i] for i in alive])
+        kw = {} if noise is None else {"noise": noise[alive, t]}
+        bins, lps, acts = actor(imgs, sts, [instrs[i] for i in alive], **kw)
+        t += 1
         still = []
         for j, i in enumerate(alive):
             a = acts[j].numpy().astype(np.float32)
@@ -179,9 +187,10 @@ def policy_actor(policy, temperature: float, generator: torch.Generator | None =
     """Wrap a :class:`~wmrl_vla.policy.SmallVLA` as an actor (instructions tokenised per call)."""
 
     @torch.no_grad()
-    def act(images, states, instructions):
+    def act(images, states, instructions, noise=None):
         instr = policy.tokenizer.encode(instructions)
-        return policy.act(images, states, instr, temperature=temperature, generator=generator)
+        kw = {} if noise is None else {"noise": noise}
+        return policy.act(images, states, instr, temperature=temperature, generator=generator, **kw)
 
     return act
 

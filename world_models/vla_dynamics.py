@@ -447,6 +447,54 @@ def rollout_score(progress: torch.Tensor, success: torch.Tensor, success_weight:
     return success_weight * success.amax(-1) + (1.0 - success_weight) * progress.amax(-1)
 
 
+# ---------------------------------------------------------------------- calibration
+def fit_variance_calibration(sq_err, var, min_pairs: int = 4) -> tuple[float, float]:
+    """Scale ``a`` and floor ``b`` of the calibrated variance ``v' = a * var + b`` of the rollout score.
+
+    Fitted by the Gaussian negative log-likelihood ``sum_i log v'_i + e_i^2 / v'_i`` over held-out
+    pairs (``sq_err`` ``[n]``: squared error of the ensemble's mean score against the real reward,
+    ``var`` ``[n]``: the ensemble's variance there; both numpy-like). With the floor at 0 the optimum
+    is ``a = mean(e^2 / var)``, i.e. mean z^2 = 1 on the pairs; the floor keeps a rollout the members
+    agree on from claiming near-zero error. ``(1, 0)`` (the raw variance) with fewer than
+    ``min_pairs`` pairs.
+    """
+    from scipy.optimize import minimize
+
+    e2 = np.asarray(sq_err, dtype=np.float64).reshape(-1)
+    v = np.asarray(var, dtype=np.float64).reshape(-1)
+    ok = np.isfinite(e2) & np.isfinite(v) & (v >= 0)
+    e2, v = e2[ok], v[ok]
+    if len(e2) < min_pairs:
+        return 1.0, 0.0
+    scale = max(float(e2.mean()), 1e-8)
+
+    def nll(x: np.ndarray) -> float:
+        vc = np.exp(x[0]) * v + np.exp(x[1])
+        return float(np.mean(np.log(vc) + e2 / vc))
+
+    x0 = np.log([scale / max(float(v.mean()), 1e-12), 0.1 * scale])
+    res = minimize(nll, x0, method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-8, "maxiter": 400})
+    return float(np.exp(res.x[0])), float(np.exp(res.x[1]))
+
+
+def calibration_stats(sq_err, var, scale: float = 1.0, floor: float = 0.0) -> dict[str, float]:
+    """``z2_mean`` = mean e^2 / v' (1 = calibrated, > 1 over-confident), ``z2_median`` and the
+    Gaussian NLL of the errors under ``v' = scale * var + floor``, over finite pairs."""
+    e2 = np.asarray(sq_err, dtype=np.float64).reshape(-1)
+    v = np.asarray(var, dtype=np.float64).reshape(-1)
+    ok = np.isfinite(e2) & np.isfinite(v)
+    vc = np.maximum(scale * v[ok] + floor, 1e-8)
+    z2 = e2[ok] / vc
+    if not len(z2):
+        return {"z2_mean": float("nan"), "z2_median": float("nan"), "nll": float("nan"), "n": 0}
+    return {
+        "z2_mean": float(z2.mean()),
+        "z2_median": float(np.median(z2)),
+        "nll": float(0.5 * np.mean(np.log(2 * np.pi * vc) + z2)),
+        "n": int(len(z2)),
+    }
+
+
 # ---------------------------------------------------------------------- data
 def episodes_from_records(records: Sequence[dict]) -> list[dict[str, np.ndarray]]:
     """LeRobot-style records (``observation.image`` ``[T(+1), H, W, 3]`` or ``[T(+1), 3, H, W]``,
@@ -617,22 +665,7 @@ def evaluate_dynamics(
 
     # whole-episode scores from the first frame with the real action sequence
     eps = list(episodes)[:max_windows]
-    t_max = max(len(e["actions"]) for e in eps)
-    a_dim = eps[0]["actions"].shape[1]
-    acts = torch.zeros(len(eps), t_max, a_dim)
-    mask = torch.zeros(len(eps), t_max)
-    real = torch.zeros(len(eps))
-    label = np.zeros(len(eps))
-    for i, e in enumerate(eps):
-        n = len(e["actions"])
-        acts[i, :n] = torch.from_numpy(e["actions"])
-        mask[i, :n] = 1
-        real[i] = rollout_score(torch.from_numpy(e["progress"]), torch.from_numpy(e["success"]))
-        label[i] = float(e["success"].max() > 0.5)
-    imgs = torch.from_numpy(np.stack([e["images"][0] for e in eps]))
-    sts = torch.from_numpy(np.stack([e["states"][0] for e in eps]))
-    prog, succ = model.score_actions(imgs, sts, acts, mask)
-    scores = rollout_score(prog.cpu(), succ.cpu())  # [K, E]
+    scores, real, label = score_episodes(model, eps)
     mean, var = (
         scores.mean(0),
         scores.var(0, unbiased=False) if scores.shape[0] > 1 else torch.zeros(len(eps)),
@@ -651,4 +684,31 @@ def evaluate_dynamics(
         out["var_error_corr"] = float(spearmanr(var.numpy(), sq.numpy()).statistic)
         out["z2_mean"] = float((sq / var.clamp(min=1e-8)).mean())
         out["ensemble_std_mean"] = float(var.sqrt().mean())
+        # the variance calibration fitted on these episodes (VLAWorldModel starts from it)
+        out["var_scale"], out["var_floor"] = fit_variance_calibration(sq.numpy(), var.numpy())
+        out["z2_mean_calibrated_in_sample"] = calibration_stats(
+            sq.numpy(), var.numpy(), out["var_scale"], out["var_floor"]
+        )["z2_mean"]
     return out
+
+
+@torch.no_grad()
+def score_episodes(model: VLADynamics, eps: Sequence[dict]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """Every member's score of each episode's real action sequence, imagined in latent space from
+    its first frame: (scores ``[K, E]``, real rollout scores ``[E]``, real success ``[E]`` in {0, 1})."""
+    t_max = max(len(e["actions"]) for e in eps)
+    a_dim = eps[0]["actions"].shape[1]
+    acts = torch.zeros(len(eps), t_max, a_dim)
+    mask = torch.zeros(len(eps), t_max)
+    real = torch.zeros(len(eps))
+    label = np.zeros(len(eps))
+    for i, e in enumerate(eps):
+        n = len(e["actions"])
+        acts[i, :n] = torch.from_numpy(e["actions"])
+        mask[i, :n] = 1
+        real[i] = rollout_score(torch.from_numpy(e["progress"]), torch.from_numpy(e["success"]))
+        label[i] = float(e["success"].max() > 0.5)
+    imgs = torch.from_numpy(np.stack([e["images"][0] for e in eps]))
+    sts = torch.from_numpy(np.stack([e["states"][0] for e in eps]))
+    prog, succ = model.score_actions(imgs, sts, acts, mask)
+    return rollout_score(prog.cpu(), succ.cpu()), real, label

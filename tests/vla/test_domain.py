@@ -107,7 +107,11 @@ def test_predict_scores_each_action_sequence_with_every_member(built, batch):
     )
     scores = rollout_score(prog, succ)[:, 0]
     assert torch.allclose(pred.mean[2], scores.mean(), atol=1e-5)
-    assert torch.allclose(pred.var[2], scores.var(unbiased=False), atol=1e-6)
+    wm = domain.world_model
+    raw = wm.raw_predict(batch)
+    assert torch.allclose(raw.var[2], scores.var(unbiased=False), atol=1e-6)
+    # the reported variance is the calibrated one: a * var + b
+    assert torch.allclose(pred.var, wm.var_scale * raw.var + wm.var_floor)
 
 
 def test_update_refines_the_world_model_and_records_anchors(built, batch):
@@ -115,8 +119,18 @@ def test_update_refines_the_world_model_and_records_anchors(built, batch):
     wm = domain.world_model
     before = [p.clone() for p in wm.model.parameters()]
     n_eps = len(wm.episodes)
-    metrics = wm.update(batch, torch.arange(4), torch.tensor([p["reward"] for p in batch.payload[:4]]))
+    calib = (wm.var_scale, wm.var_floor)
+    rewards = torch.tensor([p["reward"] for p in batch.payload[:4]])
+    held = wm.raw_predict(batch.select(torch.arange(4)))  # scored before the WM trains on them
+    metrics = wm.update(batch, torch.arange(4), rewards)
     assert metrics["episodes"] == n_eps + 4
+    # the anchors' z^2 under the calibration before them, then a refit on the held-out pairs
+    z2_raw = float((((held.mean - rewards) ** 2) / held.var.clamp(min=1e-8)).mean())
+    assert metrics["z2_raw"] == pytest.approx(z2_raw, rel=1e-4)
+    z2 = float((((held.mean - rewards) ** 2) / (calib[0] * held.var + calib[1]).clamp(min=1e-8)).mean())
+    assert metrics["z2"] == pytest.approx(z2, rel=1e-4)
+    assert len(wm.calib_pairs) == 4 and (wm.var_scale, wm.var_floor) != calib
+    assert (metrics["var_scale"], metrics["var_floor"]) == (wm.var_scale, wm.var_floor)
     assert any(not torch.equal(a, b) for a, b in zip(before, wm.model.parameters(), strict=True))
     from wmrl_vla.data import load_episodes
 
@@ -127,6 +141,7 @@ def test_update_refines_the_world_model_and_records_anchors(built, batch):
     state = domain.state_dict()
     domain.load_state_dict(state)
     assert domain.world_model.n_updates == 1
+    assert (domain.world_model.var_scale, len(domain.world_model.calib_pairs)) == (wm.var_scale, 4)
 
 
 def test_evaluate_in_the_simulator_saves_videos(built):
@@ -214,3 +229,46 @@ def test_rollout_media_shows_the_simulator_beside_the_world_model(built, batch):
     assert isinstance(table, Table) and len(table.rows) == batch.n_rollouts
     assert [r[1] for r in table.rows] == [p["kind"] for p in batch.payload]
     assert table.rows[0][5] == pytest.approx(float(true[0])) and table.rows[-1][5] is None
+
+
+def test_twin_groups_share_the_real_rollouts_sampling_noise(built):
+    _, domain, _ = built
+    domain.twin_anchors = True
+    try:
+        tasks = domain.sample_tasks(3, "train", torch.Generator().manual_seed(1))
+        batch = domain.generate(tasks, 4, torch.tensor([True, False, True]))
+    finally:
+        domain.twin_anchors = False
+    assert batch.n_groups == 5 and batch.twin_of.tolist() == [-1, -1, -1, 0, 2]
+    assert batch.tasks[3:] == [tasks[0], tasks[2]]
+    kinds = [p["kind"] for p in batch.payload]
+    assert kinds == ["sim"] * 4 + ["imagined"] * 4 + ["sim"] * 4 + ["imagined"] * 8
+    for twin, real in ((3, 0), (4, 2)):
+        for j in range(4):
+            t, r = batch.payload[4 * twin + j], batch.payload[4 * real + j]
+            assert (t["task_id"], t["seed"]) == (r["task_id"], r["seed"])
+            # same first observation and the same uniforms: the same first action
+            np.testing.assert_array_equal(t["bins"][0], r["bins"][0])
+    # the uniforms are per rollout: a group's rollouts do not all start alike
+    assert len({batch.payload[j]["bins"][0].tobytes() for j in range(4)}) > 1
+    m = batch.mask.bool()  # the recorded log-probs are the policy's, twins included
+    assert torch.allclose(domain.policy.log_probs(batch)[m], batch.logprobs[m], atol=1e-5)
+
+
+def test_ppi_step_uses_the_twin_groups(built, tmp_path):
+    from wmrl.trainer import Trainer
+
+    cfg, _, root = built
+    cfg = load_config(
+        "vla-debug",
+        [f"--out_dir={tmp_path / 'run'}", f"--domain.cache_dir={root / 'cache'}", "--method=ppi",
+         "--domain.twin_anchors=true", "--grpo.tasks_per_step=4", "--anchors.fraction=0.5",
+         "--domain.record_anchors=false"],
+    )  # fmt: skip
+    domain = cfg.domain.build(cfg)
+    try:
+        metrics = Trainer(cfg, domain).train_step()
+    finally:
+        domain.close()
+    assert metrics["exec/real_total"] == 2 * cfg.grpo.group_size  # twins are never executed
+    assert "ppi/rho" in metrics and "wm/z2_raw" in metrics

@@ -202,3 +202,17 @@ def test_prepared_decoding_matches_the_straightforward_decoder():
             # uint8 rounding may flip where a value sits within float error of a half
             assert (out["images"][:, t].float() - frame).abs().max() <= 1
             assert (out["images"][:, t].float() != frame).float().mean() < 1e-3
+
+
+def test_variance_calibration_matches_held_out_squared_error():
+    from world_models.vla_dynamics import calibration_stats, fit_variance_calibration
+
+    rng = np.random.default_rng(0)
+    var = rng.uniform(0.001, 0.02, 600)  # an over-confident ensemble: true error variance 6 var + 0.01
+    err = rng.normal(0.0, np.sqrt(6 * var + 0.01))
+    scale, floor = fit_variance_calibration(err[:300] ** 2, var[:300])
+    assert scale == pytest.approx(6, rel=0.5) and floor == pytest.approx(0.01, rel=0.5)
+    before = calibration_stats(err[300:] ** 2, var[300:])
+    after = calibration_stats(err[300:] ** 2, var[300:], scale, floor)
+    assert before["z2_mean"] > 4 and 0.7 < after["z2_mean"] < 1.4 and after["nll"] < before["nll"]
+    assert fit_variance_calibration(err[:3] ** 2, var[:3]) == (1.0, 0.0)  # too few pairs: raw variance

@@ -1,0 +1,245 @@
+"""Imagined-rollout quality of the VLA world model, per task, against real rollouts of the same
+policy and the same action sequences; the calibration of its variance; and how well imagined twin
+groups track their real groups.
+
+From a preset's cached SFT policy and world model (built if missing), ``--groups`` real groups of
+``G`` (the preset's group size) rollouts per task are run in MuJoCo, the policy sampling at the
+preset's temperature from per-rollout uniforms (common random numbers), on training seeds the WM
+never saw. Then, per task:
+
+- **frames**: the WM replays each real action sequence open-loop from the real first frame
+  (``VLADynamics.imagine``, the actions fed in); frame MSE and PSNR (pixels in [0, 1]) against the
+  real frame at every step of the horizon;
+- **outcomes**: the WM's rollout score (``predict``: members' mean, latent space) against the real
+  reward: success AUC, Spearman of score and reward, MAE;
+- **calibration**: mean z^2 = e^2 / v of the ensemble's variance, raw and calibrated
+  (``v' = a v + b``, :func:`~world_models.vla_dynamics.fit_variance_calibration`): fitted on the
+  WM's own held-out pretraining episodes (what a run starts from) and cross-fitted on these
+  rollouts (groups split in two folds; each fold's z^2 under the fit on the other);
+- **twins**: each real group's imagined twin (the policy acting on decoded frames) drawn with the
+  same uniforms (CRN) and with fresh ones (independent), scored by ``predict``; the correlation of
+  their group advantages with the real group's (``ppi/rho``'s statistic: sum A Â / sqrt(sum A^2 sum
+  Â^2) over rows), and that of the real rollouts' own WM scores (the shared-rollout upper bound).
+
+Also saves one side-by-side GIF per task (real | open-loop imagined | CRN twin).
+
+    uv run python benchmarks/vla_wm_quality.py --preset vla-rl --groups 12 --out benchmarks/results
+
+Writes ``<out>/vla_wm_quality.json`` and ``.png``. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def _psnr(mse: float) -> float:
+    return 10 * math.log10(1.0 / max(mse, 1e-10))
+
+
+def open_loop_frame_mse(wm, rollouts) -> np.ndarray:
+    """``[E, T]`` frame MSE (pixels in [0, 1]) of the WM replaying each real rollout's actions from
+    its first frame against the real frame after step t (NaN past the rollout's end)."""
+    t_max = max(r.length for r in rollouts)
+    a_dim = rollouts[0].actions.shape[1]
+    acts = torch.zeros(len(rollouts), t_max, a_dim)
+    for i, r in enumerate(rollouts):
+        acts[i, : r.length] = torch.from_numpy(r.actions)
+    imgs = torch.from_numpy(np.stack([r.images[0] for r in rollouts]))
+    sts = torch.from_numpy(np.stack([r.states[0] for r in rollouts]))
+    # horizon t_max + 1: the frame after the last action is the policy's view at step t_max
+    out = wm.imagine(imgs, sts, lambda f, s, t: acts[:, min(t, t_max - 1)], t_max + 1, success_threshold=2.0)
+    pred = out["images"][:, 1:].float() / 255.0  # [E, T, 3, H, W]: after actions 0..T-1
+    mse = np.full((len(rollouts), t_max), np.nan)
+    for i, r in enumerate(rollouts):
+        real = torch.from_numpy(r.images[1 : r.length + 1]).float() / 255.0
+        mse[i, : r.length] = ((pred[i, : r.length] - real) ** 2).mean((1, 2, 3)).numpy()
+    return mse
+
+
+def side_by_side_gif(wm, real, twin_images: np.ndarray, path: Path) -> None:
+    """GIF of a real rollout | the WM replaying its actions open-loop | its imagined CRN twin."""
+    acts = torch.from_numpy(real.actions)
+    n = real.length
+    replay = wm.imagine(torch.from_numpy(real.images[:1]), torch.from_numpy(real.states[:1]),
+                        lambda f, s, t: acts[min(t, n - 1)][None], n + 1, success_threshold=2.0)  # fmt: skip
+    clips = [real.images, replay["images"][0].numpy(), twin_images]
+    t_len = max(len(c) for c in clips)
+    clips = [np.concatenate([c, np.repeat(c[-1:], t_len - len(c), 0)]) for c in clips]
+    from wmrl_vla.domain import save_gif
+
+    save_gif(np.concatenate(clips, axis=3), path)
+
+
+def group_adv(r: np.ndarray, g: int) -> np.ndarray:
+    """``[n * g]`` rewards, group-major -> group-centred advantages (the preset's GRPO centring)."""
+    x = r.reshape(-1, g)
+    return (x - x.mean(1, keepdims=True)).reshape(-1)
+
+
+def rho(a: np.ndarray, b: np.ndarray) -> float:
+    den = math.sqrt(float((a**2).sum() * (b**2).sum()))
+    return float((a * b).sum()) / den if den > 0 else float("nan")
+
+
+def measure(preset: str, groups: int, out: Path, extra: list[str]) -> dict:
+    from scipy.stats import spearmanr
+
+    from wmrl.config import load_config
+    from world_models.vla_dynamics import _auc, calibration_stats, fit_variance_calibration
+
+    cfg = load_config(preset, [f"--out_dir={tempfile.mkdtemp(prefix='wmrl-wm-quality-')}", *extra])
+    cfg.domain.progress = False
+    domain = cfg.domain.build(cfg)
+    g = cfg.grpo.group_size
+    wm = domain.world_model
+    pre_calib = (wm.var_scale, wm.var_floor)
+    report: dict = {"preset": preset, "overrides": extra, "group_size": g, "groups_per_task": groups,
+                    "pretraining_calibration": list(pre_calib), "tasks": {}}  # fmt: skip
+    gen = torch.Generator().manual_seed(2024)
+    domain.twin_anchors = True
+    t0 = time.perf_counter()
+    pooled: dict[str, list] = {k: [] for k in ("sq", "var", "adv_real", "adv_self", "adv_crn", "adv_ind")}
+    for task_id in domain.tasks:
+        tasks = [t for t in domain.sample_tasks(8 * groups * len(domain.tasks), "train", gen)
+                 if t.task_id == task_id][:groups]  # fmt: skip
+        batch = domain.generate(tasks, g, torch.ones(len(tasks), dtype=torch.bool))
+        n = len(tasks) * g
+        real = [p["rollout"] for p in batch.payload[:n]]
+        reward = np.array([r.reward for r in real])
+        success = np.array([float(r.success.max()) for r in real])
+        raw = wm.raw_predict(batch)
+        score, var = raw.mean.numpy(), raw.var.numpy()
+        indep = domain._imagine(tasks, g)  # the same tasks imagined with fresh sampling noise
+        ind_batch = domain._collate(indep, tasks, g)
+        score_ind = wm.raw_predict(ind_batch).mean.numpy()
+        mse = open_loop_frame_mse(wm.model, real)
+        sq = (score[:n] - reward) ** 2
+        # calibration, cross-fitted over two folds of whole groups
+        fold = (np.arange(n) // g) % 2
+        z2_cross = np.empty(n)
+        for f in (0, 1):
+            a, b = fit_variance_calibration(sq[fold != f], var[:n][fold != f])
+            z2_cross[fold == f] = sq[fold == f] / np.maximum(a * var[:n][fold == f] + b, 1e-8)
+        adv = {"real": group_adv(reward, g), "self": group_adv(score[:n], g),
+               "crn": group_adv(score[n:], g), "ind": group_adv(score_ind, g)}  # fmt: skip
+        per_step = np.nanmean(mse, 0)
+        res = {
+            "rollouts": n,
+            "real_success": float(success.mean()),
+            "real_reward": float(reward.mean()),
+            "mean_length": float(np.mean([r.length for r in real])),
+            "frame_mse_per_step": per_step.tolist(),
+            "frame_psnr_per_step": [_psnr(m) for m in per_step],
+            "frame_psnr_step1": _psnr(per_step[0]),
+            "frame_psnr_mean_over_horizon": _psnr(float(np.nanmean(mse))),
+            "success_auc": _auc(score[:n], success),
+            "reward_spearman": float(spearmanr(score[:n], reward).statistic),
+            "score_mae": float(np.abs(score[:n] - reward).mean()),
+            "z2_raw": calibration_stats(sq, var[:n]),
+            "z2_pretraining_calibration": calibration_stats(sq, var[:n], *pre_calib),
+            "z2_cross_fitted": {"z2_mean": float(z2_cross.mean()), "z2_median": float(np.median(z2_cross))},
+            "twin_rho": {
+                "shared_rollout": rho(adv["real"], adv["self"]),
+                "crn_twin": rho(adv["real"], adv["crn"]),
+                "independent_twin": rho(adv["real"], adv["ind"]),
+            },  # fmt: skip
+            "twin_same_first_action": float(
+                np.mean(
+                    [
+                        np.array_equal(batch.payload[i]["bins"][0], batch.payload[n + i]["bins"][0])
+                        for i in range(n)
+                    ]
+                )
+            ),  # fmt: skip
+        }
+        report["tasks"][task_id] = res
+        pooled["sq"].append(sq)
+        pooled["var"].append(var[:n])
+        for k in ("real", "self", "crn", "ind"):
+            pooled[f"adv_{k}"].append(adv[k])
+        name = task_id.split("/")[-1]
+        side_by_side_gif(wm.model, real[0], batch.payload[n]["images"], out / f"vla_wm_quality_{name}.gif")
+        print(f"{task_id}: {json.dumps({k: v for k, v in res.items() if 'per_step' not in k})}", flush=True)
+    sq, var = np.concatenate(pooled["sq"]), np.concatenate(pooled["var"])
+    adv = {k: np.concatenate(v) for k, v in pooled.items() if k.startswith("adv_")}
+    report["pooled"] = {
+        "z2_raw": calibration_stats(sq, var),
+        "z2_pretraining_calibration": calibration_stats(sq, var, *pre_calib),
+        "z2_cross_fitted_mean_over_tasks": float(
+            np.mean([r["z2_cross_fitted"]["z2_mean"] for r in report["tasks"].values()])
+        ),
+        "twin_rho": {
+            "shared_rollout": rho(adv["adv_real"], adv["adv_self"]),
+            "crn_twin": rho(adv["adv_real"], adv["adv_crn"]),
+            "independent_twin": rho(adv["adv_real"], adv["adv_ind"]),
+        },  # fmt: skip
+    }
+    report["seconds"] = time.perf_counter() - t0
+    domain.close()
+    return report
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+    names = [t.split("/")[-1] for t in report["tasks"]]
+    for t, r in report["tasks"].items():
+        ax[0].plot(
+            np.arange(1, len(r["frame_psnr_per_step"]) + 1), r["frame_psnr_per_step"], label=t.split("/")[-1]
+        )
+    ax[0].set_xlabel("open-loop step")
+    ax[0].set_ylabel("frame PSNR (dB)")
+    ax[0].legend()
+    x = np.arange(len(names))
+    z = [[r["z2_raw"]["z2_mean"], r["z2_pretraining_calibration"]["z2_mean"], r["z2_cross_fitted"]["z2_mean"]]
+         for r in report["tasks"].values()]  # fmt: skip
+    for k, lab in enumerate(("raw", "pretraining calibration", "cross-fitted calibration")):
+        ax[1].bar(x + 0.27 * (k - 1), [v[k] for v in z], 0.27, label=lab)
+    ax[1].axhspan(0.5, 2.0, color="g", alpha=0.1)
+    ax[1].set_yscale("log")
+    ax[1].set_xticks(x, names)
+    ax[1].set_ylabel("mean z^2 (1 = calibrated)")
+    ax[1].legend()
+    rhos = [[r["twin_rho"][k] for k in ("shared_rollout", "crn_twin", "independent_twin")]
+            for r in report["tasks"].values()]  # fmt: skip
+    for k, lab in enumerate(("WM score of the real rollout", "CRN twin", "independent twin")):
+        ax[2].bar(x + 0.27 * (k - 1), [v[k] for v in rhos], 0.27, label=lab)
+    ax[2].set_xticks(x, names)
+    ax[2].set_ylabel("corr(real group adv, WM group adv)")
+    ax[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="vla-rl")
+    p.add_argument("--groups", type=int, default=12, help="real groups per task")
+    p.add_argument("--out", default="benchmarks/results")
+    a, extra = p.parse_known_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = measure(a.preset, a.groups, out, extra)
+    (out / "vla_wm_quality.json").write_text(json.dumps(report, indent=2))
+    plot(report, out / "vla_wm_quality.png")
+    print(json.dumps(report["pooled"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
