@@ -3,6 +3,7 @@ refusing a changed config, Ray against local processes, and clear errors for bad
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,6 +88,19 @@ def test_rerun_keeps_finished_cells_and_refuses_a_changed_config(grid, capsys, t
     err = capsys.readouterr().err
     assert "6 cell(s) were run with a different config" in err and "toy/real/seed0: grpo.lr" in err
     assert (metrics.stat().st_mtime_ns, metrics.read_bytes()) == before
+
+
+def test_a_seed_added_on_the_command_line_runs_only_its_cells(grid, tmp_path, capsys):
+    spec, out = grid
+    copy = tmp_path / "g"
+    shutil.copytree(out, copy)
+    metrics = copy / "toy/real/seed0/metrics.jsonl"
+    before = metrics.read_bytes(), metrics.stat().st_mtime_ns
+    assert main(["compare", str(spec), "--out-dir", str(copy), "--seeds=[0,1,2]"]) == 0
+    assert "9 cells, 6 finished, 3 to run" in capsys.readouterr().out
+    assert (metrics.read_bytes(), metrics.stat().st_mtime_ns) == before
+    report = json.loads((copy / "report.json").read_text())
+    assert report["domains"]["toy"]["methods"]["ppi"]["figures"]["heldout_final"]["n"] == 3
 
 
 def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
