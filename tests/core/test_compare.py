@@ -26,21 +26,23 @@ TINY = [
 ]
 
 
-def write_spec(path: Path, steps: int = 4, executor: str = "inline", extra: tuple = ()) -> Path:
+def write_spec(
+    path: Path, steps: int = 4, executor: str = "inline", extra: tuple = (), workers: int = 1
+) -> Path:
     over = json.dumps([*TINY, f"--grpo.steps={steps}", *extra])
     path.write_text(
         "methods: [real, ppi]\nseeds: [0, 1]\n"
         f"domains:\n  - {{name: toy, preset: toy, overrides: {over}}}\n"
-        f"executor: {{type: {executor}, workers: 1}}\n"
+        f"executor: {{type: {executor}, workers: {workers}}}\n"
     )
     return path
 
 
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
-    """A finished grid: toy x (real, anchors_only, ppi) x seeds 0, 1, run inline."""
+    """A finished grid: toy x (real, anchors_only, ppi) x seeds 0, 1, in 2 local worker processes."""
     root = tmp_path_factory.mktemp("grid")
-    spec = write_spec(root / "spec.yaml")
+    spec = write_spec(root / "spec.yaml", executor="process", workers=2)
     assert main(["compare", str(spec), "--out-dir", str(root / "g")]) == 0
     return spec, root / "g"
 
@@ -96,7 +98,9 @@ def test_a_seed_added_on_the_command_line_runs_only_its_cells(grid, tmp_path, ca
     shutil.copytree(out, copy)
     metrics = copy / "toy/real/seed0/metrics.jsonl"
     before = metrics.read_bytes(), metrics.stat().st_mtime_ns
-    assert main(["compare", str(spec), "--out-dir", str(copy), "--seeds=[0,1,2]"]) == 0
+    assert (
+        main(["compare", str(spec), "--out-dir", str(copy), "--seeds=[0,1,2]", "--executor.type=inline"]) == 0
+    )
     assert "9 cells, 6 finished, 3 to run" in capsys.readouterr().out
     assert (metrics.read_bytes(), metrics.stat().st_mtime_ns) == before
     report = json.loads((copy / "report.json").read_text())
@@ -104,11 +108,9 @@ def test_a_seed_added_on_the_command_line_runs_only_its_cells(grid, tmp_path, ca
 
 
 def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
-    """Kill the grid (worker processes included) once the first cell finished and the second is
-    between checkpoints; the rerun keeps the first, resumes the second and runs the rest."""
-    spec = write_spec(
-        tmp_path / "spec.yaml", steps=20, executor="process", extra=("--domain.exec_cost_s=0.005",)
-    )
+    """Kill the grid's process once the first cell finished and the second is between checkpoints;
+    the rerun keeps the first, resumes the second and runs the rest."""
+    spec = write_spec(tmp_path / "spec.yaml", steps=20, extra=("--domain.exec_cost_s=0.005",))
     out = tmp_path / "g"
     cmd = [sys.executable, "-m", "wmrl.cli", "compare", str(spec), "--out-dir", str(out)]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -127,7 +129,7 @@ def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
     killed_rows = read_metrics(second)  # a truncated last line left out
     ckpt = safe_load(second / "checkpoints/latest.pt")["step"]
     assert 0 < ckpt < 20
-    assert main(["compare", str(spec), "--out-dir", str(out), "--executor.type=inline"]) == 0
+    assert main(["compare", str(spec), "--out-dir", str(out)]) == 0
     assert "1 finished, 5 to run" in capsys.readouterr().out
     assert ((first / "metrics.jsonl").stat().st_mtime_ns, (first / "metrics.jsonl").read_bytes()) == kept
     rows = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
@@ -138,10 +140,11 @@ def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
     assert all(c["status"] == "finished" for c in index)
 
 
-def test_ray_on_a_local_cluster_gives_the_same_report_as_local_runs(grid, tmp_path, ray_cluster):
+def test_ray_on_a_local_cluster_gives_the_same_report_as_local_processes(grid, tmp_path, ray_cluster):
     """The cells as Ray tasks on the session's local cluster (started the way the grid starts one)."""
     spec, out = grid
-    assert main(["compare", str(spec), "--out-dir", str(tmp_path / "ray"), "--executor.type=ray"]) == 0
+    ray_args = ["--executor.type=ray", "--executor.workers=2"]
+    assert main(["compare", str(spec), "--out-dir", str(tmp_path / "ray"), *ray_args]) == 0
     local, ray = (json.loads((d / "report.json").read_text()) for d in (out, tmp_path / "ray"))
     assert _figures(ray) == _figures(local)
     assert ray["domains"]["toy"]["methods"]["ppi"]["figures"]["heldout_final"] is not None
