@@ -63,7 +63,8 @@ class DomainEntry:
 class GridExecutorConfig:
     # "process": local worker processes (default); "ray": Ray tasks on a cluster; "inline": this process.
     type: str = "process"
-    # Local worker processes (type=process).
+    # Local worker processes (type=process); with type=ray and no address, the CPUs of the local
+    # cluster it starts.
     workers: int = 2
     # Ray cluster address (None starts a local cluster); resources each cell declares on Ray.
     ray_address: str | None = None

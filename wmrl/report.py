@@ -288,7 +288,10 @@ def _preamble(report: dict) -> list[str]:
             f"{', '.join(dom['reeval_overrides'])}; starting policy {start}"
         )
     if report.get("grid_wall_s") is not None:
-        out.append(f"- grid wall-clock of the run that finished it: {report['grid_wall_s']:.0f} s")
+        out.append(
+            f"- wall-clock of the grid's stages (start-up excluded) in the run that finished it: "
+            f"{report['grid_wall_s']:.0f} s"
+        )
     return out
 
 
@@ -303,7 +306,7 @@ def html_report(report: dict, png: bytes | None, command: str | None = None) -> 
     ]
     if command:
         parts.append(f"<p>Command: <code>{esc(command)}</code></p>")
-    parts.append("<ul>" + "".join(f"<li>{esc(x[2:])}</li>" for x in _preamble(report)) + "</ul>")
+    parts.append("<ul>" + "".join(f"<li>{_inline_html(x[2:])}</li>" for x in _preamble(report)) + "</ul>")
     for title, keys in TABLES.items():
         head, rows = table_rows(report, keys)
         parts.append(
@@ -323,6 +326,14 @@ def html_report(report: dict, png: bytes | None, command: str | None = None) -> 
         )
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _inline_html(text: str) -> str:
+    """Escape ``text`` and turn its markdown ``**bold**`` and ```code``` into HTML."""
+    import re
+
+    text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
 
 
 def plot(report: dict, path: Path) -> Path:

@@ -3,6 +3,7 @@ refusing a changed config, Ray against local processes, and clear errors for bad
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,21 +26,23 @@ TINY = [
 ]
 
 
-def write_spec(path: Path, steps: int = 4, executor: str = "inline", extra: tuple = ()) -> Path:
+def write_spec(
+    path: Path, steps: int = 4, executor: str = "inline", extra: tuple = (), workers: int = 1
+) -> Path:
     over = json.dumps([*TINY, f"--grpo.steps={steps}", *extra])
     path.write_text(
         "methods: [real, ppi]\nseeds: [0, 1]\n"
         f"domains:\n  - {{name: toy, preset: toy, overrides: {over}}}\n"
-        f"executor: {{type: {executor}, workers: 1}}\n"
+        f"executor: {{type: {executor}, workers: {workers}}}\n"
     )
     return path
 
 
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
-    """A finished grid: toy x (real, anchors_only, ppi) x seeds 0, 1, run inline."""
+    """A finished grid: toy x (real, anchors_only, ppi) x seeds 0, 1, in 2 local worker processes."""
     root = tmp_path_factory.mktemp("grid")
-    spec = write_spec(root / "spec.yaml")
+    spec = write_spec(root / "spec.yaml", executor="process", workers=2)
     assert main(["compare", str(spec), "--out-dir", str(root / "g")]) == 0
     return spec, root / "g"
 
@@ -89,12 +92,25 @@ def test_rerun_keeps_finished_cells_and_refuses_a_changed_config(grid, capsys, t
     assert (metrics.stat().st_mtime_ns, metrics.read_bytes()) == before
 
 
-def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
-    """Kill the grid (worker processes included) once the first cell finished and the second is
-    between checkpoints; the rerun keeps the first, resumes the second and runs the rest."""
-    spec = write_spec(
-        tmp_path / "spec.yaml", steps=30, executor="process", extra=("--domain.exec_cost_s=0.01",)
+def test_a_seed_added_on_the_command_line_runs_only_its_cells(grid, tmp_path, capsys):
+    spec, out = grid
+    copy = tmp_path / "g"
+    shutil.copytree(out, copy)
+    metrics = copy / "toy/real/seed0/metrics.jsonl"
+    before = metrics.read_bytes(), metrics.stat().st_mtime_ns
+    assert (
+        main(["compare", str(spec), "--out-dir", str(copy), "--seeds=[0,1,2]", "--executor.type=inline"]) == 0
     )
+    assert "9 cells, 6 finished, 3 to run" in capsys.readouterr().out
+    assert (metrics.read_bytes(), metrics.stat().st_mtime_ns) == before
+    report = json.loads((copy / "report.json").read_text())
+    assert report["domains"]["toy"]["methods"]["ppi"]["figures"]["heldout_final"]["n"] == 3
+
+
+def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
+    """Kill the grid's process once the first cell finished and the second is between checkpoints;
+    the rerun keeps the first, resumes the second and runs the rest."""
+    spec = write_spec(tmp_path / "spec.yaml", steps=20, extra=("--domain.exec_cost_s=0.005",))
     out = tmp_path / "g"
     cmd = [sys.executable, "-m", "wmrl.cli", "compare", str(spec), "--out-dir", str(out)]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -112,22 +128,23 @@ def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
     kept = (first / "metrics.jsonl").stat().st_mtime_ns, (first / "metrics.jsonl").read_bytes()
     killed_rows = read_metrics(second)  # a truncated last line left out
     ckpt = safe_load(second / "checkpoints/latest.pt")["step"]
-    assert 0 < ckpt < 30
-    assert main(["compare", str(spec), "--out-dir", str(out), "--executor.type=inline"]) == 0
+    assert 0 < ckpt < 20
+    assert main(["compare", str(spec), "--out-dir", str(out)]) == 0
     assert "1 finished, 5 to run" in capsys.readouterr().out
     assert ((first / "metrics.jsonl").stat().st_mtime_ns, (first / "metrics.jsonl").read_bytes()) == kept
     rows = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(0, 31))  # step 0: the first evaluation
+    assert [r["step"] for r in rows] == list(range(0, 21))  # step 0: the first evaluation
     # resumed, not restarted: the rows up to the checkpoint are the ones the killed run wrote
     assert rows[: ckpt + 1] == [r for r in killed_rows if r["step"] <= ckpt]
     index = json.loads((out / "index.json").read_text())["cells"]
     assert all(c["status"] == "finished" for c in index)
 
 
-def test_ray_on_a_local_cluster_gives_the_same_report_as_local_runs(grid, tmp_path, ray_cluster):
+def test_ray_on_a_local_cluster_gives_the_same_report_as_local_processes(grid, tmp_path, ray_cluster):
     """The cells as Ray tasks on the session's local cluster (started the way the grid starts one)."""
     spec, out = grid
-    assert main(["compare", str(spec), "--out-dir", str(tmp_path / "ray"), "--executor.type=ray"]) == 0
+    ray_args = ["--executor.type=ray", "--executor.workers=2"]
+    assert main(["compare", str(spec), "--out-dir", str(tmp_path / "ray"), *ray_args]) == 0
     local, ray = (json.loads((d / "report.json").read_text()) for d in (out, tmp_path / "ray"))
     assert _figures(ray) == _figures(local)
     assert ray["domains"]["toy"]["methods"]["ppi"]["figures"]["heldout_final"] is not None
