@@ -239,13 +239,14 @@ def main(argv: list[str] | None = None) -> None:
     from wmrl_vla.data import load_episodes
 
     torch.set_num_threads(1)
+    from world_models.vla_dynamics import episodes_from_records
+
     records = load_episodes(a.root, a.repo_id)
-    img = np.asarray(records[0]["observation.image"])
-    size = img.shape[-2] if img.shape[-1] == 3 else img.shape[-1]
+    first = episodes_from_records(records[:1])[0]  # images [T, 3, H, W], whatever the record's keys
     cfg = SmallVLAConfig(
-        image_size=int(size),
-        state_dim=int(np.asarray(records[0]["observation.state"]).shape[-1]),
-        action_dim=int(np.asarray(records[0]["action"]).shape[-1]),
+        image_size=int(first["images"].shape[-1]),
+        state_dim=int(first["states"].shape[-1]),
+        action_dim=int(first["actions"].shape[-1]),
         n_bins=a.n_bins,
     )
     torch.manual_seed(a.seed)

@@ -100,6 +100,26 @@ def test_checkpoint_that_does_not_match_the_config_is_refused(tmp_path):
         train_run(_cfg(tmp_path / "empty"), resume=True)
 
 
+def _wandb_records(run, timeout: float = 120.0) -> dict[str, list]:
+    """The records of an offline wandb run's ``.wandb`` file by type, once its ``exit`` record (the
+    last one) is there: wandb's service writes the file in the background."""
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal import datastore
+
+    deadline = time.monotonic() + timeout
+    while True:
+        ds = datastore.DataStore()
+        ds.open_for_scan(str(next(run.glob("*.wandb"))))
+        records: dict[str, list] = {}
+        while (data := ds.scan_data()) is not None:
+            rec = wandb_internal_pb2.Record()
+            rec.ParseFromString(data)
+            records.setdefault(rec.WhichOneof("record_type"), []).append(rec)
+        if "exit" in records or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
 def test_wandb_offline_writes_a_local_run_with_config_diagnostics_and_media(tmp_path):
     """An offline wandb run beside the run: the run config as wandb's config, every metric (the WM
     diagnostics included) in its history, the domain's rollout table every ``media_every`` steps;
@@ -119,20 +139,13 @@ def test_wandb_offline_writes_a_local_run_with_config_diagnostics_and_media(tmp_
     assert table["columns"] == ["group", "context", "action", "predicted", "executed", "true"]
     assert len(table["data"]) == 8 * cfg.grpo.group_size
     assert any(r[4] is not None for r in table["data"]) and any(r[4] is None for r in table["data"])
-    from wandb.proto import wandb_internal_pb2  # the history as wandb recorded it
-    from wandb.sdk.internal import datastore
-
-    ds = datastore.DataStore()
-    ds.open_for_scan(str(next(run.glob("*.wandb"))))
-    keys, config = set(), {}
-    while (data := ds.scan_data()) is not None:
-        rec = wandb_internal_pb2.Record()
-        rec.ParseFromString(data)
-        if rec.WhichOneof("record_type") == "history":
-            keys |= {item.key or "/".join(item.nested_key) for item in rec.history.item}
-        elif rec.WhichOneof("record_type") in ("run", "config"):
-            updates = rec.run.config.update if rec.HasField("run") else rec.config.update
-            config |= {item.key: json.loads(item.value_json) for item in updates}
+    records = _wandb_records(run)
+    keys = {
+        item.key or "/".join(item.nested_key) for r in records.get("history", []) for item in r.history.item
+    }
+    config = {
+        item.key: json.loads(item.value_json) for r in records.get("run", []) for item in r.run.config.update
+    }
     assert {"ppi/lambda", "ppi/rho", "wm/residual_before", "denoise/w", "denoise/s2"} <= keys
     assert config["method"] == "ppi" and config["grpo"]["steps"] == 2  # the run config
 
