@@ -177,7 +177,8 @@ def untrained_policy(
         **({"hidden": cfg.tiny_hidden, "layers": cfg.tiny_layers} if cfg.policy == "tiny" else {}),
     )
     checkpointing = cfg.gradient_checkpointing
-    if checkpointing if checkpointing is not None else cfg.policy != "tiny":
+    wanted = checkpointing if checkpointing is not None else cfg.policy != "tiny"
+    if wanted and getattr(model, "supports_gradient_checkpointing", False):
         # recompute each layer in backward (training mode only; sampling is unchanged), and return
         # freed activations to the system: without both, SmolLM2's update held ~13 GB of RSS
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
