@@ -9,7 +9,11 @@ with depth (the logits).
 
 - ``train``: one SFT / GRPO update (``ResearchPolicy.completion_log_probs`` with gradients, LoRA on
   every linear layer, then backward) at ``--batch`` rows x ``--prompt`` prompt tokens +
-  ``--completion`` completion tokens, with and without gradient checkpointing.
+  ``--completion`` completion tokens: ``plain``, with gradient checkpointing (``checkpointing``), and
+  with it and ``agent.return_freed_memory`` (``checkpointing_mallopt``, what the pipeline does for
+  every policy but tiny). Run it also under ``MALLOC_MMAP_THRESHOLD_=1048576`` to see how much of
+  the peak is freed memory that glibc keeps (by default it serves blocks of up to 32 MB from its heap
+  once a block that size has been freed, and keeps what is freed there).
 - ``sample``: the first forward of ``ResearchPolicy.sample`` over ``--sample-batch`` prompts (the
   KV-cache fill), with every position's logits or only the last one's (``logits_to_keep=1``).
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -60,8 +65,12 @@ def case(kind: str, layers: int, variant: str, args: argparse.Namespace) -> dict
         from wmrl_research.agent import add_lora
 
         model = add_lora(model, r=8, alpha=16)
-        if variant == "checkpointing":
+        if variant in ("checkpointing", "checkpointing_mallopt"):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if variant == "checkpointing_mallopt":  # what the pipeline does for every policy but tiny
+            from wmrl_research.agent import return_freed_memory
+
+            assert return_freed_memory()
         model.train()
         n, p, t = args.batch, args.prompt, args.completion
         ids = torch.randint(0, SMOLLM2["vocab_size"], (n, p + t))
@@ -116,6 +125,10 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512, help="prompt tokens (max_prompt_tokens)")
     ap.add_argument("--completion", type=int, default=128, help="completion tokens (max_new_tokens)")
     ap.add_argument("--sample-batch", type=int, default=16, help="prompts sampled at once")
+    ap.add_argument(
+        "--train-variants", nargs="+", default=["plain", "checkpointing", "checkpointing_mallopt"]
+    )
+    ap.add_argument("--kinds", nargs="+", default=["sample", "train"], choices=["sample", "train"])
     ap.add_argument("--out", default="runs/policy-memory")
     ap.add_argument("--case", nargs=3, metavar=("KIND", "LAYERS", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -126,7 +139,9 @@ def main() -> None:
     rows = []
     passthrough = [f"--batch={args.batch}", f"--prompt={args.prompt}", f"--completion={args.completion}",
                    f"--sample-batch={args.sample_batch}"]  # fmt: skip
-    for kind, variants in (("sample", ("all_logits", "last_logits")), ("train", ("plain", "checkpointing"))):
+    for kind, variants in (("sample", ("all_logits", "last_logits")), ("train", tuple(args.train_variants))):
+        if kind not in args.kinds:
+            continue
         for variant in variants:
             for layers in args.layers:
                 cmd = [sys.executable, __file__, "--case", kind, str(layers), variant, *passthrough]
@@ -139,6 +154,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k not in ("case", "out")}
+    settings["MALLOC_MMAP_THRESHOLD_"] = os.environ.get("MALLOC_MMAP_THRESHOLD_")  # glibc: see the docstring
     path = out / "research_policy_memory.json"
     path.write_text(json.dumps({"settings": settings, "cases": rows, "fits": fits}, indent=2))
     print(json.dumps(fits, indent=2))

@@ -229,6 +229,29 @@ def _fix_byte_level_decoder(tok) -> None:
         backend.decoder = decoders.ByteLevel()
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+
+
+def return_freed_memory(threshold_bytes: int = 1 << 20) -> bool:
+    """Make glibc serve every allocation of ``threshold_bytes`` or more by its own ``mmap``, returned
+    to the system when freed (``mallopt(M_MMAP_THRESHOLD)``, as ``MALLOC_MMAP_THRESHOLD_`` does).
+
+    By default glibc raises that threshold to the largest block freed so far (up to 32 MB), after
+    which activation-sized tensors come from the heap, and freed ones stay in the process: a
+    backward pass through SmolLM2 at batch 8 x 640 tokens then holds ~420 MB of RSS per layer,
+    of which ~200 MB are live (benchmarks/research_policy_memory.py). False where glibc is absent."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        return bool(ctypes.CDLL(name).mallopt(M_MMAP_THRESHOLD, int(threshold_bytes)))
+    except (OSError, AttributeError):  # not glibc
+        return False
+
+
 def add_lora(model: nn.Module, r: int = 8, alpha: int = 16) -> nn.Module:
     """Wrap ``model`` with LoRA adapters on every linear layer; only the adapters stay trainable."""
     from peft import LoraConfig, get_peft_model

@@ -22,7 +22,14 @@ import torch
 from wmrl.device import module_device, resolve_device
 from wmrl.distributed import writes_run_dir
 from wmrl.executors import make_executor
-from wmrl_research.agent import ResearchPolicy, add_lora, build_prompt, build_tokenizer, load_lm
+from wmrl_research.agent import (
+    ResearchPolicy,
+    add_lora,
+    build_prompt,
+    build_tokenizer,
+    load_lm,
+    return_freed_memory,
+)
 from wmrl_research.config import WORLD_MODELS
 from wmrl_research.domain import (
     ResearchDomain,
@@ -171,9 +178,12 @@ def untrained_policy(
         **({"hidden": cfg.tiny_hidden, "layers": cfg.tiny_layers} if cfg.policy == "tiny" else {}),
     )
     checkpointing = cfg.gradient_checkpointing
-    if checkpointing if checkpointing is not None else cfg.policy != "tiny":
-        # recompute each layer in backward (training mode only; sampling is unchanged)
+    wanted = checkpointing if checkpointing is not None else cfg.policy != "tiny"
+    if wanted and getattr(model, "supports_gradient_checkpointing", False):
+        # recompute each layer in backward (training mode only; sampling is unchanged), and return
+        # freed activations to the system: without both, SmolLM2's update held ~13 GB of RSS
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return_freed_memory()
     if cfg.lora:
         model = add_lora(model, r=cfg.lora_rank, alpha=2 * cfg.lora_rank)
     return ResearchPolicy(

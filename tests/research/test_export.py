@@ -142,6 +142,8 @@ def test_lora_run_exports_merged_weights_or_the_adapter(tmp_path):
     tiny_lm(tok, hidden=32, layers=1, heads=2).save_pretrained(str(base))
     _, domain, _ = _train(tmp_path, "run", f"--domain.policy={base}", "--domain.lora=true",
                           "--domain.lora_rank=4", "--domain.sft_steps=5", "--grpo.lr=5e-2")  # fmt: skip
+    # a pretrained checkpoint trains with gradient checkpointing (domain.gradient_checkpointing's default)
+    assert domain.policy.model.get_base_model().is_gradient_checkpointing
     policy = domain.policy.eval()
     prompts = _prompts(domain)
     ids, mask = encode_prompts(policy.tokenizer, prompts)
