@@ -35,7 +35,7 @@ from pathlib import Path
 import draccus
 from draccus.utils import DraccusException
 
-from wmrl.config import METHODS, ConfigError, did_you_mean, load_config, presets
+from wmrl.config import METHODS, ConfigError, _check, _one_of, did_you_mean, load_config, presets
 from wmrl.experiment import _config_diffs, comparison_runs, with_control, writable_dir
 from wmrl.tracking import CHECKPOINT, RunDirError, read_metrics
 
@@ -72,17 +72,12 @@ class GridExecutorConfig:
     num_gpus: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.type not in GRID_EXECUTORS:
-            raise ConfigError(
-                f"executor.type={self.type!r} is not one of {', '.join(GRID_EXECUTORS)}"
-                + did_you_mean(self.type, GRID_EXECUTORS)
-            )
-        if self.workers < 1:
-            raise ConfigError(f"executor.workers={self.workers} must be >= 1")
-        if self.num_cpus < 0 or self.num_gpus < 0:
-            raise ConfigError(
-                f"executor.num_cpus={self.num_cpus} and executor.num_gpus={self.num_gpus} must be >= 0"
-            )
+        _one_of("executor.type", self.type, GRID_EXECUTORS)
+        _check(self.workers >= 1, f"executor.workers={self.workers} must be >= 1")
+        _check(
+            self.num_cpus >= 0 and self.num_gpus >= 0,
+            f"executor.num_cpus={self.num_cpus} and executor.num_gpus={self.num_gpus} must be >= 0",
+        )
 
 
 @dataclass
