@@ -197,3 +197,15 @@ def test_missing_spec_and_bad_executor(tmp_path, capsys):
     spec = write_spec(tmp_path / "s.yaml")
     assert main(["compare", str(spec), "--out-dir", str(tmp_path / "g"), "--executor.type=slurm"]) == 2
     assert "executor.type='slurm' is not one of process, ray, inline" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", sorted((Path(__file__).parents[2] / "benchmarks" / "specs").glob("*.yaml")))
+def test_committed_specs_plan_every_cell(spec):
+    """Every committed grid spec parses and plans (each cell's config loads), with its control."""
+    from wmrl.grid import load_spec, plan
+
+    s = load_spec(spec)
+    cells = plan(s, Path("/nonexistent-grid"))
+    assert len(cells) == len(s.domains) * len(s.all_methods) * len(s.seeds)
+    if s.control and {"wmrl", "ppi"} & set(s.methods):
+        assert "anchors_only" in {c.method for c in cells}
