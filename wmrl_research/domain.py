@@ -362,3 +362,8 @@ class ResearchDomain:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.world_model.load_state_dict(state["world_model"])
         self.gen.set_state(state["gen"])
+
+    def close(self) -> None:
+        """Stop the evaluation executor's workers (and their sandboxes). Without it a process that
+        built the domain, e.g. a grid's worker, cannot exit: its pool's children are still joined."""
+        self.executor.close()

@@ -190,3 +190,20 @@ def test_rollout_media_is_a_table_of_edits_with_predicted_and_true_scores(built)
     assert [r[2] for r in table.rows] == [p.completion for p in batch.payload]
     assert [r[5] for r in table.rows] == pytest.approx(pred.tolist())
     assert [r[6] for r in table.rows[:3]] == pytest.approx(true[:3].tolist()) and table.rows[3][6] is None
+
+
+def test_close_stops_the_evaluation_executor(built):
+    """A process that built the domain must be able to exit: close() stops the executor's worker
+    pool (a grid worker that prepared research-tiny hung at its exit, joining the pool's children)."""
+    cfg, _ = built
+    cfg = load_config("research-debug", [
+        f"--domain.cache_dir={cfg.domain.cache_dir}", f"--out_dir={cfg.out_dir}-process",
+        "--domain.sft_steps=10", "--domain.wm_pretrain_steps=20", "--executor.type=process",
+        "--anchors.max_concurrent=1",
+    ])  # fmt: skip
+    domain = cfg.domain.build(cfg)
+    pool = domain.executor._pool
+    assert domain.execute(manual_batch(domain, [None])).shape == (1,)
+    assert pool.active
+    domain.close()
+    assert not pool.active
