@@ -40,6 +40,8 @@ import numpy as np
 import torch
 
 from wmrl.domain import Job, Prediction, RolloutBatch
+from wmrl_vla.config import IMAGINE_INPUTS
+from wmrl_vla.latent import LatentAdapter, distill, encoder_targets
 from wmrl_vla.policy import SmallVLA
 from wmrl_vla.rollout import (
     EnvPool,
@@ -60,6 +62,9 @@ from world_models.vla_dynamics import (
 TRAIN_SEEDS = (0, 1_000_000)
 EVAL_SEEDS = (1_000_000, 2_000_000)
 ENV_SPLIT = {"train": "train", "eval": "test", "test": "test"}
+
+# Latents (rollout steps) decoded per refresh of the latent adapter after an imagined batch.
+LATENT_REFRESH_SAMPLES = 256
 
 
 @dataclass(frozen=True)
@@ -237,8 +242,18 @@ class VLADomain:
         out_dir: str | Path | None = None,
         seed: int = 0,
         twin_anchors: bool = False,
+        imagine_input: str = "pixels",
+        latent_refresh_steps: int = 10,
     ) -> None:
         import sims
+
+        if imagine_input not in IMAGINE_INPUTS:
+            raise ValueError(f"imagine_input={imagine_input!r} is not one of {', '.join(IMAGINE_INPUTS)}")
+        if imagine_input == "latent" and not isinstance(policy, SmallVLA):
+            raise ValueError(
+                f"imagine_input=latent needs the small VLA (its visual features are what the latent "
+                f"adapter predicts), not {type(policy).__name__}; use imagine_input=pixels"
+            )
 
         if not tasks:
             raise ValueError("VLADomain needs at least one task")
@@ -263,6 +278,11 @@ class VLADomain:
         self.n_evals = 0
         self.sim_steps = 0
         self.imagined_steps = 0
+        self.imagine_input = imagine_input
+        self.latent_refresh_steps = latent_refresh_steps
+        self.latent_adapter: LatentAdapter | None = None
+        self.latent_optimizer: torch.optim.Optimizer | None = None
+        self.latent_metrics: dict[str, float] = {}
 
     def shard_rng(self, rank: int, step: int) -> None:
         """Data-parallel ``generation="shard"`` (wmrl/distributed.py), before each step's generation:
@@ -365,42 +385,141 @@ class VLADomain:
         instr_ids = self.policy.tokenizer.encode(instrs)
         horizon = max(self.horizon[t.task_id] for t in tasks)
         limits = torch.tensor([self.horizon[t.task_id] for t in tasks]).repeat_interleave(group_size)
-        rec_bins, rec_lp = [], []
+        rec_bins, rec_lp, rec_feats = [], [], []
+        latent = self.imagine_input == "latent"
+        if latent and self.latent_adapter is None:
+            raise RuntimeError("imagine_input=latent: fit_latent_adapter() must run before imagining")
+        dev = self.policy.centers.device
+        sentence = self.policy.sentence(instr_ids.to(dev)) if latent else None
 
-        def act(frames: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
+        def act(obs: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
             kw = {} if noise is None else {"noise": noise[:, t]}
-            bins, lp, a = self.policy.act(frames, states, instr_ids, self.temperature, self.gen, **kw)
+            if latent:  # obs: the WM latent [B, D]; the adapter stands in for the pixel encoder
+                feats = self.latent_adapter(obs.to(dev), sentence)
+                rec_feats.append(feats.cpu())
+                kw["features"] = feats
+            bins, lp, a = self.policy.act(obs, states, instr_ids, self.temperature, self.gen, **kw)
             rec_bins.append(bins)
             rec_lp.append(lp)
             return a
 
         wm: VLADynamics = self.world_model.model
         wm.eval()
-        out = wm.imagine(imgs, sts, act, horizon, generator=self.gen)
+        out = wm.imagine(
+            imgs, sts, act, horizon, generator=self.gen, observe="latents" if latent else "frames"
+        )
         bins = torch.stack(rec_bins, 1)  # [B, T', A]
         lps = torch.stack(rec_lp, 1)
+        feats = torch.stack(rec_feats, 1) if latent else None  # [B, T', F]
         res = []
+        lengths = []
         for i in range(imgs.shape[0]):
             n = int(out["mask"][i].sum().item())
             n = max(1, min(n, int(limits[i])))
+            lengths.append(n)
             self.imagined_steps += n
-            res.append(
-                {
-                    "kind": "imagined",
-                    "task_id": tasks[i // group_size].task_id,
-                    "seed": tasks[i // group_size].seed,
-                    "instruction": instrs[i],
-                    "images": out["images"][i, :n].numpy(),
-                    "states": out["states"][i, :n].numpy(),
-                    "actions": out["actions"][i, :n].numpy(),
-                    "bins": bins[i, :n].numpy(),
-                    "logprobs": lps[i, :n].numpy(),
-                    "reward": float("nan"),  # unknown: never executed
-                    "success": float("nan"),
-                    "rollout": None,
-                }
-            )
+            r = {
+                "kind": "imagined",
+                "task_id": tasks[i // group_size].task_id,
+                "seed": tasks[i // group_size].seed,
+                "instruction": instrs[i],
+                "images": out["images"][i, :n].numpy(),
+                "states": out["states"][i, :n].numpy(),
+                "actions": out["actions"][i, :n].numpy(),
+                "bins": bins[i, :n].numpy(),
+                "logprobs": lps[i, :n].numpy(),
+                "reward": float("nan"),  # unknown: never executed
+                "success": float("nan"),
+                "rollout": None,
+            }
+            if latent:  # no frame but the first was decoded: keep what the policy read instead
+                r["features"] = feats[i, :n]
+                r["latents"] = out["latents"][i, :n]
+            res.append(r)
+        if latent and self.latent_refresh_steps > 0:
+            self._refresh_latent_adapter(imgs, out["latents"], instr_ids, lengths)
         return res
+
+    # ------------------------------------------------------------------ latent imagination
+    def fit_latent_adapter(
+        self, n_tasks: int = 16, group_size: int = 4, steps: int = 500
+    ) -> dict[str, float]:
+        """Distill a new :class:`~wmrl_vla.latent.LatentAdapter` from the policy's pixel encoder on
+        the world model's own rollouts: ``n_tasks`` training tasks x ``group_size`` rollouts imagined
+        with the policy acting on decoded frames; every 5th rollout is held out to measure the fit
+        (``latent/heldout_mse``: standardised squared error; ``latent/heldout_agreement``: how often
+        the policy's greedy bins from the adapter's features equal those from the encoder's)."""
+        pol, wm = self.policy, self.world_model.model
+        dev = pol.centers.device
+        gen = torch.Generator().manual_seed(self.seed + 4242)
+        tasks = self.sample_tasks(n_tasks, "train", gen)
+        inits = [self._initial_obs(t) for t in tasks]
+        imgs = torch.from_numpy(np.stack([i[0] for i in inits])).repeat_interleave(group_size, 0)
+        sts = torch.from_numpy(np.stack([i[1] for i in inits])).repeat_interleave(group_size, 0)
+        instr = pol.tokenizer.encode([i[2] for i in inits for _ in range(group_size)])
+        horizon = max(self.horizon[t.task_id] for t in tasks)
+        pol.eval()
+        wm.eval()
+        out = wm.imagine(
+            imgs, sts, lambda f, s, t: pol.act(f, s, instr, self.temperature, gen)[2], horizon, generator=gen
+        )
+        mask = out["mask"] > 0  # [B, T]
+        b, t = mask.shape
+        rows = torch.arange(b).unsqueeze(1).expand(b, t)[mask]
+        z = out["latents"][mask].to(dev)
+        frames = out["images"][mask].to(dev)
+        with torch.no_grad():
+            targets = pol.visual_features(frames, instr[rows].to(dev))
+            sentence = pol.sentence(instr[rows].to(dev))
+        held = rows % 5 == 4
+        adapter = LatentAdapter(z.shape[1], sentence.shape[1], pol.feature_dim).to(dev)
+        adapter.set_normalisation(targets[~held])
+        opt = torch.optim.Adam(adapter.parameters(), lr=1e-3)
+        hist = distill(adapter, opt, z[~held], sentence[~held], targets[~held], steps, generator=gen)
+        self.latent_adapter, self.latent_optimizer = adapter, opt
+        with torch.no_grad():
+            from wmrl_vla.latent import distill_loss
+
+            h_mse = float(distill_loss(adapter, z[held], sentence[held], targets[held]))
+            st = out["states"][mask].to(dev)[held]
+            ins = instr[rows][held].to(dev)
+            g_pix = pol.logits_from_features(targets[held], st, ins).argmax(-1)
+            g_lat = pol.logits_from_features(adapter(z[held], sentence[held]), st, ins).argmax(-1)
+        self.latent_metrics = {
+            "latent/fit_samples": float((~held).sum()),
+            "latent/fit_loss": hist[-1] if hist else float("nan"),
+            "latent/heldout_mse": h_mse,
+            "latent/heldout_agreement": float((g_pix == g_lat).float().mean()),
+        }
+        return dict(self.latent_metrics)
+
+    def _refresh_latent_adapter(
+        self, imgs: torch.Tensor, latents: torch.Tensor, instr: torch.Tensor, lengths: list[int]
+    ) -> None:
+        """``latent_refresh_steps`` distillation steps on up to ``LATENT_REFRESH_SAMPLES`` latents of
+        the batch just imagined (``latents`` ``[B, T, D]``, rollout ``i`` real for ``lengths[i]``
+        steps), decoded now for this purpose only, with the current encoder's targets."""
+        b, t = latents.shape[:2]
+        real = torch.arange(t).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)  # [B, T]
+        rows, cols = real.nonzero(as_tuple=True)
+        pick = torch.randperm(rows.numel(), generator=self.gen)[:LATENT_REFRESH_SAMPLES]
+        rows, cols = rows[pick], cols[pick]
+        dev = self.policy.centers.device
+        self.policy.eval()
+        z = latents[rows, cols].to(dev)
+        targets = encoder_targets(self.policy, self.world_model.model, imgs[rows], z, instr[rows])
+        with torch.no_grad():
+            sentence = self.policy.sentence(instr[rows].to(dev))
+        hist = distill(
+            self.latent_adapter,
+            self.latent_optimizer,
+            z,
+            sentence,
+            targets,
+            self.latent_refresh_steps,
+            generator=self.gen,
+        )
+        self.latent_metrics["latent/refresh_loss"] = hist[0]  # before this refresh's steps: held out
 
     def _collate(
         self,
@@ -429,6 +548,17 @@ class VLADomain:
             logprobs[i, :t] = torch.as_tensor(r["logprobs"])
             step_mask[i, :t] = 1
         mask = step_mask.unsqueeze(-1).expand(n, t_max, a).reshape(n, t_max * a).contiguous()
+        latent_extras = {}
+        if any("features" in r for r in rollouts):  # latent imagination: what the policy read
+            f_dim = next(r["features"].shape[1] for r in rollouts if "features" in r)
+            features = torch.zeros(n, t_max, f_dim)
+            for i, r in enumerate(rollouts):
+                if "features" in r:
+                    features[i, : len(r["actions"])] = r["features"]
+            latent_extras = {
+                "features": features,
+                "latent": torch.tensor(["features" in r for r in rollouts]),
+            }
         return RolloutBatch(
             tokens=tokens.reshape(n, t_max * a),
             logprobs=logprobs.reshape(n, t_max * a),
@@ -444,6 +574,7 @@ class VLADomain:
                 "step_mask": step_mask,
                 "init_images": images[:, 0].clone(),
                 "init_states": states[:, 0].clone(),
+                **latent_extras,
             },
             twin_of=twin_of,
         )
@@ -490,8 +621,13 @@ class VLADomain:
         if "imagined" in kinds:
             i = kinds.index("imagined")
             p = batch.payload[i]
+            frames = p["images"]
+            if "latents" in p:  # imagined on the latent: decode its frames for the video only
+                lat = p["latents"]
+                init = batch.extras["init_images"][i : i + 1].expand(lat.shape[0], -1, -1, -1)
+                frames = self.world_model.model.frames_from_latents(init, lat).cpu().numpy()
             media["rollouts/imagined"] = Video(
-                big(p["images"]), caption=f"{p['task_id']}: {p['instruction']!r} in imagination; {score(i)}"
+                big(frames), caption=f"{p['task_id']}: {p['instruction']!r} in imagination; {score(i)}"
             )
         rows = [
             [
@@ -562,8 +698,9 @@ class VLADomain:
         return out
 
     def step_metrics(self) -> dict[str, float]:
-        """Real simulator steps taken by training rollouts so far (logged as ``domain/sim_steps``)."""
-        return {"sim_steps": float(self.sim_steps)}
+        """Real simulator steps taken by training rollouts so far (logged as ``domain/sim_steps``),
+        and with ``imagine_input=latent`` the latent adapter's fit (:meth:`fit_latent_adapter`)."""
+        return {"sim_steps": float(self.sim_steps), **self.latent_metrics}
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -573,6 +710,14 @@ class VLADomain:
             "n_evals": self.n_evals,
             "sim_steps": self.sim_steps,
             "imagined_steps": self.imagined_steps,
+            **(
+                {
+                    "latent_adapter": self.latent_adapter.state_dict(),
+                    "latent_optimizer": self.latent_optimizer.state_dict(),
+                }
+                if self.latent_adapter is not None
+                else {}
+            ),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -581,6 +726,11 @@ class VLADomain:
         self.n_evals = int(state["n_evals"])
         self.sim_steps = int(state["sim_steps"])
         self.imagined_steps = int(state["imagined_steps"])
+        if "latent_adapter" in state:
+            if self.latent_adapter is None:
+                raise ValueError("the checkpoint holds a latent adapter but this run imagines on pixels")
+            self.latent_adapter.load_state_dict(state["latent_adapter"])
+            self.latent_optimizer.load_state_dict(state["latent_optimizer"])
 
     def close(self) -> None:
         self.pool.close()
