@@ -102,7 +102,7 @@ class VLAConfig(DomainConfig):
     # latent_refresh_steps: distillation steps after every imagined batch (on its own latents).
     imagine_input: str = "pixels"
     latent_adapter_steps: int = 500
-    latent_refresh_steps: int = 10
+    latent_refresh_steps: int = 5
     # Anchor jobs re-simulate the recorded actions from the seed (a second real execution) instead
     # of returning the reward recorded while the anchor rollout was generated.
     regrade: bool = False

@@ -64,7 +64,7 @@ EVAL_SEEDS = (1_000_000, 2_000_000)
 ENV_SPLIT = {"train": "train", "eval": "test", "test": "test"}
 
 # Latents (rollout steps) decoded per refresh of the latent adapter after an imagined batch.
-LATENT_REFRESH_SAMPLES = 256
+LATENT_REFRESH_SAMPLES = 128
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,7 @@ class VLADomain:
         seed: int = 0,
         twin_anchors: bool = False,
         imagine_input: str = "pixels",
-        latent_refresh_steps: int = 10,
+        latent_refresh_steps: int = 5,
     ) -> None:
         import sims
 
@@ -437,7 +437,7 @@ class VLADomain:
                 r["latents"] = out["latents"][i, :n]
             res.append(r)
         if latent and self.latent_refresh_steps > 0:
-            self._refresh_latent_adapter(imgs, out["latents"], instr_ids, lengths)
+            self.refresh_latent_adapter(imgs, out["latents"], instr_ids, lengths)
         return res
 
     # ------------------------------------------------------------------ latent imagination
@@ -493,7 +493,7 @@ class VLADomain:
         }
         return dict(self.latent_metrics)
 
-    def _refresh_latent_adapter(
+    def refresh_latent_adapter(
         self, imgs: torch.Tensor, latents: torch.Tensor, instr: torch.Tensor, lengths: list[int]
     ) -> None:
         """``latent_refresh_steps`` distillation steps on up to ``LATENT_REFRESH_SAMPLES`` latents of
