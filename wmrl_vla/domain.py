@@ -41,7 +41,7 @@ import torch
 
 from wmrl.domain import Job, Prediction, RolloutBatch
 from wmrl_vla.config import IMAGINE_INPUTS
-from wmrl_vla.latent import LatentAdapter, distill, encoder_targets
+from wmrl_vla.latent import LatentActor, LatentAdapter, distill, encoder_targets
 from wmrl_vla.policy import SmallVLA
 from wmrl_vla.rollout import (
     EnvPool,
@@ -385,32 +385,35 @@ class VLADomain:
         instr_ids = self.policy.tokenizer.encode(instrs)
         horizon = max(self.horizon[t.task_id] for t in tasks)
         limits = torch.tensor([self.horizon[t.task_id] for t in tasks]).repeat_interleave(group_size)
-        rec_bins, rec_lp, rec_feats = [], [], []
         latent = self.imagine_input == "latent"
-        if latent and self.latent_adapter is None:
-            raise RuntimeError("imagine_input=latent: fit_latent_adapter() must run before imagining")
-        dev = self.policy.centers.device
-        sentence = self.policy.sentence(instr_ids.to(dev)) if latent else None
-
-        def act(obs: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
-            kw = {} if noise is None else {"noise": noise[:, t]}
-            if latent:  # obs: the WM latent [B, D]; the adapter stands in for the pixel encoder
-                feats = self.latent_adapter(obs.to(dev), sentence)
-                rec_feats.append(feats.cpu())
-                kw["features"] = feats
-            bins, lp, a = self.policy.act(obs, states, instr_ids, self.temperature, self.gen, **kw)
-            rec_bins.append(bins)
-            rec_lp.append(lp)
-            return a
-
         wm: VLADynamics = self.world_model.model
         wm.eval()
-        out = wm.imagine(
-            imgs, sts, act, horizon, generator=self.gen, observe="latents" if latent else "frames"
-        )
-        bins = torch.stack(rec_bins, 1)  # [B, T', A]
-        lps = torch.stack(rec_lp, 1)
-        feats = torch.stack(rec_feats, 1) if latent else None  # [B, T', F]
+        if latent:  # the policy reads the WM latent through the adapter: no frame decoded
+            if self.latent_adapter is None:
+                raise RuntimeError("imagine_input=latent: fit_latent_adapter() must run before imagining")
+            dev = self.policy.centers.device
+            f0 = self.policy.visual_features(  # each task's real first frame, encoded once
+                torch.from_numpy(np.stack([i[0] for i in inits])).to(dev),
+                self.policy.tokenizer.encode([i[2] for i in inits]).to(dev),
+            ).repeat_interleave(group_size, 0)
+            actor = LatentActor(
+                self.policy, self.latent_adapter, instr_ids, self.temperature, self.gen, f0=f0, noise=noise
+            )
+            out = wm.imagine(imgs, sts, actor, horizon, generator=self.gen, observe="latents")
+            bins, lps, feats = actor.stacked()  # [B, T', A], [B, T', A], [B, T', F]
+        else:
+            rec_bins, rec_lp = [], []
+
+            def act(frames: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
+                kw = {} if noise is None else {"noise": noise[:, t]}
+                bins, lp, a = self.policy.act(frames, states, instr_ids, self.temperature, self.gen, **kw)
+                rec_bins.append(bins)
+                rec_lp.append(lp)
+                return a
+
+            out = wm.imagine(imgs, sts, act, horizon, generator=self.gen)
+            bins = torch.stack(rec_bins, 1)  # [B, T', A]
+            lps = torch.stack(rec_lp, 1)
         res = []
         lengths = []
         for i in range(imgs.shape[0]):
@@ -437,18 +440,21 @@ class VLADomain:
                 r["latents"] = out["latents"][i, :n]
             res.append(r)
         if latent and self.latent_refresh_steps > 0:
-            self.refresh_latent_adapter(imgs, out["latents"], instr_ids, lengths)
+            self.refresh_latent_adapter(imgs, out["latents"], f0, instr_ids, lengths)
         return res
 
     # ------------------------------------------------------------------ latent imagination
     def fit_latent_adapter(
-        self, n_tasks: int = 16, group_size: int = 4, steps: int = 500
+        self, n_tasks: int = 32, group_size: int = 4, steps: int = 500
     ) -> dict[str, float]:
         """Distill a new :class:`~wmrl_vla.latent.LatentAdapter` from the policy's pixel encoder on
         the world model's own rollouts: ``n_tasks`` training tasks x ``group_size`` rollouts imagined
-        with the policy acting on decoded frames; every 5th rollout is held out to measure the fit
-        (``latent/heldout_mse``: standardised squared error; ``latent/heldout_agreement``: how often
-        the policy's greedy bins from the adapter's features equal those from the encoder's)."""
+        over the whole horizon with the policy acting on decoded frames. Every 5th task is held out
+        to measure the fit: ``latent/heldout_mse`` (squared error of the features standardised by
+        their spread), ``latent/heldout_tv`` (total variation between the policy's per-dimension
+        action distributions from the adapter's features and from the encoder's, mean over steps and
+        dimensions), ``latent/heldout_agreement`` (how often their greedy bins agree), and the same
+        two for copying the first frame's features (``..._first_frame``, the baseline to beat)."""
         pol, wm = self.policy, self.world_model.model
         dev = pol.centers.device
         gen = torch.Generator().manual_seed(self.seed + 4242)
@@ -460,45 +466,57 @@ class VLADomain:
         horizon = max(self.horizon[t.task_id] for t in tasks)
         pol.eval()
         wm.eval()
-        out = wm.imagine(
-            imgs, sts, lambda f, s, t: pol.act(f, s, instr, self.temperature, gen)[2], horizon, generator=gen
-        )
-        mask = out["mask"] > 0  # [B, T]
-        b, t = mask.shape
-        rows = torch.arange(b).unsqueeze(1).expand(b, t)[mask]
-        z = out["latents"][mask].to(dev)
-        frames = out["images"][mask].to(dev)
+
+        def act(f: torch.Tensor, s: torch.Tensor, t: int) -> torch.Tensor:
+            return pol.act(f, s, instr, self.temperature, gen)[2]
+
+        out = wm.imagine(imgs, sts, act, horizon, success_threshold=2.0, generator=gen)  # whole horizon
+        mask = torch.arange(horizon).unsqueeze(0) < torch.tensor(
+            [self.horizon[t.task_id] for t in tasks]
+        ).repeat_interleave(group_size).unsqueeze(1)  # [B, T]
+        b = mask.shape[0]
+        rows = torch.arange(b).unsqueeze(1).expand_as(mask)[mask]
         with torch.no_grad():
-            targets = pol.visual_features(frames, instr[rows].to(dev))
+            targets = pol.visual_features(out["images"][mask].to(dev), instr[rows].to(dev))
+            f0 = pol.visual_features(imgs.to(dev), instr.to(dev))[rows]
             sentence = pol.sentence(instr[rows].to(dev))
-        held = rows % 5 == 4
-        adapter = LatentAdapter(z.shape[1], sentence.shape[1], pol.feature_dim).to(dev)
-        adapter.set_normalisation(targets[~held])
+        z = out["latents"].to(dev)
+        inputs = (z[mask.to(dev)], z[:, 0][rows.to(dev)], f0, sentence)
+        held = (rows // group_size % 5 == 4).to(dev)
+        adapter = LatentAdapter(z.shape[-1], sentence.shape[1], pol.feature_dim).to(dev)
+        adapter.set_normalisation(targets[~held], f0[~held])
         opt = torch.optim.Adam(adapter.parameters(), lr=1e-3)
-        hist = distill(adapter, opt, z[~held], sentence[~held], targets[~held], steps, generator=gen)
+        fit = tuple(x[~held] for x in inputs)
+        hist = distill(adapter, opt, fit, targets[~held], steps, generator=gen)
         self.latent_adapter, self.latent_optimizer = adapter, opt
         with torch.no_grad():
-            from wmrl_vla.latent import distill_loss
-
-            h_mse = float(distill_loss(adapter, z[held], sentence[held], targets[held]))
-            st = out["states"][mask].to(dev)[held]
-            ins = instr[rows][held].to(dev)
-            g_pix = pol.logits_from_features(targets[held], st, ins).argmax(-1)
-            g_lat = pol.logits_from_features(adapter(z[held], sentence[held]), st, ins).argmax(-1)
-        self.latent_metrics = {
-            "latent/fit_samples": float((~held).sum()),
-            "latent/fit_loss": hist[-1] if hist else float("nan"),
-            "latent/heldout_mse": h_mse,
-            "latent/heldout_agreement": float((g_pix == g_lat).float().mean()),
-        }
-        return dict(self.latent_metrics)
+            h_in = tuple(x[held] for x in inputs)
+            st, ins = out["states"][mask].to(dev)[held], instr[rows].to(dev)[held]
+            p_pix = torch.softmax(pol.logits_from_features(targets[held], st, ins), -1)  # [M, A, K]
+            err = ((adapter(*h_in) - targets[held]) / adapter.in_std) ** 2
+            stats = {"latent/fit_samples": float((~held).sum()), "latent/fit_loss": hist[-1],
+                     "latent/heldout_mse": float(err.mean())}  # fmt: skip
+            for name, feats in (("", adapter(*h_in)), ("_first_frame", h_in[2])):
+                p = torch.softmax(pol.logits_from_features(feats, st, ins), -1)
+                stats[f"latent/heldout_tv{name}"] = float(0.5 * (p - p_pix).abs().sum(-1).mean())
+                stats[f"latent/heldout_agreement{name}"] = float(
+                    (p.argmax(-1) == p_pix.argmax(-1)).float().mean()
+                )
+        self.latent_metrics = stats
+        return dict(stats)
 
     def refresh_latent_adapter(
-        self, imgs: torch.Tensor, latents: torch.Tensor, instr: torch.Tensor, lengths: list[int]
+        self,
+        imgs: torch.Tensor,
+        latents: torch.Tensor,
+        f0: torch.Tensor,
+        instr: torch.Tensor,
+        lengths: list[int],
     ) -> None:
         """``latent_refresh_steps`` distillation steps on up to ``LATENT_REFRESH_SAMPLES`` latents of
         the batch just imagined (``latents`` ``[B, T, D]``, rollout ``i`` real for ``lengths[i]``
-        steps), decoded now for this purpose only, with the current encoder's targets."""
+        steps, first frames ``imgs`` ``[B, 3, H, W]`` whose features are ``f0`` ``[B, F]``), decoded
+        now for this purpose only, with the current encoder's targets."""
         b, t = latents.shape[:2]
         real = torch.arange(t).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)  # [B, T]
         rows, cols = real.nonzero(as_tuple=True)
@@ -510,11 +528,11 @@ class VLADomain:
         targets = encoder_targets(self.policy, self.world_model.model, imgs[rows], z, instr[rows])
         with torch.no_grad():
             sentence = self.policy.sentence(instr[rows].to(dev))
+        inputs = (z, latents[rows, 0].to(dev), f0[rows.to(f0.device)].to(dev), sentence)
         hist = distill(
             self.latent_adapter,
             self.latent_optimizer,
-            z,
-            sentence,
+            inputs,
             targets,
             self.latent_refresh_steps,
             generator=self.gen,

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from wmrl.config import ConfigError, load_config
-from wmrl_vla.latent import LatentAdapter, distill, distill_loss, feature_stats
+from wmrl_vla.latent import LatentActor, LatentAdapter, distill, distill_loss, feature_stats
 from wmrl_vla.policy import SmallVLA, SmallVLAConfig, pack_visual, unpack_visual
 from world_models.vla_dynamics import VLADynamics, VLADynamicsConfig
 
@@ -35,27 +35,57 @@ def test_the_forward_is_the_trunk_on_the_visual_features(locator):
         pol.logits_from_features(feats[:, :-1], s, instr)
 
 
-def test_distillation_fits_the_targets_and_standardises_them():
+def test_distillation_fits_the_change_since_the_first_frame():
     g = torch.Generator().manual_seed(0)
-    z, sent = torch.randn(512, 6, generator=g), torch.randn(512, 3, generator=g)
+    z, z0 = torch.randn(512, 6, generator=g), torch.randn(512, 6, generator=g)
+    sent, f0 = torch.randn(512, 3, generator=g), torch.randn(512, 10, generator=g) * 5
     w = torch.randn(9, 10, generator=g)
-    targets = torch.cat([z, sent], 1) @ w * torch.tensor([100.0] * 5 + [0.01] * 5) + 7.0  # [N, F]
+    delta = torch.cat([z - z0, sent], 1) @ w * torch.tensor([100.0] * 5 + [0.01] * 5) + 7.0
+    targets = f0 + delta  # [N, F]
     mean, std = feature_stats(targets)
     assert torch.allclose(mean, targets.mean(0)) and torch.allclose(std, targets.std(0).clamp(min=1e-3))
     torch.manual_seed(0)
     ad = LatentAdapter(6, 3, 10, hidden=64)
-    ad.set_normalisation(targets)
+    ad.set_normalisation(targets, f0)
+    assert torch.allclose(ad.mean, delta.mean(0), atol=1e-4) and torch.allclose(ad.in_std, std)
+    inputs = (z, z0, f0, sent)
     with torch.no_grad():
-        before = float(distill_loss(ad, z, sent, targets))
-    hist = distill(ad, torch.optim.Adam(ad.parameters(), lr=3e-3), z, sent, targets, 300, 128, g)
+        before = float(distill_loss(ad, inputs, targets))
+    hist = distill(ad, torch.optim.Adam(ad.parameters(), lr=3e-3), inputs, targets, 300, 128, g)
     with torch.no_grad():
-        after = float(distill_loss(ad, z, sent, targets))
-        pred = ad(z, sent)
+        after = float(distill_loss(ad, inputs, targets))
+        pred = ad(*inputs)
     assert len(hist) == 300 and after < 0.05 * before
-    # the loss is the standardised squared error, by hand
-    assert torch.allclose(torch.tensor(after), (((pred - targets) / std) ** 2).mean(), rtol=1e-4)
-    with pytest.raises(ValueError, match="z has shape"):
-        ad(z[:, :5], sent)
+    # the loss is the squared error standardised by the spread of the change, by hand
+    d_std = delta.std(0).clamp(min=1e-3)
+    assert torch.allclose(torch.tensor(after), (((pred - targets) / d_std) ** 2).mean(), rtol=1e-3)
+    with pytest.raises(ValueError, match="z and z0 have shapes"):
+        ad(z[:, :5], z0, f0, sent)
+    with pytest.raises(ValueError, match="f0 and sentence have shapes"):
+        ad(z, z0, f0[:, :9], sent)
+
+
+def test_the_latent_actor_reads_the_real_first_frame_then_the_adapter():
+    torch.manual_seed(0)
+    pol = SmallVLA(SmallVLAConfig(image_size=32, d_model=32, n_layers=1)).eval()
+    ad = LatentAdapter(16, 32, pol.feature_dim, hidden=32).eval()
+    x = torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8)
+    s = torch.randn(3, 8)
+    instr = pol.tokenizer.encode(["reach the red cube", "press the button", "push blue"])
+    z0, z1 = torch.randn(3, 16), torch.randn(3, 16)
+    actor = LatentActor(pol, ad, instr, 1.0, torch.Generator().manual_seed(5), first_frames=x)
+    a0, a1 = actor(z0, s, 0), actor(z1, s, 1)
+    pix = pol.act(x, s, instr, 1.0, torch.Generator().manual_seed(5))
+    assert torch.equal(a0, pix[2]) and torch.equal(actor.logprobs[0], pix[1])  # step 0: the real frame
+    f1 = ad(z1, z0, pol.visual_features(x, instr), pol.sentence(instr))
+    bins, lps, feats = actor.stacked()
+    assert bins.shape == (3, 2, 4) and feats.shape == (3, 2, pol.feature_dim)
+    assert torch.allclose(feats[:, 1], f1)
+    logits = pol.logits_from_features(f1, s, instr)
+    lp = torch.log_softmax(logits, -1).gather(-1, bins[:, 1].unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(lps[:, 1], lp) and torch.equal(a1, pol.centers[bins[:, 1]])
+    with pytest.raises(ValueError, match="exactly one of first_frames, f0"):
+        LatentActor(pol, ad, instr, 1.0)
 
 
 def test_imagining_on_latents_follows_the_same_latents_without_decoding():
@@ -110,6 +140,7 @@ def test_latent_imagination_through_the_domain(latent_domain):
     _, domain = latent_domain
     m = domain.step_metrics()
     assert 0.0 <= m["latent/heldout_agreement"] <= 1.0 and m["latent/fit_samples"] > 0
+    assert 0.0 <= m["latent/heldout_tv"] <= 1.0 and "latent/heldout_tv_first_frame" in m
     tasks = domain.sample_tasks(2, "train", torch.Generator().manual_seed(0))
     before = {k: v.clone() for k, v in domain.latent_adapter.state_dict().items()}
     batch = domain.generate(tasks, 4, torch.tensor([True, False]))
