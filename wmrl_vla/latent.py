@@ -40,14 +40,15 @@ class LatentAdapter(nn.Module):
     ``[B, D]``, the pixel encoder's features of that first frame ``f0`` ``[B, F]`` and the
     instruction's mean word embedding ``sentence`` ``[B, d]``:
 
-        features = f0 + mean + std * MLP([z, z0, sentence, (f0 - in_mean) / in_std])
+        features = f0 + std * MLP([z, z0, sentence, (f0 - in_mean) / in_std])
 
     The world model's latent need not hold the static scene (its decoder takes that from the first
     frame's feature maps), so what does not move (where the named object is, for the locator) comes
-    from ``f0`` and the MLP predicts the change since the first frame. ``mean`` / ``std`` ``[F]``
-    standardise that change and ``in_mean`` / ``in_std`` the features (buffers set by
+    from ``f0`` and the MLP predicts the change since the first frame. ``std`` ``[F]`` scales that
+    change (its spread) and ``in_mean`` / ``in_std`` standardise the features (buffers set by
     :meth:`set_normalisation`), so every column weighs the same in :func:`distill_loss` whatever
-    its scale (patch tokens vs the locator's table xy)."""
+    its scale (patch tokens vs the locator's table xy). The MLP's last layer starts at zero: an
+    untrained adapter copies the first frame's features, the baseline distillation has to beat."""
 
     def __init__(self, latent_dim: int, cond_dim: int, feature_dim: int, hidden: int = 256) -> None:
         super().__init__()
@@ -64,25 +65,23 @@ class LatentAdapter(nn.Module):
             nn.GELU(),
             nn.Linear(hidden, feature_dim),
         )
-        for name in ("mean", "in_mean"):
-            self.register_buffer(name, torch.zeros(feature_dim))
+        nn.init.zeros_(self.net[-1].weight)
+        nn.init.zeros_(self.net[-1].bias)
+        self.register_buffer("in_mean", torch.zeros(feature_dim))
         for name in ("std", "in_std"):
             self.register_buffer(name, torch.ones(feature_dim))
 
     def set_normalisation(self, targets: torch.Tensor, f0: torch.Tensor) -> None:
         """From distillation targets ``[N, F]`` and their rollouts' first-frame features ``[N, F]``."""
-        for (m, sd), (mean, std) in zip(
-            (("in_mean", "in_std"), ("mean", "std")),
-            (feature_stats(targets), feature_stats(targets - f0)),
-            strict=True,
-        ):
-            getattr(self, m).copy_(mean.to(self.mean.device))
-            getattr(self, sd).copy_(std.to(self.mean.device))
+        in_mean, in_std = feature_stats(targets)
+        self.in_mean.copy_(in_mean.to(self.in_mean.device))
+        self.in_std.copy_(in_std.to(self.in_std.device))
+        self.std.copy_(feature_stats(targets - f0)[1].to(self.std.device))
 
     def standardised(
         self, z: torch.Tensor, z0: torch.Tensor, f0: torch.Tensor, sentence: torch.Tensor
     ) -> torch.Tensor:
-        """``[B, F]`` prediction of ``(features - f0 - mean) / std``."""
+        """``[B, F]`` prediction of ``(features - f0) / std``."""
         b = z.shape[0]
         if z.dim() != 2 or z.shape[1] != self.latent_dim or z0.shape != z.shape:
             raise ValueError(
@@ -100,17 +99,17 @@ class LatentAdapter(nn.Module):
         self, z: torch.Tensor, z0: torch.Tensor, f0: torch.Tensor, sentence: torch.Tensor
     ) -> torch.Tensor:
         change = self.standardised(z, z0, f0, sentence)  # checks the shapes
-        return f0 + self.mean + self.std * change
+        return f0 + self.std * change
 
 
 def distill_loss(
     adapter: LatentAdapter, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor
 ) -> torch.Tensor:
-    """``mean((adapter.standardised(*inputs) - (targets - f0 - mean) / std)^2)`` over rows and
+    """``mean((adapter.standardised(*inputs) - (targets - f0) / std)^2)`` over rows and
     columns: ``inputs`` = (z ``[B, D]``, z0 ``[B, D]``, f0 ``[B, F]``, sentence ``[B, d]``), ``targets``
     ``[B, F]`` (the pixel encoder's features of the frames decoded from ``z``)."""
     f0 = inputs[2]
-    target = (targets - f0 - adapter.mean) / adapter.std
+    target = (targets - f0) / adapter.std
     return F.mse_loss(adapter.standardised(*inputs), target)
 
 

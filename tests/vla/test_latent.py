@@ -47,8 +47,10 @@ def test_distillation_fits_the_change_since_the_first_frame():
     torch.manual_seed(0)
     ad = LatentAdapter(6, 3, 10, hidden=64)
     ad.set_normalisation(targets, f0)
-    assert torch.allclose(ad.mean, delta.mean(0), atol=1e-4) and torch.allclose(ad.in_std, std)
+    assert torch.allclose(ad.in_mean, mean) and torch.allclose(ad.in_std, std)
     inputs = (z, z0, f0, sent)
+    with torch.no_grad():
+        assert torch.equal(ad(*inputs), f0)  # untrained: the first frame's features
     with torch.no_grad():
         before = float(distill_loss(ad, inputs, targets))
     hist = distill(ad, torch.optim.Adam(ad.parameters(), lr=3e-3), inputs, targets, 300, 128, g)
@@ -69,6 +71,7 @@ def test_the_latent_actor_reads_the_real_first_frame_then_the_adapter():
     torch.manual_seed(0)
     pol = SmallVLA(SmallVLAConfig(image_size=32, d_model=32, n_layers=1)).eval()
     ad = LatentAdapter(16, 32, pol.feature_dim, hidden=32).eval()
+    torch.nn.init.normal_(ad.net[-1].weight, std=0.1)  # not the untrained copy of the first frame
     x = torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8)
     s = torch.randn(3, 8)
     instr = pol.tokenizer.encode(["reach the red cube", "press the button", "push blue"])
