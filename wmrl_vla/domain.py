@@ -65,7 +65,7 @@ EVAL_SEEDS = (1_000_000, 2_000_000)
 ENV_SPLIT = {"train": "train", "eval": "test", "test": "test"}
 
 # Latents (rollout steps) decoded per refresh of the latent adapter after an imagined batch.
-LATENT_REFRESH_SAMPLES = 128
+LATENT_REFRESH_SAMPLES = 64
 # Distillation steps between two held-out checks when the adapter is first fitted.
 LATENT_CHECK_EVERY = 50
 
