@@ -37,16 +37,26 @@ def throughput(
     (train tasks of the preset), every env is built before timing, and the same policy acts on the
     same batch; a simulated episode ends at success (its remaining steps are neither run nor
     counted), an imagined one runs the whole horizon. Each of ``repeats`` rounds measures every
-    figure once, side by side; the ratios are taken within a round and the medians reported."""
+    figure once, side by side; the ratios are taken within a round and the medians reported.
+
+    ``policy_latent``: the same policy imagining on the world model's latent
+    (``domain.imagine_input=latent``, wmrl_vla/latent.py): the adapter distilled at build time stands
+    in for the pixel encoder and no frame is decoded. ``..._with_refresh`` also counts the adapter's
+    refresh that training runs after every imagined batch (decode ``LATENT_REFRESH_SAMPLES``
+    latents, encode them, ``latent_refresh_steps`` distillation steps), amortised over the batch.
+    The per-step costs of the pieces (``*_ms_per_batch_step``) say where imagination's time goes."""
     from wmrl.config import load_config
+    from wmrl_vla.latent import LatentActor
     from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes
 
-    over = ["--out_dir=/tmp/wmrl-vla-throughput"] + ([f"--domain.cache_dir={cache_dir}"] if cache_dir else [])
+    over = ["--out_dir=/tmp/wmrl-vla-throughput", "--domain.imagine_input=latent"]
+    over += [f"--domain.cache_dir={cache_dir}"] if cache_dir else []
     cfg = load_config(preset, over)
     cfg.domain.progress = False
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
-    domain = cfg.domain.build(cfg)
+    domain = cfg.domain.build(cfg)  # distills the latent adapter (fit figures below)
+    fit = {k: float(v) for k, v in domain.step_metrics().items() if k.startswith("latent/")}
     policy = domain.policy.eval()
     wm = domain.world_model.model.eval()
     a_dim = policy.cfg.action_dim
@@ -59,7 +69,13 @@ def throughput(
     sts = torch.from_numpy(np.stack([x[1] for x in o]))
     instr = policy.tokenizer.encode([x[2] for x in o])
     g = torch.Generator().manual_seed(0)
+    adapter = domain.latent_adapter.eval()
+
+    def latent_actor():  # encodes the 64 first frames once (counted in the timing)
+        return LatentActor(policy, adapter, instr, 1.0, g, first_frames=imgs)
+
     wm.imagine(imgs, sts, lambda f, s, t: policy.act(f, s, instr, 1.0, g)[2], 2)  # warm-up
+    wm.imagine(imgs, sts, latent_actor(), 2, observe="latents")
 
     def random_actor(images, states, instructions):
         a = torch.rand(images.shape[0], a_dim, generator=g) * 2 - 1
@@ -85,11 +101,46 @@ def throughput(
             res = wm.imagine(imgs, sts, wm_actors[name], steps, success_threshold=2.0)  # full horizon
             r[f"imagined_steps_per_s/{name}"] = float(res["mask"].sum()) / (time.perf_counter() - t0)
             r[f"speedup/{name}"] = r[f"imagined_steps_per_s/{name}"] / r[f"sim_steps_per_s/{name}"]
+        # the same policy on the WM's latent (no frame decoded), against the same simulator figure
+        t0 = time.perf_counter()
+        actor = latent_actor()
+        res = wm.imagine(imgs, sts, actor, steps, success_threshold=2.0, observe="latents")
+        t_imag = time.perf_counter() - t0
+        n_steps = float(res["mask"].sum())
+        r["imagined_steps_per_s/policy_latent"] = n_steps / t_imag
+        r["speedup/policy_latent"] = r["imagined_steps_per_s/policy_latent"] / r["sim_steps_per_s/policy"]
+        t0 = time.perf_counter()
+        domain.refresh_latent_adapter(imgs, res["latents"], actor.f0, instr, [steps] * batch)
+        adapter.eval()
+        r["latent_refresh_ms_per_batch"] = 1e3 * (time.perf_counter() - t0)
+        r["imagined_steps_per_s/policy_latent_with_refresh"] = n_steps / (time.perf_counter() - t0 + t_imag)
+        r["speedup/policy_latent_with_refresh"] = (
+            r["imagined_steps_per_s/policy_latent_with_refresh"] / r["sim_steps_per_s/policy"]
+        )
         # the policy alone on the same batch, per lockstep step: what both "policy" sides pay on top
         t0 = time.perf_counter()
         for _ in range(steps):
             policy.act(imgs, sts, instr, 1.0, g)
         r["policy_ms_per_batch_step"] = 1e3 * (time.perf_counter() - t0) / steps
+        # where imagination's time goes, per lockstep step of the batch: the policy on a decoded
+        # frame, the WM decoding that frame, the policy on the latent (adapter + trunk)
+        with torch.no_grad():
+            z, context = wm.observe(imgs, sts)
+            prepared = wm.decoder.prepare(*context)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                frame = wm.sample_frame(z, context, None, prepared)
+            r["wm_decode_ms_per_batch_step"] = 1e3 * (time.perf_counter() - t0) / steps
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                policy.act(frame, sts, instr, 1.0, g)
+            r["policy_on_decoded_ms_per_batch_step"] = 1e3 * (time.perf_counter() - t0) / steps
+            actor = latent_actor()
+            actor(z, sts, 0)
+            t0 = time.perf_counter()
+            for t in range(1, steps + 1):
+                actor(z, sts, t)
+            r["policy_latent_ms_per_batch_step"] = 1e3 * (time.perf_counter() - t0) / steps
         # scoring only: latent rollout of every action sequence with every member, no decoding
         actions = torch.rand(batch, steps, a_dim, generator=g) * 2 - 1
         t0 = time.perf_counter()
@@ -103,6 +154,7 @@ def throughput(
     torch.set_num_threads(prev_threads)
     out: dict = {"batch": batch, "horizon": steps, "threads": threads, "repeats": repeats}
     out.update({k: float(np.median([r[k] for r in rounds])) for k in rounds[0]})
+    out["latent_adapter_fit"] = fit
     out["rounds"] = rounds
     return out
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 OWN_TASKS_DEFAULT = ["wmrl/ReachColor-v0", "wmrl/PushColor-v0", "wmrl/PressButton-v0"]
 POLICIES = ("small_vla", "lerobot_act", "lerobot_smolvla")
 WORLD_MODELS = ("deterministic", "diffusion")
+IMAGINE_INPUTS = ("pixels", "latent")
 
 
 @DomainConfig.register_subclass("vla")
@@ -94,6 +95,14 @@ class VLAConfig(DomainConfig):
     # (common random numbers), for `ppi`'s task-level correction (RolloutBatch.twin_of); other
     # methods ignore it.
     twin_anchors: bool = False
+    # What the policy sees in imagination: "pixels" (frames decoded by the world model, the pixel
+    # encoder as in the simulator) | "latent" (the WM latent through a small adapter distilled from
+    # the pixel encoder, no frame decoded: several times faster imagination; small_vla only; see
+    # wmrl_vla/latent.py). latent_adapter_steps: distillation steps at build time;
+    # latent_refresh_steps: distillation steps after every imagined batch (on its own latents).
+    imagine_input: str = "pixels"
+    latent_adapter_steps: int = 500
+    latent_refresh_steps: int = 5
     # Anchor jobs re-simulate the recorded actions from the seed (a second real execution) instead
     # of returning the reward recorded while the anchor rollout was generated.
     regrade: bool = False
@@ -122,6 +131,20 @@ class VLAConfig(DomainConfig):
                 )
         if self.policy not in POLICIES:
             raise ConfigError(f"domain.policy={self.policy!r} is not one of {', '.join(POLICIES)}")
+        if self.imagine_input not in IMAGINE_INPUTS:
+            raise ConfigError(
+                f"domain.imagine_input={self.imagine_input!r} is not one of {', '.join(IMAGINE_INPUTS)}"
+            )
+        if self.imagine_input == "latent" and self.policy != "small_vla":
+            raise ConfigError(
+                f"domain.imagine_input=latent needs domain.policy=small_vla (the latent adapter predicts "
+                f"its visual features), not {self.policy}; use domain.imagine_input=pixels"
+            )
+        if self.latent_adapter_steps < 1 or self.latent_refresh_steps < 0:
+            raise ConfigError(
+                f"domain.latent_adapter_steps={self.latent_adapter_steps} must be >= 1 and "
+                f"domain.latent_refresh_steps={self.latent_refresh_steps} >= 0"
+            )
         if self.world_model not in WORLD_MODELS:
             raise ConfigError(
                 f"domain.world_model={self.world_model!r} is not one of {', '.join(WORLD_MODELS)}"

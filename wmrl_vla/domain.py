@@ -30,6 +30,7 @@ frames the policy saw), ``states`` ``[N, T, S]``, ``instr`` ``[N, L]``, ``action
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ import numpy as np
 import torch
 
 from wmrl.domain import Job, Prediction, RolloutBatch
+from wmrl_vla.config import IMAGINE_INPUTS
+from wmrl_vla.latent import LatentActor, LatentAdapter, distill, distill_loss, encoder_targets
 from wmrl_vla.policy import SmallVLA
 from wmrl_vla.rollout import (
     EnvPool,
@@ -60,6 +63,11 @@ from world_models.vla_dynamics import (
 TRAIN_SEEDS = (0, 1_000_000)
 EVAL_SEEDS = (1_000_000, 2_000_000)
 ENV_SPLIT = {"train": "train", "eval": "test", "test": "test"}
+
+# Latents (rollout steps) decoded per refresh of the latent adapter after an imagined batch.
+LATENT_REFRESH_SAMPLES = 64
+# Distillation steps between two held-out checks when the adapter is first fitted.
+LATENT_CHECK_EVERY = 50
 
 
 @dataclass(frozen=True)
@@ -237,8 +245,18 @@ class VLADomain:
         out_dir: str | Path | None = None,
         seed: int = 0,
         twin_anchors: bool = False,
+        imagine_input: str = "pixels",
+        latent_refresh_steps: int = 5,
     ) -> None:
         import sims
+
+        if imagine_input not in IMAGINE_INPUTS:
+            raise ValueError(f"imagine_input={imagine_input!r} is not one of {', '.join(IMAGINE_INPUTS)}")
+        if imagine_input == "latent" and not isinstance(policy, SmallVLA):
+            raise ValueError(
+                f"imagine_input=latent needs the small VLA (its visual features are what the latent "
+                f"adapter predicts), not {type(policy).__name__}; use imagine_input=pixels"
+            )
 
         if not tasks:
             raise ValueError("VLADomain needs at least one task")
@@ -263,6 +281,11 @@ class VLADomain:
         self.n_evals = 0
         self.sim_steps = 0
         self.imagined_steps = 0
+        self.imagine_input = imagine_input
+        self.latent_refresh_steps = latent_refresh_steps
+        self.latent_adapter: LatentAdapter | None = None
+        self.latent_optimizer: torch.optim.Optimizer | None = None
+        self.latent_metrics: dict[str, float] = {}
 
     def shard_rng(self, rank: int, step: int) -> None:
         """Data-parallel ``generation="shard"`` (wmrl/distributed.py), before each step's generation:
@@ -365,42 +388,175 @@ class VLADomain:
         instr_ids = self.policy.tokenizer.encode(instrs)
         horizon = max(self.horizon[t.task_id] for t in tasks)
         limits = torch.tensor([self.horizon[t.task_id] for t in tasks]).repeat_interleave(group_size)
-        rec_bins, rec_lp = [], []
-
-        def act(frames: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
-            kw = {} if noise is None else {"noise": noise[:, t]}
-            bins, lp, a = self.policy.act(frames, states, instr_ids, self.temperature, self.gen, **kw)
-            rec_bins.append(bins)
-            rec_lp.append(lp)
-            return a
-
+        latent = self.imagine_input == "latent"
         wm: VLADynamics = self.world_model.model
         wm.eval()
-        out = wm.imagine(imgs, sts, act, horizon, generator=self.gen)
-        bins = torch.stack(rec_bins, 1)  # [B, T', A]
-        lps = torch.stack(rec_lp, 1)
+        if latent:  # the policy reads the WM latent through the adapter: no frame decoded
+            if self.latent_adapter is None:
+                raise RuntimeError("imagine_input=latent: fit_latent_adapter() must run before imagining")
+            dev = self.policy.centers.device
+            f0 = self.policy.visual_features(  # each task's real first frame, encoded once
+                torch.from_numpy(np.stack([i[0] for i in inits])).to(dev),
+                self.policy.tokenizer.encode([i[2] for i in inits]).to(dev),
+            ).repeat_interleave(group_size, 0)
+            actor = LatentActor(
+                self.policy, self.latent_adapter, instr_ids, self.temperature, self.gen, f0=f0, noise=noise
+            )
+            out = wm.imagine(imgs, sts, actor, horizon, generator=self.gen, observe="latents")
+            bins, lps, feats = actor.stacked()  # [B, T', A], [B, T', A], [B, T', F]
+        else:
+            rec_bins, rec_lp = [], []
+
+            def act(frames: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
+                kw = {} if noise is None else {"noise": noise[:, t]}
+                bins, lp, a = self.policy.act(frames, states, instr_ids, self.temperature, self.gen, **kw)
+                rec_bins.append(bins)
+                rec_lp.append(lp)
+                return a
+
+            out = wm.imagine(imgs, sts, act, horizon, generator=self.gen)
+            bins = torch.stack(rec_bins, 1)  # [B, T', A]
+            lps = torch.stack(rec_lp, 1)
         res = []
+        lengths = []
         for i in range(imgs.shape[0]):
             n = int(out["mask"][i].sum().item())
             n = max(1, min(n, int(limits[i])))
+            lengths.append(n)
             self.imagined_steps += n
-            res.append(
-                {
-                    "kind": "imagined",
-                    "task_id": tasks[i // group_size].task_id,
-                    "seed": tasks[i // group_size].seed,
-                    "instruction": instrs[i],
-                    "images": out["images"][i, :n].numpy(),
-                    "states": out["states"][i, :n].numpy(),
-                    "actions": out["actions"][i, :n].numpy(),
-                    "bins": bins[i, :n].numpy(),
-                    "logprobs": lps[i, :n].numpy(),
-                    "reward": float("nan"),  # unknown: never executed
-                    "success": float("nan"),
-                    "rollout": None,
-                }
-            )
+            r = {
+                "kind": "imagined",
+                "task_id": tasks[i // group_size].task_id,
+                "seed": tasks[i // group_size].seed,
+                "instruction": instrs[i],
+                "images": out["images"][i, :n].numpy(),
+                "states": out["states"][i, :n].numpy(),
+                "actions": out["actions"][i, :n].numpy(),
+                "bins": bins[i, :n].numpy(),
+                "logprobs": lps[i, :n].numpy(),
+                "reward": float("nan"),  # unknown: never executed
+                "success": float("nan"),
+                "rollout": None,
+            }
+            if latent:  # no frame but the first was decoded: keep what the policy read instead
+                r["features"] = feats[i, :n]
+                r["latents"] = out["latents"][i, :n]
+            res.append(r)
+        if latent and self.latent_refresh_steps > 0:
+            self.refresh_latent_adapter(imgs, out["latents"], f0, instr_ids, lengths)
         return res
+
+    # ------------------------------------------------------------------ latent imagination
+    def fit_latent_adapter(
+        self, n_tasks: int = 48, group_size: int = 4, steps: int = 500
+    ) -> dict[str, float]:
+        """Distill a new :class:`~wmrl_vla.latent.LatentAdapter` from the policy's pixel encoder on
+        the world model's own rollouts: ``n_tasks`` training tasks x ``group_size`` rollouts imagined
+        over the whole horizon with the policy acting on decoded frames. Every 5th task is held out
+        to stop the distillation early (the state of lowest held-out loss, checked every
+        ``LATENT_CHECK_EVERY`` steps, the untrained copy of the first frame included) and to measure
+        the fit (so the held-out figures are slightly optimistic): ``latent/heldout_mse`` (squared error of the features standardised by
+        their spread), ``latent/heldout_tv`` (total variation between the policy's per-dimension
+        action distributions from the adapter's features and from the encoder's, mean over steps and
+        dimensions), ``latent/heldout_agreement`` (how often their greedy bins agree), and the same
+        two for copying the first frame's features (``..._first_frame``, the baseline to beat)."""
+        pol, wm = self.policy, self.world_model.model
+        dev = pol.centers.device
+        gen = torch.Generator().manual_seed(self.seed + 4242)
+        tasks = self.sample_tasks(n_tasks, "train", gen)
+        inits = [self._initial_obs(t) for t in tasks]
+        imgs = torch.from_numpy(np.stack([i[0] for i in inits])).repeat_interleave(group_size, 0)
+        sts = torch.from_numpy(np.stack([i[1] for i in inits])).repeat_interleave(group_size, 0)
+        instr = pol.tokenizer.encode([i[2] for i in inits for _ in range(group_size)])
+        horizon = max(self.horizon[t.task_id] for t in tasks)
+        pol.eval()
+        wm.eval()
+
+        def act(f: torch.Tensor, s: torch.Tensor, t: int) -> torch.Tensor:
+            return pol.act(f, s, instr, self.temperature, gen)[2]
+
+        out = wm.imagine(imgs, sts, act, horizon, success_threshold=2.0, generator=gen)  # whole horizon
+        mask = torch.arange(horizon).unsqueeze(0) < torch.tensor(
+            [self.horizon[t.task_id] for t in tasks]
+        ).repeat_interleave(group_size).unsqueeze(1)  # [B, T]
+        b = mask.shape[0]
+        rows = torch.arange(b).unsqueeze(1).expand_as(mask)[mask]
+        with torch.no_grad():
+            targets = pol.visual_features(out["images"][mask].to(dev), instr[rows].to(dev))
+            f0 = pol.visual_features(imgs.to(dev), instr.to(dev))[rows]
+            sentence = pol.sentence(instr[rows].to(dev))
+        z = out["latents"].to(dev)
+        inputs = (z[mask.to(dev)], z[:, 0][rows.to(dev)], f0, sentence)
+        held = (rows // group_size % 5 == 4).to(dev)
+        adapter = LatentAdapter(z.shape[-1], sentence.shape[1], pol.feature_dim).to(dev)
+        adapter.set_normalisation(targets[~held], f0[~held])
+        opt = torch.optim.Adam(adapter.parameters(), lr=1e-3)
+        fit = tuple(x[~held] for x in inputs)
+        h_in = tuple(x[held] for x in inputs)
+
+        def held_loss() -> float:
+            with torch.no_grad():
+                return float(distill_loss(adapter, h_in, targets[held]))
+
+        # early stopping on the held-out tasks, checked every LATENT_CHECK_EVERY steps; step 0 (the
+        # untrained adapter: the first frame's features) included
+        best, best_state, hist = held_loss(), copy.deepcopy(adapter.state_dict()), []
+        for done in range(0, steps, LATENT_CHECK_EVERY):
+            hist += distill(
+                adapter, opt, fit, targets[~held], min(LATENT_CHECK_EVERY, steps - done), generator=gen
+            )
+            if (loss := held_loss()) < best:
+                best, best_state = loss, copy.deepcopy(adapter.state_dict())
+        adapter.load_state_dict(best_state)
+        self.latent_adapter, self.latent_optimizer = adapter, opt
+        with torch.no_grad():
+            st, ins = out["states"][mask].to(dev)[held], instr[rows].to(dev)[held]
+            p_pix = torch.softmax(pol.logits_from_features(targets[held], st, ins), -1)  # [M, A, K]
+            err = ((adapter(*h_in) - targets[held]) / adapter.in_std) ** 2
+            stats = {"latent/fit_samples": float((~held).sum()), "latent/fit_loss": hist[-1],
+                     "latent/heldout_mse": float(err.mean())}  # fmt: skip
+            for name, feats in (("", adapter(*h_in)), ("_first_frame", h_in[2])):
+                p = torch.softmax(pol.logits_from_features(feats, st, ins), -1)
+                stats[f"latent/heldout_tv{name}"] = float(0.5 * (p - p_pix).abs().sum(-1).mean())
+                stats[f"latent/heldout_agreement{name}"] = float(
+                    (p.argmax(-1) == p_pix.argmax(-1)).float().mean()
+                )
+        self.latent_metrics = stats
+        return dict(stats)
+
+    def refresh_latent_adapter(
+        self,
+        imgs: torch.Tensor,
+        latents: torch.Tensor,
+        f0: torch.Tensor,
+        instr: torch.Tensor,
+        lengths: list[int],
+    ) -> None:
+        """``latent_refresh_steps`` distillation steps on up to ``LATENT_REFRESH_SAMPLES`` latents of
+        the batch just imagined (``latents`` ``[B, T, D]``, rollout ``i`` real for ``lengths[i]``
+        steps, first frames ``imgs`` ``[B, 3, H, W]`` whose features are ``f0`` ``[B, F]``), decoded
+        now for this purpose only, with the current encoder's targets."""
+        b, t = latents.shape[:2]
+        real = torch.arange(t).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)  # [B, T]
+        rows, cols = real.nonzero(as_tuple=True)
+        pick = torch.randperm(rows.numel(), generator=self.gen)[:LATENT_REFRESH_SAMPLES]
+        rows, cols = rows[pick], cols[pick]
+        dev = self.policy.centers.device
+        self.policy.eval()
+        z = latents[rows, cols].to(dev)
+        targets = encoder_targets(self.policy, self.world_model.model, imgs[rows], z, instr[rows])
+        with torch.no_grad():
+            sentence = self.policy.sentence(instr[rows].to(dev))
+        inputs = (z, latents[rows, 0].to(dev), f0[rows.to(f0.device)].to(dev), sentence)
+        hist = distill(
+            self.latent_adapter,
+            self.latent_optimizer,
+            inputs,
+            targets,
+            self.latent_refresh_steps,
+            generator=self.gen,
+        )
+        self.latent_metrics["latent/refresh_loss"] = hist[0]  # before this refresh's steps: held out
 
     def _collate(
         self,
@@ -429,6 +585,17 @@ class VLADomain:
             logprobs[i, :t] = torch.as_tensor(r["logprobs"])
             step_mask[i, :t] = 1
         mask = step_mask.unsqueeze(-1).expand(n, t_max, a).reshape(n, t_max * a).contiguous()
+        latent_extras = {}
+        if any("features" in r for r in rollouts):  # latent imagination: what the policy read
+            f_dim = next(r["features"].shape[1] for r in rollouts if "features" in r)
+            features = torch.zeros(n, t_max, f_dim)
+            for i, r in enumerate(rollouts):
+                if "features" in r:
+                    features[i, : len(r["actions"])] = r["features"]
+            latent_extras = {
+                "features": features,
+                "latent": torch.tensor(["features" in r for r in rollouts]),
+            }
         return RolloutBatch(
             tokens=tokens.reshape(n, t_max * a),
             logprobs=logprobs.reshape(n, t_max * a),
@@ -444,6 +611,7 @@ class VLADomain:
                 "step_mask": step_mask,
                 "init_images": images[:, 0].clone(),
                 "init_states": states[:, 0].clone(),
+                **latent_extras,
             },
             twin_of=twin_of,
         )
@@ -490,8 +658,13 @@ class VLADomain:
         if "imagined" in kinds:
             i = kinds.index("imagined")
             p = batch.payload[i]
+            frames = p["images"]
+            if "latents" in p:  # imagined on the latent: decode its frames for the video only
+                lat = p["latents"]
+                init = batch.extras["init_images"][i : i + 1].expand(lat.shape[0], -1, -1, -1)
+                frames = self.world_model.model.frames_from_latents(init, lat).cpu().numpy()
             media["rollouts/imagined"] = Video(
-                big(p["images"]), caption=f"{p['task_id']}: {p['instruction']!r} in imagination; {score(i)}"
+                big(frames), caption=f"{p['task_id']}: {p['instruction']!r} in imagination; {score(i)}"
             )
         rows = [
             [
@@ -562,8 +735,9 @@ class VLADomain:
         return out
 
     def step_metrics(self) -> dict[str, float]:
-        """Real simulator steps taken by training rollouts so far (logged as ``domain/sim_steps``)."""
-        return {"sim_steps": float(self.sim_steps)}
+        """Real simulator steps taken by training rollouts so far (logged as ``domain/sim_steps``),
+        and with ``imagine_input=latent`` the latent adapter's fit (:meth:`fit_latent_adapter`)."""
+        return {"sim_steps": float(self.sim_steps), **self.latent_metrics}
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -573,6 +747,14 @@ class VLADomain:
             "n_evals": self.n_evals,
             "sim_steps": self.sim_steps,
             "imagined_steps": self.imagined_steps,
+            **(
+                {
+                    "latent_adapter": self.latent_adapter.state_dict(),
+                    "latent_optimizer": self.latent_optimizer.state_dict(),
+                }
+                if self.latent_adapter is not None
+                else {}
+            ),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -581,6 +763,11 @@ class VLADomain:
         self.n_evals = int(state["n_evals"])
         self.sim_steps = int(state["sim_steps"])
         self.imagined_steps = int(state["imagined_steps"])
+        if "latent_adapter" in state:
+            if self.latent_adapter is None:
+                raise ValueError("the checkpoint holds a latent adapter but this run imagines on pixels")
+            self.latent_adapter.load_state_dict(state["latent_adapter"])
+            self.latent_optimizer.load_state_dict(state["latent_optimizer"])
 
     def close(self) -> None:
         self.pool.close()

@@ -218,6 +218,27 @@ class TargetLocator(nn.Module):
         return {"logits": logits, "keypoint": kp, "xy": self.to_xy(kp)}
 
 
+def pack_visual(patches: torch.Tensor, keypoint: torch.Tensor, loc_xy: torch.Tensor | None) -> torch.Tensor:
+    """``patches`` ``[B, P, d]``, ``keypoint`` ``[B, 1, d]``, ``loc_xy`` ``[B, 2]`` or None ->
+    ``[B, (P+1)*d (+2)]``: the tokens flattened token-major, then the locator's xy."""
+    flat = torch.cat([patches, keypoint], 1).flatten(1)
+    return flat if loc_xy is None else torch.cat([flat, loc_xy], 1)
+
+
+def unpack_visual(
+    features: torch.Tensor, n_patches: int, d: int, locator: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Inverse of :func:`pack_visual`: ``[B, F]`` -> (patches ``[B, P, d]``, keypoint ``[B, 1, d]``,
+    locator xy ``[B, 2]`` or None)."""
+    n_tok = (n_patches + 1) * d
+    if features.shape[1] != n_tok + (2 if locator else 0):
+        raise ValueError(
+            f"features have {features.shape[1]} columns, expected {n_tok + (2 if locator else 0)}"
+        )
+    tokens = features[:, :n_tok].reshape(features.shape[0], n_patches + 1, d)
+    return tokens[:, :n_patches], tokens[:, n_patches:], features[:, n_tok:] if locator else None
+
+
 class SmallVLA(
     nn.Module,
     PyTorchModelHubMixin,
@@ -258,28 +279,74 @@ class SmallVLA(
     # ------------------------------------------------------------------ forward
     def forward(self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, A, n_bins]`` from images ``[B, 3, H, W]`` uint8 (or ``[B, H, W, 3]``),
-        states ``[B, S]`` and instruction ids ``[B, L]``."""
+        states ``[B, S]`` and instruction ids ``[B, L]``: :meth:`visual_features` of the frames, then
+        :meth:`logits_from_features`."""
         images = self._chw(images)
-        b = images.shape[0]
-        if states.shape != (b, self.cfg.state_dim):
-            raise ValueError(f"states has shape {tuple(states.shape)}, expected ({b}, {self.cfg.state_dim})")
-        if instr.shape[0] != b or instr.shape[1] > self.cfg.max_words:
+        instr, word_vecs, sentence = self._words(instr, images.shape[0])
+        return self._trunk(self._visual(images, sentence), states, instr, word_vecs)
+
+    def visual_features(self, images: torch.Tensor, instr: torch.Tensor) -> torch.Tensor:
+        """What the policy takes from a frame, packed ``[B, F]`` (:func:`pack_visual`): the FiLM
+        encoder's patch tokens ``[B, P, d]`` and keypoint token ``[B, 1, d]``, then the locator's
+        table xy ``[B, 2]`` (if it has one), all conditioned on the instruction ``[B, L]``."""
+        images = self._chw(images)
+        _, _, sentence = self._words(instr, images.shape[0])
+        return self._visual(images, sentence)
+
+    def logits_from_features(
+        self, features: torch.Tensor, states: torch.Tensor, instr: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits ``[B, A, n_bins]`` from packed visual features ``[B, F]`` (:meth:`visual_features`,
+        or a latent adapter's estimate of them), states ``[B, S]`` and instruction ids ``[B, L]``."""
+        if features.dim() != 2 or features.shape[1] != self.feature_dim:
+            raise ValueError(f"features have shape {tuple(features.shape)}, expected [B, {self.feature_dim}]")
+        instr, word_vecs, _ = self._words(instr, features.shape[0])
+        return self._trunk(features, states, instr, word_vecs)
+
+    def sentence(self, instr: torch.Tensor) -> torch.Tensor:
+        """``[B, d]`` mean word embedding of the instruction ids ``[B, L]`` (what conditions the image
+        encoder and the locator)."""
+        return self._words(instr, instr.shape[0])[2]
+
+    @property
+    def feature_dim(self) -> int:
+        """``F`` of :meth:`visual_features`: ``(P + 1) * d`` (+ 2 with the locator)."""
+        n_patches = (self.cfg.image_size // 16) ** 2
+        return (n_patches + 1) * self.cfg.d_model + (2 if self.locator is not None else 0)
+
+    def _words(self, instr: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if instr.dim() != 2 or instr.shape[0] != b or instr.shape[1] > self.cfg.max_words:
             raise ValueError(f"instr has shape {tuple(instr.shape)}, expected ({b}, <= {self.cfg.max_words})")
         # drop the padding columns after the batch's longest instruction: masked tokens change no
         # output, and the transformer's sequence shrinks (38 -> 27 tokens for 5-word instructions)
         words_in = (instr != PAD_ID).any(0).nonzero()
         instr = instr[:, : int(words_in.max()) + 1 if words_in.numel() else 1]
-        t = self.type_emb
         word_vecs = self.word_emb(instr)  # [B, L, d]
         real = (instr != PAD_ID).float().unsqueeze(-1)
         sentence = (word_vecs * real).sum(1) / real.sum(1).clamp(min=1)  # [B, d] mean of the words
+        return instr, word_vecs, sentence
+
+    def _visual(self, images: torch.Tensor, sentence: torch.Tensor) -> torch.Tensor:
         patches, keypoint = self.image_enc(images, sentence)
+        loc = self.locator(images, sentence)["xy"] if self.locator is not None else None
+        return pack_visual(patches, keypoint, loc)
+
+    def _trunk(
+        self, features: torch.Tensor, states: torch.Tensor, instr: torch.Tensor, word_vecs: torch.Tensor
+    ) -> torch.Tensor:
+        b = features.shape[0]
+        if states.shape != (b, self.cfg.state_dim):
+            raise ValueError(f"states has shape {tuple(states.shape)}, expected ({b}, {self.cfg.state_dim})")
+        t = self.type_emb
+        n_patches = (self.cfg.image_size // 16) ** 2
+        patches, keypoint, loc = unpack_visual(
+            features, n_patches, self.cfg.d_model, self.locator is not None
+        )
         patches = torch.cat([patches + self.patch_pos, keypoint], 1) + t[0]  # [B, P+1, d]
         words = word_vecs + self.word_pos[:, : instr.shape[1]] + t[1]  # [B, L, d]
         states = states.float()
-        if self.locator is not None:
-            loc = self.locator(images, sentence)
-            goal = loc["xy"] * LOC_UNIT  # [B, 2] metres
+        if loc is not None:
+            goal = loc * LOC_UNIT  # [B, 2] metres
             states = torch.cat([states, goal / LOC_UNIT, (goal - states[:, :2]) * OFFSET_SCALE], -1)
         state = self.state_proj(states).unsqueeze(1) + t[2]  # [B, 1, d]
         queries = self.queries.expand(b, -1, -1) + t[3]  # [B, A, d]
@@ -315,6 +382,7 @@ class SmallVLA(
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
         noise: torch.Tensor | None = None,
+        features: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample one step: returns (bins ``[B, A]`` long, log-probs ``[B, A]`` of the sampled bins
         under the *untempered* policy, continuous actions ``[B, A]``), on the CPU.
@@ -325,12 +393,17 @@ class SmallVLA(
         seeded rollout samples the same bins on every device given the same logits. ``noise``
         ``[B, A]`` uniforms in [0, 1) replace the generator: bin = the first whose cumulative
         probability exceeds it (inverse CDF), so two rollouts given the same uniforms (common
-        random numbers) draw the same bin wherever their distributions agree.
+        random numbers) draw the same bin wherever their distributions agree. ``features`` ``[B, F]``
+        (packed visual features, :meth:`visual_features`) replace the frames: ``images`` is then
+        ignored (pass None) and no image is encoded.
         """
         if temperature < 0:
             raise ValueError(f"temperature={temperature} must be >= 0")
         dev = self.centers.device
-        logits = self(images.to(dev), states.to(dev), instr.to(dev)).cpu()  # [B, A, K]
+        if features is not None:
+            logits = self.logits_from_features(features.to(dev), states.to(dev), instr.to(dev)).cpu()
+        else:
+            logits = self(images.to(dev), states.to(dev), instr.to(dev)).cpu()  # [B, A, K]
         if temperature == 0:
             bins = logits.argmax(-1)
         elif noise is not None:
@@ -356,7 +429,9 @@ class SmallVLA(
 
     def log_probs(self, batch, chunk: int = 512) -> torch.Tensor:  # batch: wmrl.domain.RolloutBatch
         """``[N, T*A]`` log-probs of ``batch.tokens`` (differentiable), from ``batch.extras``:
-        ``images`` ``[N, T, 3, H, W]`` uint8, ``states`` ``[N, T, S]``, ``instr`` ``[N, L]``.
+        ``images`` ``[N, T, 3, H, W]`` uint8, ``states`` ``[N, T, S]``, ``instr`` ``[N, L]``; rollouts
+        imagined on the world model's latent (``latent`` ``[N]`` bool, optional) are scored on their
+        stored visual features (``features`` ``[N, T, F]``) instead of their frames.
         Padding steps (mask 0) are scored too (their values are ignored by the loss) but only the
         real steps go through the network."""
         ex = batch.extras
@@ -368,18 +443,33 @@ class SmallVLA(
         a = self.cfg.action_dim
         if batch.tokens.shape != (n, t * a):
             raise ValueError(f"tokens have shape {tuple(batch.tokens.shape)}, expected ({n}, {t}*{a})")
+        latent = ex.get("latent")
+        if latent is not None and bool(latent.any()) and "features" not in ex:
+            raise KeyError("batch.extras marks latent-imagined rollouts but lacks 'features' [N, T, F]")
         step_mask = batch.mask.reshape(n, t, a).amax(-1) > 0  # [N, T]
-        idx = step_mask.reshape(-1).nonzero().squeeze(-1)  # real steps, flat
-        out = torch.zeros(n * t, a, device=images.device)
-        flat_img = images.reshape(n * t, *images.shape[2:])
         flat_state = states.reshape(n * t, -1)
         flat_instr = instr.unsqueeze(1).expand(n, t, instr.shape[-1]).reshape(n * t, -1)
         flat_bins = batch.tokens.reshape(n * t, a)
-        pieces = []
-        for s in range(0, idx.numel(), chunk):
-            j = idx[s : s + chunk]
-            pieces.append(self.step_log_probs(flat_img[j], flat_state[j], flat_instr[j], flat_bins[j]))
-        if pieces:
+        out = torch.zeros(n * t, a, device=images.device)
+        on_latent = torch.zeros(n, t, dtype=torch.bool, device=step_mask.device)
+        if latent is not None:
+            on_latent = latent.to(step_mask.device).bool().unsqueeze(1).expand(n, t)
+        for from_features in (False, True):
+            idx = (step_mask & (on_latent == from_features)).reshape(-1).nonzero().squeeze(-1)  # flat
+            if not idx.numel():
+                continue
+            src = ex["features"] if from_features else images  # [N, T, F] or [N, T, 3, H, W]
+            flat_in = src.reshape(n * t, *src.shape[2:])
+            pieces = []
+            for s in range(0, idx.numel(), chunk):
+                j = idx[s : s + chunk]
+                if from_features:
+                    logits = self.logits_from_features(flat_in[j].float(), flat_state[j], flat_instr[j])
+                else:
+                    logits = self(flat_in[j], flat_state[j], flat_instr[j])
+                pieces.append(
+                    torch.log_softmax(logits, -1).gather(-1, flat_bins[j].unsqueeze(-1)).squeeze(-1)
+                )
             out = out.index_put((idx,), torch.cat(pieces))
         return out.reshape(n, t * a)
 

@@ -288,6 +288,20 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
             succs.append(torch.stack(s_k, 1) * mask)
         return torch.stack(progs), torch.stack(succs)
 
+    @torch.no_grad()
+    def frames_from_latents(
+        self, images: torch.Tensor, z: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """uint8 frames ``[M, 3, H, W]`` decoded (or sampled) from latents ``z`` ``[M, D]`` of rollouts
+        whose first frames are ``images`` ``[M, 3, H, W]`` uint8 (the decoder's context), as
+        :meth:`imagine` decodes them."""
+        if z.dim() != 2 or z.shape[0] != images.shape[0]:
+            raise ValueError(f"z has shape {tuple(z.shape)}, expected ({images.shape[0]}, D)")
+        dev = self.device
+        states = torch.zeros(images.shape[0], self.cfg.state_dim, device=dev)  # the context ignores them
+        _, context = self.observe(images, states)
+        return self.sample_frame(z.to(dev), context, generator)
+
     # ------------------------------------------------------------------ imagination
     @torch.no_grad()
     def imagine(
@@ -299,32 +313,40 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         members: torch.Tensor | None = None,
         success_threshold: float = 0.5,
         generator: torch.Generator | None = None,
+        observe: str = "frames",
     ) -> dict[str, torch.Tensor]:
         """Roll a whole batch forward together; the policy acts on predicted frames.
 
         ``policy(images [B, 3, H, W] uint8, states [B, S], t) -> actions [B, A]`` (it may record
         whatever else it needs). Rollout ``i`` follows member ``members[i]`` (default ``i % K``) and
         ends after the first step whose success probability passes ``success_threshold``.
+        ``observe="latents"``: the policy gets the latent ``z`` ``[B, D]`` in place of the frame and no
+        frame is decoded (``images`` then holds the first frame at every step).
 
-        Returns ``images`` ``[B, T, 3, H, W]`` (the frames the policy saw), ``states`` ``[B, T, S]``,
-        ``actions`` ``[B, T, A]``, ``progress`` / ``success`` ``[B, T]`` (the member's predictions
-        after each action) and ``mask`` ``[B, T]``, all on the CPU. The model runs on its own device;
-        ``policy`` gets frames and states there and may return actions on any device.
+        Returns ``images`` ``[B, T, 3, H, W]`` (the frames the policy saw), ``latents`` ``[B, T, D]``
+        (the latent of each of those steps), ``states`` ``[B, T, S]``, ``actions`` ``[B, T, A]``,
+        ``progress`` / ``success`` ``[B, T]`` (the member's predictions after each action) and
+        ``mask`` ``[B, T]``, all on the CPU. The model runs on its own device; ``policy`` gets frames
+        (or latents) and states there and may return actions on any device.
         """
+        if observe not in ("frames", "latents"):
+            raise ValueError(f"observe={observe!r} is not one of frames, latents")
+        decode = observe == "frames"
         b = images.shape[0]
         k = self.cfg.n_members
         dev = self.device
         members = torch.arange(b, device=dev) % k if members is None else members.to(dev)
         z, context = self.observe(images, states)
-        prepared = self.decoder.prepare(*context) if self.unet is None else None
+        prepared = self.decoder.prepare(*context) if self.unet is None and decode else None
         frame, state = images.to(dev), states.to(dev).float()
         alive = torch.ones(b, dtype=torch.bool, device=dev)
-        out = {n: [] for n in ("images", "states", "actions", "progress", "success", "mask")}
+        out = {n: [] for n in ("images", "latents", "states", "actions", "progress", "success", "mask")}
         for t in range(horizon):
             out["images"].append(frame)
+            out["latents"].append(z)
             out["states"].append(state)
             out["mask"].append(alive.float())
-            a = policy(frame, state, t).to(dev).float()  # [B, A]
+            a = policy(frame if decode else z, state, t).to(dev).float()  # [B, A]
             z_next = torch.empty_like(z)
             prog = torch.empty(b, device=dev)
             succ = torch.empty(b, device=dev)
@@ -340,7 +362,8 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
             z = z_next
             if t + 1 < horizon:
                 state = self.state_head(z)
-                frame = self.sample_frame(z, context, generator, prepared)
+                if decode:
+                    frame = self.sample_frame(z, context, generator, prepared)
             if not alive.any():
                 # pad the remaining steps with copies (masked out)
                 for _ in range(t + 1, horizon):
