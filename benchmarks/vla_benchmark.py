@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("overrides", nargs="*", help="extra --a.b=value overrides of the preset (--sft-only)")
     a, extra = p.parse_known_args(argv)
+    if not a.sft_only and (a.overrides or extra):
+        p.error(f"unrecognised arguments {[*a.overrides, *extra]} (preset overrides apply to --sft-only)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
     out = Path(a.out)
