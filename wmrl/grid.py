@@ -11,7 +11,8 @@ the command line as ``--executor.type=ray --seeds=[0,1]``). ``wmrl compare SPEC 
 3. trains every unfinished cell (an ordinary run directory ``DIR/<domain>/<method>/seed<k>``: a
    finished one is kept, a killed one resumes from its checkpoint), then re-evaluates its final
    policy on ``reeval_episodes`` held-out episodes or samples per task (``reeval.json`` in the run
-   directory, kept while the run and the re-evaluation settings are unchanged);
+   directory, kept while the run and the re-evaluation settings are unchanged; where those settings
+   are the run's own, its final in-run evaluation is reused, not repeated);
 4. writes ``report.md``, ``report.html`` and ``report.json`` (wmrl/report.py).
 
 ``DIR`` also holds ``spec.yaml`` (the spec as last run) and ``index.json`` (every cell, its run
@@ -36,8 +37,8 @@ import draccus
 from draccus.utils import DraccusException
 
 from wmrl.config import METHODS, ConfigError, _check, _one_of, did_you_mean, load_config, presets
-from wmrl.experiment import _config_diffs, comparison_runs, with_control, writable_dir
-from wmrl.tracking import CHECKPOINT, RunDirError, read_metrics
+from wmrl.experiment import _config_diffs, _result_fields, comparison_runs, with_control, writable_dir
+from wmrl.tracking import CHECKPOINT, RunDirError, _diff, read_metrics
 
 log = logging.getLogger("wmrl")
 GRID_EXECUTORS = ("process", "ray", "inline")
@@ -308,9 +309,24 @@ def run_cell(c: Cell, cwd: str) -> dict:
             _seed_globals(c.seed)
         train_run(load_config(c.preset, c.overrides), resume=resume)
     if _reeval_current(c) is None:
-        scores = _evaluate(c, checkpoint=run_dir / CHECKPOINT)
+        scores = _final_inrun_eval(c) or _evaluate(c, checkpoint=run_dir / CHECKPOINT)
         _write_json(run_dir / "reeval.json", {"reeval_overrides": c.reeval_overrides, **scores})
     return {"cell": c.name, "status": "finished", "seconds": time.perf_counter() - t0}
+
+
+def _final_inrun_eval(c: Cell) -> dict | None:
+    """The run's own evaluation at its last step, when the re-evaluation would repeat it: the
+    re-evaluation overrides change no result-relevant config field (e.g. the held-out size is the
+    run's own) and the last metrics row holds an evaluation. Marked ``reused`` in ``reeval.json``."""
+    run_cfg = _result_fields(load_config(c.preset, c.overrides))
+    reeval_cfg = _result_fields(load_config(c.preset, [*c.overrides, *c.reeval_overrides]))
+    rows = read_metrics(c.run_dir)
+    if _diff(run_cfg, reeval_cfg) or not rows:
+        return None
+    scores = {k.removeprefix("eval/"): float(v) for k, v in rows[-1].items() if k.startswith("eval/")}
+    if not scores:
+        return None
+    return {"step": int(rows[-1]["step"]), "seconds": 0.0, "reused": "metrics.jsonl", "eval": scores}
 
 
 def _enter(cwd: str) -> None:

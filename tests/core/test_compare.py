@@ -107,6 +107,35 @@ def test_a_seed_added_on_the_command_line_runs_only_its_cells(grid, tmp_path, ca
     assert report["domains"]["toy"]["methods"]["ppi"]["figures"]["heldout_final"]["n"] == 3
 
 
+def test_reevaluation_reuses_the_runs_final_evaluation_only_when_its_settings_are_the_runs(grid, tmp_path):
+    """Without re-evaluation overrides the final in-run evaluation is the re-evaluation (equal to a
+    fresh evaluation of the saved policy); an override that changes the config forces a fresh one."""
+    from wmrl.grid import _evaluate, load_spec, plan
+
+    spec, out = grid
+    for c in plan(load_spec(spec, []), out):
+        reeval = json.loads((Path(c.run_dir) / "reeval.json").read_text())
+        last = read_metrics(c.run_dir)[-1]
+        assert reeval["reused"] == "metrics.jsonl" and reeval["step"] == last["step"] == 4
+        assert reeval["eval"] == {
+            k.removeprefix("eval/"): v for k, v in last.items() if k.startswith("eval/")
+        }
+        fresh = _evaluate(c, checkpoint=Path(c.run_dir) / "checkpoints/latest.pt")["eval"]
+        assert fresh == pytest.approx(reeval["eval"], rel=1e-6, nan_ok=True)
+    other = tmp_path / "other.yaml"
+    other.write_text(
+        spec.read_text().replace("preset: toy,", "preset: toy, reeval_overrides: [--domain.noise=0.5],")
+    )
+    assert (
+        main(
+            ["compare", str(other), "--out-dir", str(tmp_path / "g"), "--seeds=[0]", "--executor.type=inline"]
+        )
+        == 0
+    )
+    reeval = json.loads((tmp_path / "g/toy/ppi/seed0/reeval.json").read_text())
+    assert "reused" not in reeval and reeval["reeval_overrides"] == ["--domain.noise=0.5"]
+
+
 def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
     """Kill the grid's process once the first cell finished and the second is between checkpoints;
     the rerun keeps the first, resumes the second and runs the rest."""
