@@ -158,6 +158,9 @@ class Domain(Protocol):
 
     policy: torch.nn.Module
     world_model: WorldModel
+    # Optional: a picklable function each execution worker runs once before its first job (e.g.
+    # starting a sandbox), so that a worker's start-up does not count against a job's timeout.
+    # worker_initializer: Callable[[], object]
 
     def sample_tasks(self, n: int, split: str, generator: torch.Generator) -> list[Any]:
         """``n`` task specs from ``split`` ("train" or "eval"), drawn with ``generator``."""

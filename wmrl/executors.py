@@ -2,17 +2,21 @@
 
 All executors share one contract: ``run(jobs)`` executes :class:`~wmrl.domain.Job` s with at most
 ``max_concurrent`` running at once, each under a wall-clock timeout, and returns one
-:class:`JobResult` per job in order. A job that raises, times out or is cancelled is reported in its
+:class:`JobResult` per job in order. An optional ``initializer`` (a picklable function of no
+arguments, e.g. starting a sandbox) runs once in every worker before it takes jobs, so that a
+worker's start-up never counts against a job's timeout. A job that raises, times out or is cancelled is reported in its
 result; it never takes the others (or the training run) down. ``cancel()`` from another thread stops
 the jobs of the current ``run`` call.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -44,6 +48,16 @@ class JobResult:
 
 
 def _noop() -> float:
+    return 0.0
+
+
+def _initialize(initializer) -> float:
+    """Run a worker's initializer; a failure is logged, not fatal (the worker's jobs then meet the
+    same failure and report it)."""
+    try:
+        initializer()
+    except Exception:  # noqa: BLE001 - a worker must stay able to report its jobs' errors
+        logging.getLogger("wmrl").warning("executor worker initializer failed", exc_info=True)
     return 0.0
 
 
@@ -99,13 +113,24 @@ class ProcessPoolExecutor(Executor):
     which the pool replaces. Workers start from a fork server, so the trainer's threads and CUDA state
     are never forked."""
 
-    def __init__(self, max_concurrent: int, timeout_s: float, start_method: str = "forkserver"):
+    def __init__(
+        self,
+        max_concurrent: int,
+        timeout_s: float,
+        start_method: str = "forkserver",
+        initializer: Callable[[], object] | None = None,
+    ):
         super().__init__(max_concurrent, timeout_s)
         from pebble import ProcessPool
 
         try:
             self._pool = ProcessPool(
-                max_workers=max_concurrent, context=multiprocessing.get_context(start_method)
+                max_workers=max_concurrent,
+                context=multiprocessing.get_context(start_method),
+                # pebble starts a job's timeout when a worker takes it, i.e. after this (a worker
+                # replaced after a timeout runs it again)
+                initializer=_initialize if initializer else None,
+                initargs=(initializer,) if initializer else (),
             )
         except Exception as e:
             raise ExecutorError(
@@ -148,7 +173,12 @@ class RayExecutor(Executor):
     process is killed)."""
 
     def __init__(
-        self, max_concurrent: int, timeout_s: float, address: str | None = None, num_cpus: float = 1.0
+        self,
+        max_concurrent: int,
+        timeout_s: float,
+        address: str | None = None,
+        num_cpus: float = 1.0,
+        initializer: Callable[[], object] | None = None,
     ):
         super().__init__(max_concurrent, timeout_s)
         import ray
@@ -165,8 +195,11 @@ class RayExecutor(Executor):
         except (Exception, SystemExit) as e:  # ray.init calls sys.exit when it gives up on a cluster
             raise ExecutorError(f"could not start or reach a Ray cluster at address={address!r}: {e}") from e
         self._remote = ray.remote(num_cpus=num_cpus, max_retries=0)(_timed_call)
-        # Start the workers now, so that a job's timeout measures the job and not a worker's start-up.
-        ray.get([self._remote.remote(_noop, ()) for _ in range(max_concurrent)])
+        # Start the workers (and run the initializer in each) now, so that a job's timeout measures
+        # the job and not a worker's start-up. Best effort: Ray usually gives later tasks these
+        # warm workers but does not promise to (a job on a fresh worker pays its start).
+        warm = (_initialize, (initializer,)) if initializer else (_noop, ())
+        ray.get([self._remote.remote(*warm) for _ in range(max_concurrent)])
 
     def run(self, jobs: list[Job]) -> list[JobResult]:
         ray = self._ray
@@ -230,14 +263,19 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise ExecutorError(f"nothing answers at Ray address {address!r}: {e}") from e
 
 
-def make_executor(cfg: ExecutorConfig, max_concurrent: int) -> Executor:
-    """The executor named by ``cfg.type`` with at most ``max_concurrent`` jobs at once."""
+def make_executor(
+    cfg: ExecutorConfig, max_concurrent: int, initializer: Callable[[], object] | None = None
+) -> Executor:
+    """The executor named by ``cfg.type`` with at most ``max_concurrent`` jobs at once;
+    ``initializer`` runs once in each worker process before its first job (not inline)."""
     if cfg.type == "inline":
         return InlineExecutor(max_concurrent, cfg.timeout_s)
     if cfg.type == "process":
-        return ProcessPoolExecutor(max_concurrent, cfg.timeout_s)
+        return ProcessPoolExecutor(max_concurrent, cfg.timeout_s, initializer=initializer)
     if cfg.type == "ray":
-        return RayExecutor(max_concurrent, cfg.timeout_s, cfg.ray_address, cfg.ray_num_cpus)
+        return RayExecutor(
+            max_concurrent, cfg.timeout_s, cfg.ray_address, cfg.ray_num_cpus, initializer=initializer
+        )
     raise ExecutorError(f"unknown executor type {cfg.type!r}")
 
 

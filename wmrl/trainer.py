@@ -205,7 +205,8 @@ class Trainer:
         if jobs and self.executor is None:
             # Created here, in the calling (main) thread, never in the worker thread below: a local
             # Ray cluster started from a thread that exits loses its GCS and raylet within seconds.
-            self.executor = make_executor(self.cfg.executor, self.cfg.anchors.max_concurrent)
+            init = getattr(self.domain, "worker_initializer", None)
+            self.executor = make_executor(self.cfg.executor, self.cfg.anchors.max_concurrent, init)
         with ThreadPoolExecutor(max_workers=1) as pool:
             future = None
             if jobs:

@@ -21,6 +21,7 @@ from wmrl.executors import Executor
 from wmrl_research.agent import ResearchPolicy, build_prompt
 from wmrl_research.constrain import EXTRA_ALLOWED
 from wmrl_research.edits import apply_edits, knobs_view
+from wmrl_research.grading import warm_up
 from wmrl_research.tasks import FAILURE_SCORE
 from world_models.outcome import ExecutionLog, OutcomeExample
 
@@ -189,6 +190,10 @@ class ResearchWorldModel:
 
 class ResearchDomain:
     """Implements :class:`wmrl.domain.Domain` for research tasks."""
+
+    # Each execution worker starts its sandbox before taking jobs (imports: 5-25 s on 2 cores), so
+    # that this start-up never counts against an execution's timeout.
+    worker_initializer = staticmethod(warm_up)
 
     def __init__(
         self,

@@ -547,7 +547,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     cache.mkdir(parents=True, exist_ok=True)
     (cache / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
     policy, sft_info = build_policy(cfg, run, train, heldout, cache)
-    executor = make_executor(run.executor, run.anchors.max_concurrent)
+    executor = make_executor(run.executor, run.anchors.max_concurrent, ResearchDomain.worker_initializer)
     log_path, random_path = log_paths(cfg, run, train)
     elog = build_execution_log(cfg, run, policy, train, executor, log_path)
     rlog = build_random_log(cfg, train, executor, random_path)

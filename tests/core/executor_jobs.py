@@ -25,3 +25,20 @@ def span(s):
 
 def pid_job(_):
     return float(os.getpid())
+
+
+_WORKER = {"initialized_by": 0.0}
+
+
+def slow_initializer():
+    """Stands in for a sandbox's start: longer than the tests' job timeout."""
+    time.sleep(1.5)
+    _WORKER["initialized_by"] = float(os.getpid())
+
+
+def initialized_by(_):
+    return _WORKER["initialized_by"]
+
+
+def broken_initializer():
+    raise RuntimeError("no sandbox on this worker")

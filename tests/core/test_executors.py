@@ -5,7 +5,16 @@ import threading
 import time
 
 import pytest
-from executor_jobs import boom, pid_job, sleepy, span, square
+from executor_jobs import (
+    boom,
+    broken_initializer,
+    initialized_by,
+    pid_job,
+    sleepy,
+    slow_initializer,
+    span,
+    square,
+)
 
 from wmrl.domain import Job
 from wmrl.executors import InlineExecutor, ProcessPoolExecutor, RayExecutor
@@ -53,6 +62,23 @@ def test_cancel_stops_pending_jobs():
         res = ex.run([Job(sleepy, (60,)) for _ in range(4)])
         assert time.time() - t0 < 120  # not 4 x 60 s: the pending jobs never ran
         assert all(r.status == "cancelled" for r in res)
+
+
+def test_initializer_runs_in_each_worker_before_its_jobs_and_outside_their_timeout():
+    """The initializer (1.5 s) is longer than the job timeout (1 s): counted against the first job,
+    that job would time out."""
+    with ProcessPoolExecutor(max_concurrent=1, timeout_s=1.0, initializer=slow_initializer) as ex:
+        first, pid = ex.run([Job(initialized_by, (0,)), Job(pid_job, (0,))])
+        assert first.ok and pid.ok and first.value == pid.value != os.getpid()
+        timed_out, after = ex.run([Job(sleepy, (600,)), Job(initialized_by, (0,))])
+        # the worker killed with the timed-out job is replaced, and its successor initialized too
+        assert timed_out.status == "timeout" and after.ok and after.value not in (0.0, pid.value)
+
+
+def test_a_failing_initializer_leaves_the_jobs_to_report():
+    with ProcessPoolExecutor(max_concurrent=2, timeout_s=30, initializer=broken_initializer) as ex:
+        res = ex.run([Job(square, (3,)), Job(initialized_by, (0,))])
+    assert [r.status for r in res] == ["ok", "ok"] and res[0].value == 9 and res[1].value == 0.0
 
 
 def test_inline_reports_errors_without_raising():
