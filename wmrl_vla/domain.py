@@ -680,6 +680,31 @@ class VLADomain:
         media["rollouts/table"] = Table(["task", "kind", "group", "steps", "predicted", "true"], rows)
         return media
 
+    @torch.no_grad()
+    def real_vs_imagined(self, r: SimRollout) -> np.ndarray:
+        """Frames ``[T, 3, H, 3W]`` uint8 of one task three ways, side by side: the real rollout
+        ``r`` | the world model replaying its actions open-loop | the policy acting in the world
+        model from the same first frame (at the evaluation temperature, on decoded frames). Each
+        clip holds its last frame until the longest ends."""
+        wm: VLADynamics = self.world_model.model
+        wm.eval()
+        gen = torch.Generator().manual_seed(0)  # its own generator: a video never changes a run
+        img, st = torch.from_numpy(r.images[:1]), torch.from_numpy(r.states[:1])
+        acts, n = torch.from_numpy(r.actions), r.length
+        replay = wm.imagine(img, st, lambda f, s, t: acts[min(t, n - 1)][None], n + 1,
+                            success_threshold=2.0, generator=gen)  # fmt: skip
+        instr_ids = self.policy.tokenizer.encode([r.instruction])
+
+        def act(frames: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
+            return self.policy.act(frames, states, instr_ids, self.eval_temperature, gen)[2]
+
+        dream = wm.imagine(img, st, act, self.horizon[r.task_id], generator=gen)
+        dreamt = dream["images"][0, : int(dream["mask"][0].sum()) + 1].numpy()
+        clips = [r.images, replay["images"][0].numpy(), dreamt]
+        t_len = max(len(c) for c in clips)
+        clips = [np.concatenate([c, np.repeat(c[-1:], t_len - len(c), 0)]) for c in clips]
+        return np.concatenate(clips, axis=3)
+
     # ------------------------------------------------------------------ execution
     def execution_jobs(self, batch: RolloutBatch, indices: Sequence[int]) -> list[Job]:
         jobs = []
@@ -730,7 +755,9 @@ class VLADomain:
             vdir.mkdir(parents=True, exist_ok=True)
             for k, r in enumerate(ro[:: max(1, len(ro) // self.n_videos)][: self.n_videos]):
                 ok = "success" if r.success.max() > 0 else "fail"
-                save_gif(r.images, vdir / f"eval{self.n_evals:03d}_{k}_{r.task_id.split('/')[-1]}_{ok}.gif")
+                stem = f"eval{self.n_evals:03d}_{k}_{r.task_id.split('/')[-1]}"
+                save_gif(r.images, vdir / f"{stem}_{ok}.gif")
+                save_gif(self.real_vs_imagined(r), vdir / f"{stem}_real_vs_imagined.gif")
         self.n_evals += 1
         return out
 

@@ -149,7 +149,24 @@ def test_evaluate_in_the_simulator_saves_videos(built):
     out = domain.evaluate("eval")
     assert 0 <= out["success"] <= 1 and 0 <= out["reward"] <= 1
     assert "success/ReachColor-v0" in out
-    assert list((root / "run" / "videos").glob("*.gif"))
+    gifs = sorted(p.name for p in (root / "run" / "videos").glob("*.gif"))
+    assert any(g.endswith("_real_vs_imagined.gif") for g in gifs)
+    assert any(g.endswith(("_success.gif", "_fail.gif")) for g in gifs)
+
+
+def test_real_vs_imagined_frames_start_from_the_real_first_frame_and_change_no_generator(built, batch):
+    _, domain, _ = built
+    r = next(p["rollout"] for p in batch.payload if p["kind"] == "sim")
+    states = torch.get_rng_state(), domain.gen.get_state()
+    frames = domain.real_vs_imagined(r)
+    h, w = r.images.shape[-2:]
+    assert frames.dtype == np.uint8 and frames.shape[1:] == (3, h, 3 * w) and len(frames) >= len(r.images)
+    real, replay, dream = frames[..., :w], frames[..., w : 2 * w], frames[..., 2 * w :]
+    assert np.array_equal(real[: len(r.images)], r.images)  # then its last frame held
+    assert np.array_equal(replay[0], r.images[0]) and np.array_equal(dream[0], r.images[0])
+    assert not np.array_equal(replay[1:], dream[1:])  # the WM's own replay and the policy's dream differ
+    assert np.array_equal(frames, domain.real_vs_imagined(r))
+    assert torch.equal(torch.get_rng_state(), states[0]) and torch.equal(domain.gen.get_state(), states[1])
 
 
 def test_bad_inputs(built):
