@@ -155,7 +155,12 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
                 rows, c.method, score, start_by_seed[c.seed], final
             )
             curves[(c.method, c.seed)] = [
-                (r.get("exec/real_total", 0.0), r.get("time/elapsed", 0.0), r[f"eval/{score}"])
+                (
+                    r.get("exec/real_total", 0.0),
+                    r.get("time/elapsed", 0.0),
+                    r[f"eval/{score}"],
+                    r.get("domain/sim_steps", 0.0),  # 0 where the domain has no simulator
+                )
                 for r in rows
                 if _finite(r.get(f"eval/{score}"))
             ]
@@ -337,8 +342,9 @@ def _inline_html(text: str) -> str:
 
 
 def plot(report: dict, path: Path) -> Path:
-    """Per domain (a row): mean in-run held-out score against real executions and against wall-clock,
-    one line per method (points aligned by evaluation index over seeds)."""
+    """Per domain (a row): mean in-run held-out score against real executions, against wall-clock
+    and, for a domain with a simulator, against its training simulator steps; one line per method
+    (points aligned by evaluation index over seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -346,22 +352,30 @@ def plot(report: dict, path: Path) -> Path:
     import numpy as np
 
     doms = report["domains"]
-    fig, axes = plt.subplots(len(doms), 2, figsize=(11, 3.6 * len(doms)), squeeze=False)
-    for (dname, dom), (ax1, ax2) in zip(doms.items(), axes, strict=True):
+    has_sim = {
+        d: any(len(p) > 3 and p[3] > 0 for v in dom["curves"].values() for p in v) for d, dom in doms.items()
+    }
+    cols = 3 if any(has_sim.values()) else 2
+    fig, axes = plt.subplots(len(doms), cols, figsize=(5.5 * cols, 3.6 * len(doms)), squeeze=False)
+    for (dname, dom), row in zip(doms.items(), axes, strict=True):
+        panels = [(0, "real executions"), (1, "wall-clock s (training)")]
+        panels += [(3, "simulator steps (training)")] if has_sim[dname] else []
         for m in dom["methods"]:
             curves = [v for k, v in dom["curves"].items() if k.split("/")[0] == m and v]
             if not curves:
                 continue
             n = min(len(c) for c in curves)
             arr = np.array([c[:n] for c in curves], dtype=float).mean(0)
-            ax1.plot(arr[:, 0], arr[:, 2], marker=".", label=m)
-            ax2.plot(arr[:, 1], arr[:, 2], marker=".", label=m)
-        for ax, xl in ((ax1, "real executions"), (ax2, "wall-clock s (training)")):
+            for ax, (x, _) in zip(row, panels, strict=False):
+                ax.plot(arr[:, x], arr[:, 2], marker=".", label=m)
+        for ax, (_, xl) in zip(row, panels, strict=False):
             ax.set_xlabel(xl)
             ax.set_ylabel(f"eval/{dom['score']}")
             ax.set_title(dname)
             ax.grid(alpha=0.3)
-        ax1.legend(fontsize=8)
+        for ax in row[len(panels) :]:
+            ax.axis("off")
+        row[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

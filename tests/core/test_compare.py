@@ -196,6 +196,22 @@ def test_absent_metrics_stay_absent():
     assert mean_se([None, None]) is None and mean_se([1.0, None]) == {"mean": 1.0, "se": None, "n": 1}
 
 
+def test_the_plot_gains_a_simulator_steps_panel_for_a_domain_with_a_simulator(tmp_path):
+    from PIL import Image
+
+    from wmrl.report import plot
+
+    def domain(sim: float) -> dict:  # curves: (executions, wall-clock, score, simulator steps)
+        curves = {"real/seed0": [[0, 0, 0.1, 0], [64, 10, 0.3, 64 * sim]]}
+        return {"score": "success", "methods": {"real": {}}, "curves": curves}
+
+    widths = {}
+    for name, sims in (("toy", (0,)), ("both", (0, 50))):
+        report = {"domains": {f"d{k}": domain(sim) for k, sim in enumerate(sims)}}
+        widths[name] = Image.open(plot(report, tmp_path / f"{name}.png")).size
+    assert widths["toy"] == (1100, 360) and widths["both"] == (1650, 720)  # 2 panels, then 3 per row
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
