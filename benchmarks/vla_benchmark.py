@@ -48,6 +48,7 @@ def throughput(
     from wmrl.config import load_config
     from wmrl_vla.latent import LatentActor
     from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes
+    from world_models.vla_dynamics import instruction_ids
 
     over = ["--out_dir=/tmp/wmrl-vla-throughput", "--domain.imagine_input=latent"]
     over += [f"--domain.cache_dir={cache_dir}"] if cache_dir else []
@@ -68,14 +69,15 @@ def throughput(
     imgs = torch.from_numpy(np.stack([x[0] for x in o]))
     sts = torch.from_numpy(np.stack([x[1] for x in o]))
     instr = policy.tokenizer.encode([x[2] for x in o])
+    words = instruction_ids([x[2] for x in o])  # the world model's view of the instructions
     g = torch.Generator().manual_seed(0)
     adapter = domain.latent_adapter.eval()
 
     def latent_actor():  # encodes the 64 first frames once (counted in the timing)
         return LatentActor(policy, adapter, instr, 1.0, g, first_frames=imgs)
 
-    wm.imagine(imgs, sts, lambda f, s, t: policy.act(f, s, instr, 1.0, g)[2], 2)  # warm-up
-    wm.imagine(imgs, sts, latent_actor(), 2, observe="latents")
+    wm.imagine(imgs, sts, lambda f, s, t: policy.act(f, s, instr, 1.0, g)[2], 2, instr=words)  # warm-up
+    wm.imagine(imgs, sts, latent_actor(), 2, observe="latents", instr=words)
 
     def random_actor(images, states, instructions):
         a = torch.rand(images.shape[0], a_dim, generator=g) * 2 - 1
@@ -98,13 +100,13 @@ def throughput(
             r[f"sim_steps_per_s/{name}"] = sum(x.length for x in ro) / (time.perf_counter() - t0)
             r[f"sim_mean_length/{name}"] = float(np.mean([x.length for x in ro]))
             t0 = time.perf_counter()
-            res = wm.imagine(imgs, sts, wm_actors[name], steps, success_threshold=2.0)  # full horizon
+            res = wm.imagine(imgs, sts, wm_actors[name], steps, success_threshold=2.0, instr=words)
             r[f"imagined_steps_per_s/{name}"] = float(res["mask"].sum()) / (time.perf_counter() - t0)
             r[f"speedup/{name}"] = r[f"imagined_steps_per_s/{name}"] / r[f"sim_steps_per_s/{name}"]
         # the same policy on the WM's latent (no frame decoded), against the same simulator figure
         t0 = time.perf_counter()
         actor = latent_actor()
-        res = wm.imagine(imgs, sts, actor, steps, success_threshold=2.0, observe="latents")
+        res = wm.imagine(imgs, sts, actor, steps, success_threshold=2.0, observe="latents", instr=words)
         t_imag = time.perf_counter() - t0
         n_steps = float(res["mask"].sum())
         r["imagined_steps_per_s/policy_latent"] = n_steps / t_imag
@@ -125,7 +127,7 @@ def throughput(
         # where imagination's time goes, per lockstep step of the batch: the policy on a decoded
         # frame, the WM decoding that frame, the policy on the latent (adapter + trunk)
         with torch.no_grad():
-            z, context = wm.observe(imgs, sts)
+            z, context = wm.observe(imgs, sts, words)
             prepared = wm.decoder.prepare(*context)
             t0 = time.perf_counter()
             for _ in range(steps):
@@ -145,7 +147,7 @@ def throughput(
         actions = torch.rand(batch, steps, a_dim, generator=g) * 2 - 1
         t0 = time.perf_counter()
         with torch.no_grad():
-            wm.score_actions(imgs, sts, actions, torch.ones(batch, steps))
+            wm.score_actions(imgs, sts, actions, torch.ones(batch, steps), words)
         r["wm_scored_steps_per_s"] = batch * steps / (time.perf_counter() - t0)
         r["speedup/scoring_vs_sim"] = r["wm_scored_steps_per_s"] / r["sim_steps_per_s/random"]
         rounds.append(r)

@@ -41,6 +41,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from world_models.vla_dynamics import instruction_ids
+
 
 def _psnr(mse: float) -> float:
     return 10 * math.log10(1.0 / max(mse, 1e-10))
@@ -57,7 +59,9 @@ def open_loop_frame_mse(wm, rollouts) -> np.ndarray:
     imgs = torch.from_numpy(np.stack([r.images[0] for r in rollouts]))
     sts = torch.from_numpy(np.stack([r.states[0] for r in rollouts]))
     # horizon t_max + 1: the frame after the last action is the policy's view at step t_max
-    out = wm.imagine(imgs, sts, lambda f, s, t: acts[:, min(t, t_max - 1)], t_max + 1, success_threshold=2.0)
+    words = instruction_ids([r.instruction for r in rollouts])
+    out = wm.imagine(imgs, sts, lambda f, s, t: acts[:, min(t, t_max - 1)], t_max + 1, success_threshold=2.0,
+                     instr=words)  # fmt: skip
     pred = out["images"][:, 1:].float() / 255.0  # [E, T, 3, H, W]: after actions 0..T-1
     mse = np.full((len(rollouts), t_max), np.nan)
     for i, r in enumerate(rollouts):
@@ -71,7 +75,8 @@ def side_by_side_gif(wm, real, twin_images: np.ndarray, path: Path) -> None:
     acts = torch.from_numpy(real.actions)
     n = real.length
     replay = wm.imagine(torch.from_numpy(real.images[:1]), torch.from_numpy(real.states[:1]),
-                        lambda f, s, t: acts[min(t, n - 1)][None], n + 1, success_threshold=2.0)  # fmt: skip
+                        lambda f, s, t: acts[min(t, n - 1)][None], n + 1, success_threshold=2.0,
+                        instr=instruction_ids([real.instruction]))  # fmt: skip
     clips = [real.images, replay["images"][0].numpy(), twin_images]
     t_len = max(len(c) for c in clips)
     clips = [np.concatenate([c, np.repeat(c[-1:], t_len - len(c), 0)]) for c in clips]

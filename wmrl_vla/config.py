@@ -77,6 +77,10 @@ class VLAConfig(DomainConfig):
     world_model: str = "deterministic"
     wm_members: int = 3
     wm_latent_dim: int = 128
+    # Hash buckets of the instruction's words the WM's latent is conditioned on (FiLM on its frame
+    # features): which object a task names is in the instruction alone. 0: an unconditioned WM (the
+    # WM of the figures measured before this field existed).
+    wm_instruction_buckets: int = 256
     # Real rollouts of the SFT policy per task added to the WM's pretraining data (demos never fail).
     wm_policy_rollouts_per_task: int = 16
     wm_train_steps: int = 1500
@@ -162,6 +166,8 @@ class VLAConfig(DomainConfig):
             )
         if self.wm_members < 1:
             raise ConfigError(f"domain.wm_members={self.wm_members} must be >= 1")
+        if self.wm_instruction_buckets < 0:
+            raise ConfigError(f"domain.wm_instruction_buckets={self.wm_instruction_buckets} must be >= 0")
         if self.temperature <= 0 or self.eval_temperature < 0:
             raise ConfigError(
                 f"domain.temperature={self.temperature} must be > 0 and "

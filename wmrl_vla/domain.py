@@ -56,6 +56,7 @@ from world_models.vla_dynamics import (
     VLADynamics,
     calibration_stats,
     fit_variance_calibration,
+    instruction_ids,
     rollout_score,
     train_dynamics,
 )
@@ -125,7 +126,7 @@ class VLAWorldModel:
         """The members' mean rollout score and their (uncalibrated) variance ``[N]``."""
         ex = batch.extras
         prog, succ = self.model.score_actions(
-            ex["init_images"], ex["init_states"], ex["actions"], ex["step_mask"].float()
+            ex["init_images"], ex["init_states"], ex["actions"], ex["step_mask"].float(), ex["wm_instr"]
         )  # [K, N, T]
         scores = rollout_score(prog.cpu(), succ.cpu())  # [K, N]
         var = scores.var(0, unbiased=False) if scores.shape[0] > 1 else None
@@ -386,6 +387,7 @@ class VLADomain:
         sts = torch.from_numpy(np.stack([i[1] for i in inits])).repeat_interleave(group_size, 0)
         instrs = [i[2] for i in inits for _ in range(group_size)]
         instr_ids = self.policy.tokenizer.encode(instrs)
+        wm_instr = instruction_ids(instrs)
         horizon = max(self.horizon[t.task_id] for t in tasks)
         limits = torch.tensor([self.horizon[t.task_id] for t in tasks]).repeat_interleave(group_size)
         latent = self.imagine_input == "latent"
@@ -402,7 +404,7 @@ class VLADomain:
             actor = LatentActor(
                 self.policy, self.latent_adapter, instr_ids, self.temperature, self.gen, f0=f0, noise=noise
             )
-            out = wm.imagine(imgs, sts, actor, horizon, generator=self.gen, observe="latents")
+            out = wm.imagine(imgs, sts, actor, horizon, generator=self.gen, observe="latents", instr=wm_instr)
             bins, lps, feats = actor.stacked()  # [B, T', A], [B, T', A], [B, T', F]
         else:
             rec_bins, rec_lp = [], []
@@ -414,7 +416,7 @@ class VLADomain:
                 rec_lp.append(lp)
                 return a
 
-            out = wm.imagine(imgs, sts, act, horizon, generator=self.gen)
+            out = wm.imagine(imgs, sts, act, horizon, generator=self.gen, instr=wm_instr)
             bins = torch.stack(rec_bins, 1)  # [B, T', A]
             lps = torch.stack(rec_lp, 1)
         res = []
@@ -467,7 +469,8 @@ class VLADomain:
         inits = [self._initial_obs(t) for t in tasks]
         imgs = torch.from_numpy(np.stack([i[0] for i in inits])).repeat_interleave(group_size, 0)
         sts = torch.from_numpy(np.stack([i[1] for i in inits])).repeat_interleave(group_size, 0)
-        instr = pol.tokenizer.encode([i[2] for i in inits for _ in range(group_size)])
+        texts = [i[2] for i in inits for _ in range(group_size)]
+        instr = pol.tokenizer.encode(texts)
         horizon = max(self.horizon[t.task_id] for t in tasks)
         pol.eval()
         wm.eval()
@@ -475,7 +478,9 @@ class VLADomain:
         def act(f: torch.Tensor, s: torch.Tensor, t: int) -> torch.Tensor:
             return pol.act(f, s, instr, self.temperature, gen)[2]
 
-        out = wm.imagine(imgs, sts, act, horizon, success_threshold=2.0, generator=gen)  # whole horizon
+        out = wm.imagine(
+            imgs, sts, act, horizon, success_threshold=2.0, generator=gen, instr=instruction_ids(texts)
+        )  # the whole horizon
         mask = torch.arange(horizon).unsqueeze(0) < torch.tensor(
             [self.horizon[t.task_id] for t in tasks]
         ).repeat_interleave(group_size).unsqueeze(1)  # [B, T]
@@ -607,6 +612,7 @@ class VLADomain:
                 "images": images,
                 "states": states,
                 "instr": self.policy.tokenizer.encode([r["instruction"] for r in rollouts]),
+                "wm_instr": instruction_ids([r["instruction"] for r in rollouts]),  # the WM's words
                 "actions": actions,
                 "step_mask": step_mask,
                 "init_images": images[:, 0].clone(),
@@ -648,6 +654,7 @@ class VLADomain:
                 lambda frames, states, t: actions[min(t, n - 1)][None],
                 n,
                 generator=torch.Generator().manual_seed(0),
+                instr=batch.extras["wm_instr"][i : i + 1],
             )
             real, dreamt = np.asarray(p["images"])[:n], out["images"][0, :n].numpy()
             media["rollouts/real_vs_imagined"] = Video(
@@ -690,15 +697,15 @@ class VLADomain:
         wm.eval()
         gen = torch.Generator().manual_seed(0)  # its own generator: a video never changes a run
         img, st = torch.from_numpy(r.images[:1]), torch.from_numpy(r.states[:1])
-        acts, n = torch.from_numpy(r.actions), r.length
+        acts, n, words = torch.from_numpy(r.actions), r.length, instruction_ids([r.instruction])
         replay = wm.imagine(img, st, lambda f, s, t: acts[min(t, n - 1)][None], n + 1,
-                            success_threshold=2.0, generator=gen)  # fmt: skip
+                            success_threshold=2.0, generator=gen, instr=words)  # fmt: skip
         instr_ids = self.policy.tokenizer.encode([r.instruction])
 
         def act(frames: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
             return self.policy.act(frames, states, instr_ids, self.eval_temperature, gen)[2]
 
-        dream = wm.imagine(img, st, act, self.horizon[r.task_id], generator=gen)
+        dream = wm.imagine(img, st, act, self.horizon[r.task_id], generator=gen, instr=words)
         dreamt = dream["images"][0, : int(dream["mask"][0].sum()) + 1].numpy()
         clips = [r.images, replay["images"][0].numpy(), dreamt]
         t_len = max(len(c) for c in clips)

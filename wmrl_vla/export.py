@@ -64,16 +64,10 @@ def build_policy(cfg: VLAConfig):
 
 
 def build_world_model(cfg: VLAConfig):
-    from wmrl_vla.pipeline import _dims
-    from world_models.vla_dynamics import VLADynamics, VLADynamicsConfig
+    from wmrl_vla.pipeline import wm_config
+    from world_models.vla_dynamics import VLADynamics
 
-    state_dim, action_dim = _dims(cfg.tasks)
-    return VLADynamics(
-        VLADynamicsConfig(
-            image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, latent_dim=cfg.wm_latent_dim,
-            n_members=cfg.wm_members, frame_decoder=cfg.world_model, diffusion_steps=cfg.diffusion_steps,
-        )
-    )  # fmt: skip
+    return VLADynamics(wm_config(cfg))
 
 
 def _save_gaussian_head(policy, out: Path) -> list[str]:
@@ -150,9 +144,10 @@ def export_vla(
         "format": "safetensors + config.json (huggingface_hub PyTorchModelHubMixin)",
         "class": "world_models.vla_dynamics.VLADynamics",
         "files": ["world_model/model.safetensors", "world_model/config.json"],
-        "load": "from world_models.vla_dynamics import VLADynamics\n"
+        "load": "from world_models.vla_dynamics import VLADynamics, instruction_ids\n"
         "wm = VLADynamics.from_pretrained(f'{DIR}/world_model').eval()\n"
-        "progress, success_logit = wm.score_actions(init_images, init_states, actions, step_mask)  # [K, N, T]",
+        "progress, success = wm.score_actions(init_images, init_states, actions, step_mask,\n"
+        "                                     instruction_ids(instructions))  # [K, N, T]",
     }
     return {
         "policy": {"type": cfg.policy, **info},

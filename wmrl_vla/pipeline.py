@@ -401,6 +401,16 @@ def prepare_policy_rollouts(cfg: VLAConfig, policy) -> list[dict]:
     return load_episodes(root, ROLLOUT_REPO)
 
 
+def wm_config(cfg: VLAConfig) -> VLADynamicsConfig:
+    """The world model's architecture for a domain config."""
+    state_dim, action_dim = _dims(cfg.tasks)
+    return VLADynamicsConfig(
+        image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, latent_dim=cfg.wm_latent_dim,
+        n_members=cfg.wm_members, frame_decoder=cfg.world_model, diffusion_steps=cfg.diffusion_steps,
+        instruction_buckets=cfg.wm_instruction_buckets,
+    )  # fmt: skip
+
+
 def prepare_world_model(
     cfg: VLAConfig, episodes: list[dict], device: torch.device | str = "cpu"
 ) -> tuple[VLADynamics, dict[str, float]]:
@@ -409,7 +419,8 @@ def prepare_world_model(
     fields = {**_rollout_fields(cfg), "world_model": cfg.world_model, "wm_members": cfg.wm_members,
               "wm_latent_dim": cfg.wm_latent_dim, "wm_train_steps": cfg.wm_train_steps,
               "wm_batch_size": cfg.wm_batch_size, "wm_horizon": cfg.wm_horizon, "wm_lr": cfg.wm_lr,
-              "diffusion_steps": cfg.diffusion_steps, "arch": WM_ARCH}  # fmt: skip
+              "diffusion_steps": cfg.diffusion_steps, "arch": WM_ARCH,
+              **({"wm_instruction_buckets": b} if (b := cfg.wm_instruction_buckets) else {})}  # fmt: skip
     path = Path(cfg.cache_dir) / f"wm-{_key(fields)}.pt"
     qpath = path.with_suffix(".json")
     # hold out every 10th episode to measure quality
@@ -423,14 +434,8 @@ def prepare_world_model(
             sq, var = ((scores.mean(0) - real) ** 2).numpy(), scores.var(0, unbiased=False).numpy()
             quality["var_scale"], quality["var_floor"] = fit_variance_calibration(sq, var)
         return model, quality
-    state_dim, action_dim = _dims(cfg.tasks)
     torch.manual_seed(cfg.demo_seed + 1)
-    model = VLADynamics(
-        VLADynamicsConfig(
-            image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, latent_dim=cfg.wm_latent_dim,
-            n_members=cfg.wm_members, frame_decoder=cfg.world_model, diffusion_steps=cfg.diffusion_steps,
-        )
-    ).to(device)  # fmt: skip
+    model = VLADynamics(wm_config(cfg)).to(device)
     t0 = time.perf_counter()
     train_dynamics(model, train, cfg.wm_train_steps, cfg.wm_batch_size, cfg.wm_horizon, cfg.wm_lr,
                    seed=cfg.demo_seed, progress=cfg.progress)  # fmt: skip

@@ -58,6 +58,7 @@ class SimRollout:
             "actions": self.actions,
             "progress": self.progress,
             "success": self.success,
+            "instruction": self.instruction,
         }
 
 

@@ -3,7 +3,10 @@
 Dreamer-style split (``observe`` / ``imagine`` / ``loss`` kept apart):
 
 - ``observe``: a CNN encodes the first real frame and proprioception into a latent ``z`` ``[B, D]``
-  and keeps the frame's feature maps as *context* for the decoder (the static scene).
+  and keeps the frame's feature maps as *context* for the decoder (the static scene). With
+  ``instruction_buckets > 0`` the instruction (hashed words, :func:`instruction_ids`) modulates the
+  frame features the latent reads (FiLM), so that the outcome heads know which object the task
+  names: in a scene of three discs, "reach the red one" succeeds or fails on the same motion.
 - ``imagine``: each of ``K`` members advances the latent with its own residual MLP,
   ``z' = z + f_k(z, a)``, and predicts progress (sigmoid) and a success logit from ``z'``; a shared
   head predicts the next proprioception and a shared frame decoder turns ``z'`` (plus the context
@@ -27,6 +30,8 @@ action), ``success`` ``[T]`` (after each action).
 from __future__ import annotations
 
 import math
+import re
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -54,6 +59,8 @@ class VLADynamicsConfig:
     diffusion_train_timesteps: int = 100
     # Fraction of the window's frames decoded in the training loss (decoding dominates its cost).
     frame_fraction: float = 0.25
+    # Hash buckets of the instruction's words the latent is conditioned on (0: not conditioned).
+    instruction_buckets: int = 0
     # Loss weights.
     frame_weight: float = 1.0
     state_weight: float = 1.0
@@ -68,6 +75,21 @@ class VLADynamicsConfig:
             raise ValueError(f"image_size={self.image_size} must be a multiple of 16")
         if self.n_members < 1:
             raise ValueError(f"n_members={self.n_members} must be >= 1")
+        if self.instruction_buckets < 0:
+            raise ValueError(f"instruction_buckets={self.instruction_buckets} must be >= 0")
+
+
+MAX_INSTRUCTION_WORDS = 16
+
+
+def instruction_ids(texts: Sequence[str], max_words: int = MAX_INSTRUCTION_WORDS) -> torch.Tensor:
+    """Instructions -> ``[B, max_words]`` int64: each lower-cased word's CRC32 (+1, so that 0 pads),
+    the same on every machine and run; a model folds them into its own buckets."""
+    out = torch.zeros(len(texts), max_words, dtype=torch.long)
+    for i, text in enumerate(texts):
+        words = re.findall(r"[a-z0-9]+", str(text).lower())[:max_words]
+        out[i, : len(words)] = torch.tensor([zlib.crc32(w.encode()) + 1 for w in words], dtype=torch.long)
+    return out
 
 
 def _to_unit(images: torch.Tensor) -> torch.Tensor:
@@ -189,6 +211,13 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         self.to_latent = nn.Sequential(
             nn.Linear(feat + cfg.state_dim, cfg.latent_dim), nn.LayerNorm(cfg.latent_dim)
         )
+        self.instruction_film = None
+        if cfg.instruction_buckets:
+            # mean of the words' (gamma, beta) per channel of the last feature map; zero at the start
+            self.instruction_film = nn.EmbeddingBag(
+                cfg.instruction_buckets + 1, 2 * chans[-1], mode="mean", padding_idx=0
+            )
+            nn.init.zeros_(self.instruction_film.weight)
         self.members = nn.ModuleList(
             Member(cfg.latent_dim, cfg.action_dim, cfg.hidden_dim) for _ in range(cfg.n_members)
         )
@@ -221,15 +250,27 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         return self.to_latent[0].weight.device
 
     # ------------------------------------------------------------------ observe
-    def observe(self, images: torch.Tensor, states: torch.Tensor):
-        """First frame ``[B, 3, H, W]`` uint8 + state ``[B, S]`` -> (z ``[B, D]``, context)."""
+    def observe(self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor | None = None):
+        """First frame ``[B, 3, H, W]`` uint8 + state ``[B, S]`` (+ ``instr`` ``[B, L]``, the
+        :func:`instruction_ids` of each instruction, for a conditioned model) -> (z ``[B, D]``, context)."""
         s = self.cfg.image_size
         if images.dim() != 4 or images.shape[1:] != (3, s, s):
             raise ValueError(f"images have shape {tuple(images.shape)}, expected [B, 3, {s}, {s}]")
         dev = self.device
         frame0 = _to_unit(images.to(dev))
         maps = self.encoder(frame0)
-        z = self.to_latent(torch.cat([maps[-1].flatten(1), states.to(dev).float()], -1))
+        feat = maps[-1]
+        if self.instruction_film is not None:
+            if instr is None or instr.shape[0] != images.shape[0]:
+                raise ValueError(
+                    f"this world model is conditioned on instructions: pass instr [B={images.shape[0]}, L] "
+                    f"(instruction_ids), got {None if instr is None else tuple(instr.shape)}"
+                )
+            ids = instr.to(dev)
+            ids = torch.where(ids > 0, (ids - 1) % self.cfg.instruction_buckets + 1, 0)
+            gamma, beta = self.instruction_film(ids).chunk(2, -1)  # [B, C] each
+            feat = feat * (1 + gamma[:, :, None, None]) + beta[:, :, None, None]
+        z = self.to_latent(torch.cat([feat.flatten(1), states.to(dev).float()], -1))
         return z, (maps, frame0)
 
     # ------------------------------------------------------------------ decoding
@@ -267,15 +308,21 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
 
     # ------------------------------------------------------------------ scoring
     def score_actions(
-        self, images: torch.Tensor, states: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor
+        self,
+        images: torch.Tensor,
+        states: torch.Tensor,
+        actions: torch.Tensor,
+        mask: torch.Tensor,
+        instr: torch.Tensor | None = None,
     ):
         """Latent rollout of action sequences under every member.
 
         images ``[B, 3, H, W]`` uint8 and states ``[B, S]``: the first observation; actions
-        ``[B, T, A]``; mask ``[B, T]`` (1 on real steps). Returns progress ``[K, B, T]`` and success
-        probabilities ``[K, B, T]`` (0 after the mask ends), on the model's device.
+        ``[B, T, A]``; mask ``[B, T]`` (1 on real steps); instr ``[B, L]`` (see :meth:`observe`).
+        Returns progress ``[K, B, T]`` and success probabilities ``[K, B, T]`` (0 after the mask
+        ends), on the model's device.
         """
-        z0, _ = self.observe(images, states)
+        z0, _ = self.observe(images, states, instr)
         actions, mask = actions.to(z0.device), mask.to(z0.device)
         progs, succs = [], []
         for m in self.members:
@@ -297,10 +344,8 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         :meth:`imagine` decodes them."""
         if z.dim() != 2 or z.shape[0] != images.shape[0]:
             raise ValueError(f"z has shape {tuple(z.shape)}, expected ({images.shape[0]}, D)")
-        dev = self.device
-        states = torch.zeros(images.shape[0], self.cfg.state_dim, device=dev)  # the context ignores them
-        _, context = self.observe(images, states)
-        return self.sample_frame(z.to(dev), context, generator)
+        frame0 = _to_unit(images.to(self.device))
+        return self.sample_frame(z.to(self.device), (self.encoder(frame0), frame0), generator)
 
     # ------------------------------------------------------------------ imagination
     @torch.no_grad()
@@ -314,8 +359,10 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         success_threshold: float = 0.5,
         generator: torch.Generator | None = None,
         observe: str = "frames",
+        instr: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Roll a whole batch forward together; the policy acts on predicted frames.
+        """Roll a whole batch forward together; the policy acts on predicted frames (``instr``: see
+        :meth:`observe`).
 
         ``policy(images [B, 3, H, W] uint8, states [B, S], t) -> actions [B, A]`` (it may record
         whatever else it needs). Rollout ``i`` follows member ``members[i]`` (default ``i % K``) and
@@ -336,7 +383,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         k = self.cfg.n_members
         dev = self.device
         members = torch.arange(b, device=dev) % k if members is None else members.to(dev)
-        z, context = self.observe(images, states)
+        z, context = self.observe(images, states, instr)
         prepared = self.decoder.prepare(*context) if self.unet is None and decode else None
         frame, state = images.to(dev), states.to(dev).float()
         alive = torch.ones(b, dtype=torch.bool, device=dev)
@@ -384,12 +431,12 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
 
         ``batch``: ``images`` ``[B, H+1, 3, h, w]`` uint8, ``states`` ``[B, H+1, S]``, ``actions``
         ``[B, H, A]``, ``progress``/``success`` ``[B, H]``, ``frame_mask`` ``[B, H]`` (1 where the next
-        frame is known), ``step_mask`` ``[B, H]`` (1 on real steps). Row ``i`` trains member
-        ``member_ids[i]`` (default: every member on every row).
+        frame is known), ``step_mask`` ``[B, H]`` (1 on real steps), ``instr`` ``[B, L]``. Row ``i``
+        trains member ``member_ids[i]`` (default: every member on every row).
         """
         imgs, sts, acts = batch["images"], batch["states"], batch["actions"]
         b, h = acts.shape[:2]
-        z0, context = self.observe(imgs[:, 0], sts[:, 0])
+        z0, context = self.observe(imgs[:, 0], sts[:, 0], batch.get("instr"))
         step_mask = batch["step_mask"].float()
         frame_mask = batch["frame_mask"].float() * step_mask
         target_frames = _to_unit(imgs[:, 1:])  # [B, H, 3, h, w]
@@ -550,6 +597,7 @@ def episodes_from_records(records: Sequence[dict]) -> list[dict[str, np.ndarray]
                 "actions": np.asarray(pick(r, "action"), dtype=np.float32),
                 "progress": np.asarray(pick(r, "next.reward", "reward"), dtype=np.float32).reshape(-1),
                 "success": np.asarray(pick(r, "next.success", "success"), dtype=np.float32).reshape(-1),
+                "instruction": str(r.get("instruction", r.get("task", ""))),
             }
         )
     return eps
@@ -571,8 +619,10 @@ def sample_windows(
     succ = np.zeros((n, h), np.float32)
     fmask = np.zeros((n, h), np.float32)
     smask = np.zeros((n, h), np.float32)
+    texts = []
     for i in range(n):
         e = episodes[rng.integers(len(episodes))]
+        texts.append(e.get("instruction", ""))
         t_len = len(e["actions"])
         t0 = int(rng.integers(t_len))
         steps = min(h, t_len - t0)
@@ -592,6 +642,7 @@ def sample_windows(
         "success": torch.from_numpy(succ),
         "frame_mask": torch.from_numpy(fmask),
         "step_mask": torch.from_numpy(smask),
+        "instr": instruction_ids(texts),
     }
 
 
@@ -660,7 +711,7 @@ def evaluate_dynamics(
     model.eval()
     rng = np.random.default_rng(seed)
     w = {n: v.to(model.device) for n, v in sample_windows(episodes, max_windows, horizon, rng).items()}
-    z, ctx = model.observe(w["images"][:, 0], w["states"][:, 0])
+    z, ctx = model.observe(w["images"][:, 0], w["states"][:, 0], w["instr"])
     member = model.members[0]
     mse_steps, state_mse1 = [], None
     targets = _to_unit(w["images"][:, 1:])
@@ -733,5 +784,6 @@ def score_episodes(model: VLADynamics, eps: Sequence[dict]) -> tuple[torch.Tenso
         label[i] = float(e["success"].max() > 0.5)
     imgs = torch.from_numpy(np.stack([e["images"][0] for e in eps]))
     sts = torch.from_numpy(np.stack([e["states"][0] for e in eps]))
-    prog, succ = model.score_actions(imgs, sts, acts, mask)
+    instr = instruction_ids([e.get("instruction", "") for e in eps])
+    prog, succ = model.score_actions(imgs, sts, acts, mask, instr)
     return rollout_score(prog.cpu(), succ.cpu()), real, label

@@ -6,7 +6,7 @@ import torch
 
 from wmrl.config import load_config
 from wmrl_vla.rollout import replay_reward
-from world_models.vla_dynamics import rollout_score
+from world_models.vla_dynamics import instruction_ids, rollout_score
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +103,9 @@ def test_predict_scores_each_action_sequence_with_every_member(built, batch):
     # row 2 scored directly: imagine its own actions from its own first frame
     ex = batch.extras
     prog, succ = domain.world_model.model.score_actions(
-        ex["init_images"][2:3], ex["init_states"][2:3], ex["actions"][2:3], ex["step_mask"][2:3]
-    )
+        ex["init_images"][2:3], ex["init_states"][2:3], ex["actions"][2:3], ex["step_mask"][2:3],
+        instruction_ids([batch.payload[2]["instruction"]]),
+    )  # fmt: skip
     scores = rollout_score(prog, succ)[:, 0]
     assert torch.allclose(pred.mean[2], scores.mean(), atol=1e-5)
     wm = domain.world_model

@@ -75,18 +75,18 @@ def test_exported_small_vla_acts_like_the_final_policy(small_vla_export):
 
 
 def test_exported_world_model_scores_like_the_runs(small_vla_export):
-    from world_models.vla_dynamics import VLADynamics
+    from world_models.vla_dynamics import VLADynamics, instruction_ids
 
     domain, _, _, out, _, _ = small_vla_export
     loaded = VLADynamics.from_pretrained(str(out / "world_model")).eval()
     final = domain.world_model.model.eval()
-    images, states, _ = _inputs(domain, 4)
+    images, states, texts = _inputs(domain, 4)
     actions = torch.rand(4, 5, 4, generator=torch.Generator().manual_seed(0)) * 2 - 1
-    mask = torch.ones(4, 5)
+    mask, words = torch.ones(4, 5), instruction_ids(texts)
     with torch.no_grad():
         a, b = (
-            loaded.score_actions(images, states, actions, mask),
-            final.score_actions(images, states, actions, mask),
+            loaded.score_actions(images, states, actions, mask, words),
+            final.score_actions(images, states, actions, mask, words),
         )
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
