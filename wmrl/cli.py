@@ -194,6 +194,9 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
         return
     if not args.preset:
         raise ConfigError(f"wmrl run needs a preset; known presets: {', '.join(presets())}")
+    if any(o.split("=")[0] in ("--out_dir", "--out-dir") for o in overrides):
+        # the run directory is the command's --out-dir option: an --out_dir= override would be overruled
+        raise ConfigError("set the run directory with --out-dir DIR, not as an --out_dir= override")
     out_dir = args.out_dir or os.path.join("runs", os.path.splitext(os.path.basename(args.preset))[0])
     cfg = load_config(args.preset, [*overrides, f"--out_dir={out_dir}"])
     if cfg.compare.methods:

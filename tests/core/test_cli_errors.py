@@ -120,6 +120,10 @@ BAD_INPUTS = {
         ["run", "{root}/cmp.yaml", "--out-dir", "{root}/new", "--seed=3"],
         ["--seed=3 has no effect in a comparison", "--compare.seeds=[3]"],
     ),
+    "run directory as a config override": (
+        ["run", "{root}/tiny.yaml", "--out_dir={root}/new"],
+        ["with --out-dir DIR, not as an --out_dir= override"],
+    ),
     "single run into a used run directory": (
         ["run", "{root}/tiny.yaml", "--out-dir", "{root}/single"],
         ["already holds a run", "--resume"],
