@@ -10,6 +10,7 @@ through ``wmrl_research.grading.reward``.
 from __future__ import annotations
 
 import difflib
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -38,6 +39,15 @@ class EditRollout:
     @property
     def applied(self) -> bool:
         return self.source is not None
+
+
+def parameter_digest(module: torch.nn.Module) -> str:
+    """SHA-1 of a module's state (names and bytes): equal digests, equal parameters."""
+    h = hashlib.sha1()
+    for name, t in module.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def rejected_reward() -> float:
@@ -234,6 +244,7 @@ class ResearchDomain:
         }
         # Scores that evaluate() reports alongside the current policy's (e.g. the SFT policy's).
         self.reference_scores = dict(reference_scores or {})
+        self._start_eval: tuple[str, dict[str, float]] | None = None  # remember_start_evaluation
         # Figures measured while building (SFT validity, WM quality, ...); see pipeline.build_domain.
         self.build_info: dict[str, Any] = {}
 
@@ -331,12 +342,21 @@ class ResearchDomain:
         return {"rollouts/edits": Table(columns, rows)}
 
     # ---- evaluation ------------------------------------------------------------------------------
+    def remember_start_evaluation(self, scores: dict[str, float]) -> None:
+        """The held-out evaluation of the policy as built (cached with its checkpoint): while the
+        policy's parameters are unchanged, ``evaluate("eval")`` returns it without executing (a run's
+        step-0 evaluation, which would repeat the same executions)."""
+        self._start_eval = (parameter_digest(self.policy), dict(scores))
+
     @torch.no_grad()
     def evaluate(self, split: str = "eval") -> dict[str, float]:
         """Real-execution scores on every task of ``split``: ``eval_samples_per_task`` samples each,
         from a fixed seed. Keys: ``score_mean`` (normalised), ``runnable_frac`` (graded above the
         failure score), ``apply_frac``, ``score/<task>``; plus the baseline (0 by construction of
         the normalised score) and any reference scores (e.g. ``sft_score_mean``)."""
+        start = self._start_eval
+        if split == "eval" and start is not None and parameter_digest(self.policy) == start[0]:
+            return {**start[1], **self.reference_scores}
         tasks = self._pool(split)
         gen = torch.Generator().manual_seed(self.eval_seed)
         batch = self.rollouts(tasks, self.eval_samples_per_task, gen)

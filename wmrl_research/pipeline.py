@@ -593,6 +593,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         "sft_score_mean": sft_eval["score_mean"],
         "sft_runnable_frac": sft_eval["runnable_frac"],
     }
+    domain.remember_start_evaluation(sft_eval)
     runnable = [e.reward > FAILURE_SCORE for e in examples]
     info = {
         "cache": str(cache),

@@ -131,6 +131,26 @@ def test_state_round_trip_and_evaluate(built):
     assert domain.oracle_rewards(a) is None
 
 
+def test_the_built_policys_evaluation_is_reused_until_a_parameter_changes(built, monkeypatch):
+    _, domain = built
+    executed = []
+    monkeypatch.setattr(
+        domain, "execute", lambda batch: executed.append(batch) or torch.zeros(batch.n_rollouts)
+    )
+    sft = domain.build_info["sft_eval"]
+    assert domain.evaluate("eval") == {**sft, **domain.reference_scores} and not executed
+    domain.evaluate("train")  # another split is evaluated
+    assert len(executed) == 1
+    p = next(domain.policy.parameters())
+    with torch.no_grad():
+        p.add_(1e-3)
+    try:
+        assert domain.evaluate("eval")["score_mean"] == 0.0 and len(executed) == 2  # a changed policy runs
+    finally:
+        with torch.no_grad():
+            p.sub_(1e-3)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
