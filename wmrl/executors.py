@@ -2,11 +2,11 @@
 
 All executors share one contract: ``run(jobs)`` executes :class:`~wmrl.domain.Job` s with at most
 ``max_concurrent`` running at once, each under a wall-clock timeout, and returns one
-:class:`JobResult` per job in order. An optional ``initializer`` (a picklable function of no
-arguments, e.g. starting a sandbox) runs once in every worker before it takes jobs, so that a
-worker's start-up never counts against a job's timeout. A job that raises, times out or is cancelled is reported in its
+:class:`JobResult` per job in order. A job that raises, times out or is cancelled is reported in its
 result; it never takes the others (or the training run) down. ``cancel()`` from another thread stops
-the jobs of the current ``run`` call.
+the jobs of the current ``run`` call. An optional ``initializer`` (a picklable function of no
+arguments, e.g. starting a sandbox) runs once in every worker before it takes jobs, so that a
+worker's start-up does not count against a job's timeout.
 """
 
 from __future__ import annotations
