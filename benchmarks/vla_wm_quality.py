@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from world_models.vla_dynamics import instruction_ids
+from world_models.vla_dynamics import instruction_ids, rollout_score
 
 
 def _psnr(mse: float) -> float:
@@ -83,6 +83,21 @@ def side_by_side_gif(wm, real, twin_images: np.ndarray, path: Path) -> None:
     from wmrl_vla.domain import save_gif
 
     save_gif(np.concatenate(clips, axis=3), path)
+
+
+FIRST_STEPS = 8
+
+
+@torch.no_grad()
+def first_steps_score(wm, batch, n: int, steps: int) -> np.ndarray:
+    """``[n]`` the WM's mean score of the first ``n`` rollouts' action sequences over their first
+    ``steps`` steps only (the training window of the preset's WM)."""
+    ex = batch.extras
+    mask = ex["step_mask"][:n].float().clone()
+    mask[:, steps:] = 0
+    prog, succ = wm.score_actions(ex["init_images"][:n], ex["init_states"][:n], ex["actions"][:n], mask,
+                                  ex["wm_instr"][:n])  # fmt: skip
+    return rollout_score(prog.cpu(), succ.cpu()).mean(0).numpy()
 
 
 def group_adv(r: np.ndarray, g: int) -> np.ndarray:
@@ -138,6 +153,8 @@ def measure(preset: str, groups: int, out: Path, extra: list[str]) -> dict:
         adv = {"real": group_adv(reward, g), "self": group_adv(score[:n], g),
                "crn": group_adv(score[n:], g), "ind": group_adv(score_ind, g)}  # fmt: skip
         per_step = np.nanmean(mse, 0)
+        lengths = np.array([r.length for r in real], dtype=float)
+        early = first_steps_score(wm.model, batch, n, FIRST_STEPS)
         res = {
             "rollouts": n,
             "real_success": float(success.mean()),
@@ -150,6 +167,10 @@ def measure(preset: str, groups: int, out: Path, extra: list[str]) -> dict:
             "success_auc": _auc(score[:n], success),
             "reward_spearman": float(spearmanr(score[:n], reward).statistic),
             "score_mae": float(np.abs(score[:n] - reward).mean()),
+            # a successful episode ends early: how much of the score's ranking is episode length
+            "success_auc_of_shorter_episode": _auc(-lengths, success),
+            "score_length_spearman": float(spearmanr(score[:n], lengths).statistic),
+            f"success_auc_first{FIRST_STEPS}_steps": _auc(early, success),
             "z2_raw": calibration_stats(sq, var[:n]),
             "z2_pretraining_calibration": calibration_stats(sq, var[:n], *pre_calib),
             "z2_cross_fitted": {"z2_mean": float(z2_cross.mean()), "z2_median": float(np.median(z2_cross))},
