@@ -3,6 +3,7 @@
 wmrl run PRESET [--out-dir DIR] [--grpo.group_size=8 --anchors.fraction=0.25 ...]
 wmrl run --resume RUN_DIR
 wmrl compare SPEC.yaml [--out-dir DIR] [--executor.type=ray --seeds=[0,1] ...]   # a grid: domain x method x seed
+wmrl merge-reports A/report.json B/report.json --out-dir DIR   # one grid run in parts (disjoint seeds)
 wmrl config PRESET [overrides]     # every field with its value and comment (also: wmrl run PRESET --help)
 wmrl tasks DOMAIN
 wmrl presets
@@ -73,6 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("spec", help="grid spec (YAML), e.g. benchmarks/specs/cross_domain_small.yaml")
     compare.add_argument("--out-dir", help="grid directory (default: runs/<spec name>)")
+    merge = sub.add_parser(
+        "merge-reports",
+        help="one report from the reports of one grid run in parts (disjoint seeds)",
+        description="Merge the report.json files of one grid (same spec, domains and methods) whose "
+        "seeds ran in separate grid directories, e.g. on separate machines, into one report over all "
+        "the seeds: every mean, standard error and paired difference is recomputed from the cells.",
+        formatter_class=fmt,
+    )
+    merge.add_argument("reports", nargs="+", help="report.json files (or the grid directories holding them)")
+    merge.add_argument("--out-dir", required=True, help="where the merged report.{json,md,png,html} go")
     config = sub.add_parser(
         "config",
         help="print every config field of a preset with its value and comment (as a YAML preset)",
@@ -140,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
             _run(args, overrides)
         elif args.command == "compare":
             _compare(args, overrides, argv)
+        elif args.command == "merge-reports":
+            if overrides:
+                raise ConfigError(f"wmrl merge-reports takes no overrides: {' '.join(overrides)}")
+            _merge_reports(args, argv)
         elif args.command == "export":
             if overrides:
                 raise ConfigError(f"wmrl export takes no overrides: {' '.join(overrides)}")
@@ -221,6 +236,25 @@ def _compare(args: argparse.Namespace, overrides: list[str], argv: list[str]) ->
     spec = load_spec(args.spec, overrides)
     out_dir = args.out_dir or os.path.join("runs", os.path.splitext(os.path.basename(args.spec))[0])
     run_grid(spec, out_dir, command=shlex.join(["wmrl", *argv]))
+
+
+def _merge_reports(args: argparse.Namespace, argv: list[str]) -> None:
+    import json
+    import shlex
+    from pathlib import Path
+
+    from wmrl.report import merge_reports, write_report_files
+
+    paths = [Path(p) / "report.json" if Path(p).is_dir() else Path(p) for p in args.reports]
+    reports = []
+    for p in paths:
+        try:
+            reports.append(json.loads(p.read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"cannot read the report {p}: {e}") from e
+    merged = merge_reports(reports, [str(p) for p in paths])
+    write_report_files(Path(args.out_dir), merged, command=shlex.join(["wmrl", *argv]))
+    print(f"merged report of seeds {merged['spec']['seeds']}: {Path(args.out_dir) / 'report.md'}")
 
 
 def _refuse_ignored_overrides(cfg, overrides: list[str]) -> None:

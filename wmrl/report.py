@@ -109,14 +109,14 @@ def cell_figures(rows: list[dict], method: str, score: str, start: float | None,
     }
 
 
-def executions_to_reach(rows: list[dict], score: str, target: float | None) -> float | None:
-    """Real executions at the first in-run evaluation whose score reaches ``target`` (None if never)."""
+def executions_to_reach(curve: list[tuple], target: float | None) -> float | None:
+    """Real executions at the first in-run evaluation whose score reaches ``target`` (None if never).
+
+    ``curve``: the cell's evaluations in order, ``(real executions, wall-clock s, score, sim steps)``.
+    """
     if target is None:
         return None
-    for r in rows:
-        if _finite(r.get(f"eval/{score}")) and r[f"eval/{score}"] >= target - 1e-12:
-            return float(r.get("exec/real_total", 0.0))
-    return None
+    return next((float(p[0]) for p in curve if p[2] >= target - 1e-12), None)
 
 
 def mean_se(values: list[float | None]) -> dict | None:
@@ -142,17 +142,15 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
         dcells = [c for c in cells if c.domain == d.name]
         cfg = load_config(dcells[0].preset, dcells[0].overrides)
         score = d.score or type(cfg.domain).HELDOUT_SCORE
-        size = type(cfg.domain).HELDOUT_SIZE
-        start_by_seed, per_cell, curves = {}, {}, {}
+        per_cell, curves = {}, {}
         for c in dcells:
-            start = _json(Path(c.start_path))
-            start_by_seed[c.seed] = _score((start or {}).get("eval", {}), score)
+            start = _score((_json(Path(c.start_path)) or {}).get("eval", {}), score)
             status = cell_status(c)
             reeval = _reeval_current(c) if status == "finished" else None
             rows = read_metrics(c.run_dir) if status in ("finished", "trained") else []
             final = _score((reeval or {}).get("eval", {}), score)
-            per_cell[(c.method, c.seed)] = {"status": status, "rows": rows} | cell_figures(
-                rows, c.method, score, start_by_seed[c.seed], final
+            per_cell[(c.method, c.seed)] = {"status": status} | cell_figures(
+                rows, c.method, score, start, final
             )
             curves[(c.method, c.seed)] = [
                 (
@@ -164,43 +162,57 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
                 for r in rows
                 if _finite(r.get(f"eval/{score}"))
             ]
-        real_final = mean_se([v["final_inrun"] for (m, _), v in per_cell.items() if m == "real"])
-        target = real_final["mean"] if real_final else None
-        for (_m, _s), v in per_cell.items():
-            v["execs_to_real_final"] = executions_to_reach(v.pop("rows"), score, target)
-        methods: dict = {}
-        for m in spec.all_methods:
-            seeds = {s: per_cell[(m, s)] for s in spec.seeds}
-            figs = {k: mean_se([v[k] for v in seeds.values()]) for k in seeds[spec.seeds[0]] if k != "status"}
-            for ref in ("real", "anchors_only"):
-                if ref != m and ref in spec.all_methods:
-                    figs[f"diff_vs_{ref}"] = paired(
-                        {s: v["heldout_final"] for s, v in seeds.items()},
-                        {s: per_cell[(ref, s)]["heldout_final"] for s in spec.seeds},
-                    )
-                else:
-                    figs[f"diff_vs_{ref}"] = None
-            methods[m] = {"figures": figs, "per_seed": {str(s): v for s, v in seeds.items()}}
-        real_gain = (methods.get("real") or {}).get("figures", {}).get("gain")
-        for entry in methods.values():
-            gain = entry["figures"]["gain"]
-            ok = gain is not None and real_gain is not None and real_gain["mean"] > 0  # else no gain to keep
-            entry["figures"]["share_of_real_gain"] = (
-                {"mean": gain["mean"] / real_gain["mean"], "se": None, "n": gain["n"]} if ok else None
-            )
         sizes = {c.reeval_overrides and " ".join(c.reeval_overrides) or "(the preset's)" for c in dcells}
         domains[d.name] = {
             "preset": d.preset,
             "score": score,
-            "heldout_size_field": size,
+            "heldout_size_field": type(cfg.domain).HELDOUT_SIZE,
             "reeval_overrides": sorted(sizes),
-            "heldout_start": mean_se(list(start_by_seed.values())),
-            "real_final_inrun": real_final,
-            "methods": methods,
-            "curves": {f"{m}/seed{s}": v for (m, s), v in curves.items()},
-        }
+        } | aggregate_domain(per_cell, curves, spec.all_methods, spec.seeds)
     return {"grid": _shown_path(out), "spec": _plain_spec(spec), "columns": {k: v[0] for k, v in COLUMNS.items()},
             "column_notes": {k: v[1] for k, v in COLUMNS.items()}, "domains": domains}  # fmt: skip
+
+
+def aggregate_domain(per_cell: dict, curves: dict, methods: list[str], seeds: list[int]) -> dict:
+    """One domain's figures over seeds from its cells' figures.
+
+    ``per_cell[(method, seed)]``: ``{"status", **cell_figures(...)}``; ``curves[(method, seed)]``: that
+    cell's in-run evaluations (``executions_to_reach``). Returns ``heldout_start`` and
+    ``real_final_inrun`` (mean +- s.e. over seeds), ``methods[m]`` = ``{"figures", "per_seed"}`` with
+    the paired differences against ``real`` and ``anchors_only`` and the share of ``real``'s gain,
+    and the curves keyed ``"<method>/seed<seed>"``.
+    """
+    real_final = mean_se([v["final_inrun"] for (m, _), v in per_cell.items() if m == "real"])
+    target = real_final["mean"] if real_final else None
+    for key, v in per_cell.items():
+        v["execs_to_real_final"] = executions_to_reach(curves.get(key, []), target)
+    out_methods: dict = {}
+    for m in methods:
+        by_seed = {s: per_cell[(m, s)] for s in seeds}
+        figs = {k: mean_se([v[k] for v in by_seed.values()]) for k in by_seed[seeds[0]] if k != "status"}
+        for ref in ("real", "anchors_only"):
+            figs[f"diff_vs_{ref}"] = (
+                paired(
+                    {s: v["heldout_final"] for s, v in by_seed.items()},
+                    {s: per_cell[(ref, s)]["heldout_final"] for s in seeds},
+                )
+                if ref != m and ref in methods
+                else None
+            )
+        out_methods[m] = {"figures": figs, "per_seed": {str(s): v for s, v in by_seed.items()}}
+    real_gain = (out_methods.get("real") or {}).get("figures", {}).get("gain")
+    for entry in out_methods.values():
+        gain = entry["figures"]["gain"]
+        ok = gain is not None and real_gain is not None and real_gain["mean"] > 0  # else no gain to keep
+        entry["figures"]["share_of_real_gain"] = (
+            {"mean": gain["mean"] / real_gain["mean"], "se": None, "n": gain["n"]} if ok else None
+        )
+    return {
+        "heldout_start": mean_se([per_cell[(methods[0], s)]["heldout_start"] for s in seeds]),
+        "real_final_inrun": real_final,
+        "methods": out_methods,
+        "curves": {f"{m}/seed{s}": v for (m, s), v in curves.items()},
+    }
 
 
 def _shown_path(path: Path) -> str:
@@ -297,6 +309,10 @@ def _preamble(report: dict) -> list[str]:
             f"- wall-clock of the grid's stages (start-up excluded) in the run that finished it: "
             f"{report['grid_wall_s']:.0f} s"
         )
+    for part in report.get("merged_from", []):
+        wall = f", its stages' wall-clock {part['grid_wall_s']:.0f} s" if part.get("grid_wall_s") else ""
+        seeds = ", ".join(map(str, part["seeds"]))
+        out.append(f"- merged: seeds {seeds} from `{part['report']}`{wall}")
     return out
 
 
@@ -389,8 +405,90 @@ def write_report(out: Path, spec: GridSpec, cells: list[Cell], grid_wall_s: floa
     previous = _json(out / "report.json") or {}
     # the wall-clock of the run that finished the grid is kept when a later call only rewrites the report
     report["grid_wall_s"] = grid_wall_s if grid_wall_s is not None else previous.get("grid_wall_s")
+    return write_report_files(out, report, command)
+
+
+def write_report_files(out: Path, report: dict, command: str | None = None) -> dict:
+    """``report`` as report.json, report.md, report.png and report.html in ``out``; returns it."""
+    out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2, allow_nan=False))
     png = plot(report, out / "report.png").read_bytes()
     (out / "report.md").write_text(markdown(report, command))
     (out / "report.html").write_text(html_report(report, png, command))
     return report
+
+
+# ---- merging the reports of one grid run in parts ------------------------------------------------
+
+DOMAIN_FIELDS = ("preset", "score", "heldout_size_field", "reeval_overrides")
+
+
+def merge_reports(reports: list[dict], names: list[str]) -> dict:
+    """One report over the union of the seeds of ``reports``: the same grid (spec, domains,
+    methods) run in parts, e.g. seeds 0-1 on one machine and 2-3 on another, whose run directories
+    are not all in one place. Every figure is recomputed from the cells' figures and curves, as
+    ``summarise`` computes it from run directories (``executions_to_reach`` against the mean of all
+    seeds' ``real``). ``names`` label the parts (their paths) in ``merged_from``.
+
+    Raises ``ConfigError`` naming the first difference when the parts are not one grid (a spec field
+    other than ``seeds`` and ``executor``, a domain's preset, score or re-evaluation), or when a seed
+    is in two parts.
+    """
+    from wmrl.config import ConfigError
+
+    if len(reports) < 2:
+        raise ConfigError("merging needs at least two reports")
+    for r, name in zip(reports, names, strict=True):
+        if not isinstance(r, dict) or not {"spec", "domains"} <= r.keys():
+            raise ConfigError(f"{name} is not the report.json of `wmrl compare` (no spec and domains)")
+    first, first_name = reports[0], names[0]
+
+    def grid_fields(r: dict) -> dict:
+        return {k: v for k, v in r["spec"].items() if k not in ("seeds", "executor")}
+
+    seen: dict[int, str] = {}
+    for r, name in zip(reports, names, strict=True):
+        if grid_fields(r) != grid_fields(first):
+            diff = sorted(k for k in grid_fields(r) | grid_fields(first)
+                          if grid_fields(r).get(k) != grid_fields(first).get(k))  # fmt: skip
+            raise ConfigError(
+                f"{name} is not the grid of {first_name}: its spec differs in {', '.join(diff)}"
+            )
+        for dname, dom in r["domains"].items():
+            for f in DOMAIN_FIELDS:
+                if dom.get(f) != first["domains"][dname].get(f):
+                    raise ConfigError(
+                        f"{name}: domain {dname}'s {f} is {dom.get(f)!r}, {first_name}'s {first['domains'][dname].get(f)!r}"
+                    )
+        for s in r["spec"]["seeds"]:
+            if s in seen:
+                raise ConfigError(
+                    f"seed {s} is in both {seen[s]} and {name}: merge parts with disjoint seeds"
+                )
+            seen[s] = name
+    seeds = sorted(seen)
+    methods = list(first["domains"][next(iter(first["domains"]))]["methods"])
+    domains: dict = {}
+    for dname, dom in first["domains"].items():
+        per_cell, curves = {}, {}
+        for r in reports:
+            for m, entry in r["domains"][dname]["methods"].items():
+                for s, v in entry["per_seed"].items():
+                    per_cell[(m, int(s))] = {k: x for k, x in v.items() if k != "execs_to_real_final"}
+            for key, curve in r["domains"][dname]["curves"].items():
+                m, s = key.split("/seed")
+                curves[(m, int(s))] = [tuple(p) for p in curve]
+        domains[dname] = {f: dom[f] for f in DOMAIN_FIELDS} | aggregate_domain(
+            per_cell, curves, methods, seeds
+        )
+    parts = [{"report": n, "seeds": r["spec"]["seeds"], "grid_wall_s": r.get("grid_wall_s")}
+             for r, n in zip(reports, names, strict=True)]  # fmt: skip
+    return {
+        "grid": None,
+        "merged_from": parts,
+        "spec": first["spec"] | {"seeds": seeds},
+        "columns": first["columns"],
+        "column_notes": first["column_notes"],
+        "domains": domains,
+        "grid_wall_s": None,
+    }

@@ -254,3 +254,53 @@ def test_committed_specs_plan_every_cell(spec):
     assert len(cells) == len(s.domains) * len(s.all_methods) * len(s.seeds)
     if s.control and {"wmrl", "ppi"} & set(s.methods):
         assert "anchors_only" in {c.method for c in cells}
+
+
+def test_merged_parts_equal_the_whole_grid(grid, tmp_path, capsys):
+    """The report of seeds 0 and 1 merged from two one-seed reports equals the grid's own report."""
+    spec, out = grid
+    parts = []
+    for seed in (0, 1):  # the finished grid's report rewritten for one seed: the part a machine made
+        part = tmp_path / f"part{seed}"
+        shutil.copytree(out, part)
+        assert main(["compare", str(spec), "--out-dir", str(part), f"--seeds=[{seed}]"]) == 0
+        parts.append(part)
+    assert (
+        main(
+            ["merge-reports", str(parts[0]), str(parts[1] / "report.json"), "--out-dir", str(tmp_path / "m")]
+        )
+        == 0
+    )
+    merged = json.loads((tmp_path / "m" / "report.json").read_text())
+    whole = json.loads((out / "report.json").read_text())
+    assert merged["spec"]["seeds"] == [0, 1] and [p["seeds"] for p in merged["merged_from"]] == [[0], [1]]
+    for m, entry in whole["domains"]["toy"]["methods"].items():
+        got = merged["domains"]["toy"]["methods"][m]
+        assert got["per_seed"] == entry["per_seed"]
+        for k, f in entry["figures"].items():
+            assert got["figures"][k] == (pytest.approx(f) if f is not None else None), (m, k)
+    assert merged["domains"]["toy"]["heldout_start"] == pytest.approx(
+        whole["domains"]["toy"]["heldout_start"]
+    )
+    md = (tmp_path / "m" / "report.md").read_text()
+    assert "merged: seeds 0 from" in md and "| toy | ppi | 2/2 |" in md
+    capsys.readouterr()
+    # the same seed twice, or a part of another grid: one clear error, nothing written
+    assert main(["merge-reports", str(parts[0]), str(out), "--out-dir", str(tmp_path / "x")]) == 2
+    assert "seed 0 is in both" in capsys.readouterr().err
+    other = json.loads((parts[1] / "report.json").read_text())
+    other["spec"]["methods"] = ["real"]
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert (
+        main(["merge-reports", str(parts[0]), str(tmp_path / "other.json"), "--out-dir", str(tmp_path / "x")])
+        == 2
+    )
+    assert "its spec differs in methods" in capsys.readouterr().err
+    assert (
+        main(
+            ["merge-reports", str(parts[0]), str(tmp_path / "nothing.json"), "--out-dir", str(tmp_path / "x")]
+        )
+        == 2
+    )
+    assert "cannot read the report" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
