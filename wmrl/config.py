@@ -197,6 +197,10 @@ class PPIConfig:
     lam: float | None = None
     # Tune lambda per quantile bin of the WM's reported variance (1: one lambda for every rollout).
     var_bins: int = 3
+    # Start lambda's window with the domain's pre-training execution log as anchor groups (out-of-fold
+    # WM scores of the starting policy's logged samples), so lambda need not wait for warmup_groups
+    # of the run's own anchors; a domain without such a log (HAS_EXECUTION_LOG) refuses it.
+    prior_from_log: bool = False
 
     def __post_init__(self) -> None:
         _check(self.window_groups >= 2, f"ppi.window_groups={self.window_groups} must be >= 2")
@@ -284,10 +288,12 @@ class DomainConfig(draccus.ChoiceRegistry):
     Two class attributes (not config fields) tell a comparison grid how to read a domain's held-out
     evaluation: ``HELDOUT_SCORE``, the key of ``Domain.evaluate`` that is its score, and
     ``HELDOUT_SIZE``, the config field that sets how many held-out episodes or samples per task it
-    runs (None: the evaluation is exact)."""
+    runs (None: the evaluation is exact). A third, ``HAS_EXECUTION_LOG``, says whether the built
+    domain offers ``prior_anchor_groups`` (``ppi.prior_from_log``)."""
 
     HELDOUT_SCORE = "score"
     HELDOUT_SIZE = None
+    HAS_EXECUTION_LOG = False  # the built domain offers prior_anchor_groups (ppi.prior_from_log)
 
     def build(self, run: RunConfig) -> Domain:  # pragma: no cover - interface
         """The ready-to-train domain: whatever it needs first (demos, SFT, WM pretraining) happens
@@ -355,6 +361,11 @@ class RunConfig:
             f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N",
         )
         _one_of("precision", self.precision, PRECISIONS)
+        _check(
+            not self.ppi.prior_from_log or type(self.domain).HAS_EXECUTION_LOG,
+            f"ppi.prior_from_log=true needs a domain with a pre-training execution log (research); "
+            f"domain.type={DomainConfig.get_choice_name(type(self.domain))!r} has none",
+        )
         if self.method in ("anchors_only", "mix", "debias", "denoise", "wmrl", "ppi"):
             _check(
                 self.anchors.fraction > 0 or self.anchors.min_groups > 0,

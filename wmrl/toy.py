@@ -35,6 +35,7 @@ from wmrl.domain import Job, Prediction, RolloutBatch
 @dataclass
 class ToyConfig(DomainConfig):
     HELDOUT_SCORE = "true_reward"  # exact expected reward over every context (no sampling)
+    HAS_EXECUTION_LOG = True  # `log_groups` groups of the starting policy (ppi.prior_from_log)
     n_contexts: int = 64
     n_actions: int = 8
     # Seed of the problem itself (rewards, distortion, noise levels): fixed across run seeds.
@@ -52,6 +53,9 @@ class ToyConfig(DomainConfig):
     # rollout j reuses rollout j's sampling noise: the same action, as the policy is the same) or not.
     twin_anchors: bool = False
     twin_common_noise: bool = True
+    # Groups of the starting policy executed and WM-scored before training, as a real domain's
+    # pre-training execution log (used by ppi.prior_from_log only).
+    log_groups: int = 8
 
     def __post_init__(self) -> None:
         if self.n_contexts < 1 or self.n_actions < 2:
@@ -60,13 +64,18 @@ class ToyConfig(DomainConfig):
             )
         if not 0 <= self.rank_error_frac <= 1:
             raise ConfigError(f"domain.rank_error_frac={self.rank_error_frac} must lie in [0, 1]")
+        if self.log_groups < 1:
+            raise ConfigError(f"domain.log_groups={self.log_groups} must be >= 1")
         if self.bias_strength < 0 or self.noise < 0:
             raise ConfigError(
                 f"domain.bias_strength={self.bias_strength} and domain.noise={self.noise} must be >= 0"
             )
 
     def build(self, run: RunConfig) -> ToyDomain:
-        return ToyDomain(self, seed=run.seed)
+        domain = ToyDomain(self, seed=run.seed)
+        if run.method == "ppi" and run.ppi.prior_from_log:
+            domain.prior_anchor_groups = domain.execution_log(self.log_groups, run.grpo.group_size)
+        return domain
 
     @classmethod
     def task_lines(cls) -> list[str]:
@@ -210,6 +219,25 @@ class ToyDomain:
             extras={"context": ctx},
             twin_of=twin_of,
         )
+
+    def execution_log(self, n_groups: int, group_size: int) -> list[tuple[list[float], list[float]]]:
+        """``n_groups`` groups of the current policy on random contexts, each rollout's ``(WM score,
+        true reward)`` per group, drawn from their own generators (the run's streams are untouched)."""
+        gen = torch.Generator().manual_seed(self.seed * 7919 + 41)
+        ctx = torch.randint(self.cfg.n_contexts, (n_groups,), generator=gen).repeat_interleave(group_size)
+        probs = torch.softmax(self.policy.theta.detach()[ctx], dim=-1)  # [n_groups * G, A]
+        tokens = torch.multinomial(probs, 1, generator=gen)
+        batch = RolloutBatch(
+            tokens=tokens,
+            logprobs=probs.gather(1, tokens).log(),
+            mask=torch.ones(len(ctx), 1),
+            group_ids=torch.arange(n_groups).repeat_interleave(group_size),
+            tasks=ctx[::group_size].tolist(),
+            extras={"context": ctx},
+        )
+        wm = ToyWorldModel(self.problem, torch.Generator().manual_seed(self.seed * 7919 + 43))
+        r_hat, r = wm.predict(batch).mean.view(n_groups, -1), self.oracle_rewards(batch).view(n_groups, -1)
+        return [(h.tolist(), t.tolist()) for h, t in zip(r_hat, r, strict=True)]
 
     def execution_jobs(self, batch: RolloutBatch, indices: Sequence[int]) -> list[Job]:
         r = self.oracle_rewards(batch)

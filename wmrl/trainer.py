@@ -14,6 +14,7 @@ One step::
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -76,6 +77,8 @@ class Trainer:
         self.debiaser = OnlineDebiaser(cfg.debias)
         self.denoiser = InverseVarianceDenoiser(cfg.denoise)
         self.tuner = PowerTuner(cfg.ppi, cfg.grpo.advantage, cfg.grpo.std_eps)
+        if cfg.method == "ppi" and cfg.ppi.prior_from_log and not resume:  # a resumed run restores them
+            self._seed_tuner(getattr(domain, "prior_anchor_groups", None))
         self.task_gen = torch.Generator().manual_seed(cfg.seed)
         self.update_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.step = 0
@@ -103,6 +106,24 @@ class Trainer:
             self.model, self.optimizer = accelerator.prepare(LogProbs(self.policy), self.optimizer)
         self.logger = MetricsLogger(self.run_dir, cfg, resume) if self.is_main else None
         self._media = None  # (batch, predicted, true rewards) of a step whose media are due
+
+    def _seed_tuner(self, groups: list[tuple[list[float], list[float]]] | None) -> None:
+        """Start ``λ``'s window with the domain's prior anchor groups ``(raw WM scores, true
+        rewards)`` (``ppi.prior_from_log``)."""
+        if groups is None:
+            raise ConfigError(
+                f"ppi.prior_from_log: {type(self.domain).__name__} built no prior_anchor_groups"
+            )
+        for r_hat, r_true in groups:
+            n = len(r_hat)
+            self.tuner.observe(torch.tensor(r_hat), torch.tensor(r_true), torch.zeros(n, dtype=torch.long))
+        c, h, t = self.tuner.moments(calibrate=False)
+        rho = c / (h * t) ** 0.5 if h > 0 and t > 0 else float("nan")
+        logging.getLogger(__name__).info(
+            "ppi: lambda's window starts with %d groups from the execution log (their rho %.2f)",
+            len(groups),
+            rho,
+        )
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:

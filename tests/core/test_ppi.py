@@ -8,7 +8,7 @@ import ppi_py
 import pytest
 import torch
 
-from wmrl.config import GRPOConfig, PPIConfig, load_config
+from wmrl.config import ConfigError, GRPOConfig, PPIConfig, load_config
 from wmrl.domain import RolloutBatch
 from wmrl.experiment import train_run, with_control
 from wmrl.learner import group_advantages, grpo_update, policy_gradient
@@ -213,3 +213,43 @@ def test_every_comparison_with_a_wm_method_includes_anchors_only():
     assert with_control(["ppi"]) == ["anchors_only", "ppi"]
     assert with_control(["real"]) == ["real"]
     assert "anchors_only" in load_config("toy").compare.methods
+
+
+def test_an_execution_log_starts_lambda_before_the_runs_own_warm_up(tmp_path):
+    """With ppi.prior_from_log the first step already leans on the WM (the toy's log of 8 groups
+    fills the 4-group warm-up); without it the warm-up's steps are anchors alone."""
+    lam = {}
+    for prior in (False, True):
+        cfg = _cfg(
+            tmp_path / str(prior),
+            "--method=ppi",
+            "--grpo.steps=2",
+            f"--ppi.prior_from_log={str(prior).lower()}",
+        )
+        trainer = Trainer(cfg, cfg.domain.build(cfg))
+        assert trainer.tuner.seen == (8 if prior else 0)
+        lam[prior] = trainer.train_step()["ppi/lambda"]
+    assert lam[False] == 0.0 and lam[True] > 0.3  # the toy WM ranks well outside its rank-error contexts
+
+
+def test_the_prior_log_is_the_starting_policys_and_leaves_the_runs_draws_alone(tmp_path):
+    plain = _cfg(tmp_path / "a", "--method=ppi", "--ppi.lam=0.5")
+    prior = _cfg(tmp_path / "b", "--method=ppi", "--ppi.lam=0.5", "--ppi.prior_from_log=true")
+    d_plain, d_prior = plain.domain.build(plain), prior.domain.build(prior)
+    groups = d_prior.prior_anchor_groups
+    assert len(groups) == 8 and all(len(h) == len(r) == prior.grpo.group_size for h, r in groups)
+    r_true = torch.tensor([r for _, r in groups])
+    h = torch.tensor([h for h, _ in groups])
+    assert torch.corrcoef(torch.stack([h.flatten(), r_true.flatten()]))[0, 1] > 0.5
+    # a fixed lambda: the log changes nothing the run draws or trains
+    a, b = Trainer(plain, d_plain), Trainer(prior, d_prior)
+    for _ in range(2):
+        a.train_step(), b.train_step()
+    assert torch.equal(a.policy.theta, b.policy.theta)
+
+
+def test_prior_from_log_needs_a_domain_with_an_execution_log():
+    with pytest.raises(ConfigError, match="needs a domain with a pre-training execution log"):
+        load_config("vla-debug", ["--ppi.prior_from_log=true"])
+    with pytest.raises(ConfigError, match="domain.log_groups=0"):
+        load_config("toy", ["--domain.log_groups=0"])

@@ -132,3 +132,31 @@ def test_domain_wm_with_the_surrogate_ranks_and_refines_on_anchors(tmp_path):
     assert bool((after > before + 0.2).all()), (before, after)
     # the surrogate read the edit view (wm_input=edit), the log view never reached it
     assert all("(was " in e.solution_text for e in model.examples[-3:])
+
+
+def test_prior_anchor_groups_are_scored_out_of_fold_per_task_and_cached(tmp_path):
+    """ppi.prior_from_log's groups: the logged SFT samples of each task (baselines left out) in
+    groups of grpo.group_size, each scored by a surrogate that never saw it. Rewards here are noise,
+    which a fully grown tree reproduces on its training rows and cannot predict elsewhere."""
+    from wmrl_research.pipeline import prior_anchor_groups
+
+    rng = random.Random(0)
+    tasks = list_tasks("train")[:2]
+    sft, randoms = [], []
+    for t in tasks:
+        sft += [to_example(t, s, rng.random(), "log") for s in random_edit_sources(t, 8, rng)]
+        randoms += [to_example(t, s, rng.random(), "random") for s in random_edit_sources(t, 16, rng)]
+    log = sft + [to_example(t, t.baseline_source, 0.0, "log", "ok") for t in tasks]
+    cfg, run = ResearchConfig(world_model="surrogate"), RunConfig(seed=0)
+    groups = prior_anchor_groups(cfg, run, log, randoms, tmp_path, "log.jsonl")
+    size = run.grpo.group_size
+    assert len(groups) == 2 * 8 // size and all(len(h) == len(r) == size for h, r in groups)
+    assert [r for _, r in groups] == [[e.reward for e in sft[k : k + size]] for k in range(0, len(sft), size)]
+    r_hat = torch.tensor([h for h, _ in groups]).flatten()
+    r = torch.tensor([e.reward for e in sft])
+    in_sample = build_world_model(cfg, run)
+    in_sample.fit(randoms + sft, 0)
+    mean, _ = in_sample.predict([e.task_text for e in sft], [e.solution_text for e in sft])
+    # in sample: exact (but for edits drawn twice); out of fold: about E|U - U'| = 1/3 away
+    assert (mean - r).abs().median() < 1e-6 and (r_hat - r).abs().mean() > 0.15
+    assert prior_anchor_groups(cfg, run, [], [], tmp_path, "log.jsonl") == groups  # cached
