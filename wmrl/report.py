@@ -41,7 +41,8 @@ COLUMNS = {
     "sim_steps": ("sim steps", "real simulator steps of training rollouts (domain/sim_steps)"),
     "execs_to_real_final": (
         "executions to real's final",
-        "real executions at the first in-run evaluation >= `real`'s final in-run score (mean over seeds)",
+        "real executions at the first in-run evaluation >= `real`'s final in-run score (its mean over "
+        "seeds), averaged over the seeds that reach it: `(k of n)` where only k of n do, — where none does",
     ),
     "wall_clock_s": ("wall-clock s", "training time (time/elapsed; domain build and re-evaluation excluded)"),
     "time_generate": ("generate s", "sum of time/generate"),
@@ -253,11 +254,13 @@ def fmt_value(v: float | None) -> str:
     return f"{v:.0f}" if a >= 100 else f"{v:.2f}" if a >= 1 else f"{v:.3f}"
 
 
-def fmt_cell(f: dict | None) -> str:
-    """``mean ± se`` (``mean`` alone for one seed), or the absent mark."""
+def fmt_cell(f: dict | None, seeds: int | None = None) -> str:
+    """``mean ± se`` (``mean`` alone for one seed), ``(k of n)`` appended where the figure covers
+    ``k`` of the row's ``n = seeds`` finished seeds, or the absent mark."""
     if f is None:
         return ABSENT
-    return fmt_value(f["mean"]) + (f" ± {fmt_value(f['se'])}" if f.get("se") is not None else "")
+    text = fmt_value(f["mean"]) + (f" ± {fmt_value(f['se'])}" if f.get("se") is not None else "")
+    return text + (f" ({f['n']} of {seeds})" if seeds is not None and f["n"] < seeds else "")
 
 
 def table_rows(report: dict, keys: list[str]) -> tuple[list[str], list[list[str]]]:
@@ -271,7 +274,7 @@ def table_rows(report: dict, keys: list[str]) -> tuple[list[str], list[list[str]
                     dname,
                     m,
                     f"{n}/{len(entry['per_seed'])}",
-                    *[fmt_cell(entry["figures"].get(k)) for k in keys],
+                    *[fmt_cell(entry["figures"].get(k), n) for k in keys],
                 ]
             )
     return head, rows

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from wmrl.cli import main
-from wmrl.report import ABSENT, TIME_KEYS, cell_figures, mean_se
+from wmrl.report import ABSENT, TIME_KEYS, cell_figures, fmt_cell, mean_se
 from wmrl.tracking import read_metrics, safe_load
 
 TINY = [
@@ -194,6 +194,14 @@ def test_absent_metrics_stay_absent():
     assert fig["real_executions"] == 8.0 and fig["gain"] is None and fig["s2"] is None
     assert fig["sim_steps"] is None and fig["time_update"] is None and fig["wall_clock_s"] is None
     assert mean_se([None, None]) is None and mean_se([1.0, None]) == {"mean": 1.0, "se": None, "n": 1}
+
+
+def test_a_figure_over_fewer_seeds_than_its_row_says_how_many():
+    """E.g. executions to `real`'s final: reached on 1 of 4 seeds must not read as a 4-seed mean."""
+    reached = mean_se([48.0, None, None, None])
+    assert fmt_cell(reached, seeds=4) == "48.00 (1 of 4)"
+    assert fmt_cell(mean_se([48.0, 96.0]), seeds=2) == "72.00 ± 24.00"
+    assert fmt_cell(mean_se([None, None]), seeds=2) == ABSENT
 
 
 def test_the_plot_gains_a_simulator_steps_panel_for_a_domain_with_a_simulator(tmp_path):
