@@ -114,6 +114,10 @@ class VLAConfig(DomainConfig):
     record_anchors: bool = True
     # Held-out evaluation: episodes per task, GIFs saved per evaluation.
     eval_episodes_per_task: int = 10
+    # Instruction/colour combinations of the held-out episodes (always on held-out seeds): "test"
+    # holds out the combinations that SFT and GRPO never see; "train" evaluates on the combinations
+    # they train on (does RL improve the tasks it trains on, apart from composing new ones?).
+    eval_combos: str = "test"
     n_videos: int = 2
     progress: bool = True
 
@@ -155,6 +159,8 @@ class VLAConfig(DomainConfig):
             )
         if self.image_size % 16 != 0:
             raise ConfigError(f"domain.image_size={self.image_size} must be a multiple of 16")
+        if self.eval_combos not in ("test", "train"):
+            raise ConfigError(f"domain.eval_combos={self.eval_combos!r} is not one of test, train")
         if self.demo_split not in ("train", "all"):
             raise ConfigError(f"domain.demo_split={self.demo_split!r} is not one of train, all")
         if self.demos_per_task < 1:

@@ -240,6 +240,7 @@ class VLADomain:
         temperature: float = 1.0,
         eval_temperature: float = 1.0,
         eval_episodes_per_task: int = 10,
+        eval_combos: str = "test",
         n_videos: int = 2,
         regrade: bool = False,
         max_steps: int | None = None,
@@ -259,6 +260,8 @@ class VLADomain:
                 f"adapter predicts), not {type(policy).__name__}; use imagine_input=pixels"
             )
 
+        if eval_combos not in ("test", "train"):
+            raise ValueError(f"eval_combos={eval_combos!r} is not one of test, train")
         if not tasks:
             raise ValueError("VLADomain needs at least one task")
         for t in tasks:
@@ -270,6 +273,7 @@ class VLADomain:
         self.temperature = temperature
         self.eval_temperature = eval_temperature
         self.eval_episodes_per_task = eval_episodes_per_task
+        self.eval_combos = eval_combos
         self.n_videos = n_videos
         self.regrade = regrade
         self.max_steps = max_steps
@@ -739,10 +743,12 @@ class VLADomain:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self, split: str = "eval") -> dict[str, float]:
-        """Success rate on held-out seeds and held-out instruction/colour combinations, in MuJoCo."""
+        """Success rate in MuJoCo on held-out seeds, on held-out instruction/colour combinations (on
+        the training ones with ``eval_combos="train"``); ``split="train"``: training seeds and
+        combinations."""
         self.policy.eval()
         lo, _ = EVAL_SEEDS if split != "train" else TRAIN_SEEDS
-        env_split = ENV_SPLIT.get(split, "test")
+        env_split = ENV_SPLIT.get(split, "test") if split == "train" else self.eval_combos
         specs = [(t, lo + 7919 * k) for t in self.tasks for k in range(self.eval_episodes_per_task)]
         actor = policy_actor(self.policy, self.eval_temperature, torch.Generator().manual_seed(12345))
         ro = run_episodes(actor, specs, self.pool, env_split)

@@ -155,6 +155,35 @@ def test_evaluate_in_the_simulator_saves_videos(built):
     assert any(g.endswith(("_success.gif", "_fail.gif")) for g in gifs)
 
 
+def test_eval_combos_picks_the_combinations_of_the_held_out_seeds(built, monkeypatch):
+    """Held-out seeds either way; instruction/colour combinations held out (default) or trained on."""
+    import wmrl_vla.domain as vla_domain
+
+    _, domain, _ = built
+    seen = []
+
+    def record(actor, specs, pool, env_split):
+        seen.append((env_split, [seed for _, seed in specs]))
+        return real(actor, specs, pool, env_split)
+
+    real = vla_domain.run_episodes
+    monkeypatch.setattr(vla_domain, "run_episodes", record)
+    monkeypatch.setattr(domain, "n_videos", 0)
+    monkeypatch.setattr(domain, "eval_episodes_per_task", 1)
+    for combos in ("test", "train"):
+        monkeypatch.setattr(domain, "eval_combos", combos)
+        domain.evaluate("eval")
+    (test_split, test_seeds), (train_split, train_seeds) = seen
+    assert (test_split, train_split) == ("test", "train") and test_seeds == train_seeds
+    assert min(test_seeds) >= vla_domain.EVAL_SEEDS[0]
+    with pytest.raises(ValueError, match="eval_combos"):
+        vla_domain.VLADomain(domain.policy, domain.world_model, domain.tasks, 32, eval_combos="all")
+    from wmrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="eval_combos='all' is not one of test, train"):
+        load_config("vla-debug", ["--domain.eval_combos=all"])
+
+
 def test_real_vs_imagined_frames_start_from_the_real_first_frame_and_change_no_generator(built, batch):
     _, domain, _ = built
     r = next(p["rollout"] for p in batch.payload if p["kind"] == "sim")
