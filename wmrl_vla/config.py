@@ -118,6 +118,9 @@ class VLAConfig(DomainConfig):
     # holds out the combinations that SFT and GRPO never see; "train" evaluates on the combinations
     # they train on (does RL improve the tasks it trains on, apart from composing new ones?).
     eval_combos: str = "test"
+    # Evaluation episodes simulated in lockstep (batched through the policy). Each holds a MuJoCo
+    # env and renderer (~20 MB), so this bounds evaluation memory: 400 at once took 9 GB.
+    eval_lockstep: int = 64
     n_videos: int = 2
     progress: bool = True
 
@@ -159,6 +162,8 @@ class VLAConfig(DomainConfig):
             )
         if self.image_size % 16 != 0:
             raise ConfigError(f"domain.image_size={self.image_size} must be a multiple of 16")
+        if self.eval_lockstep < 1:
+            raise ConfigError(f"domain.eval_lockstep={self.eval_lockstep} must be >= 1")
         if self.eval_combos not in ("test", "train"):
             raise ConfigError(f"domain.eval_combos={self.eval_combos!r} is not one of test, train")
         if self.demo_split not in ("train", "all"):

@@ -241,6 +241,7 @@ class VLADomain:
         eval_temperature: float = 1.0,
         eval_episodes_per_task: int = 10,
         eval_combos: str = "test",
+        eval_lockstep: int = 64,
         n_videos: int = 2,
         regrade: bool = False,
         max_steps: int | None = None,
@@ -262,6 +263,8 @@ class VLADomain:
 
         if eval_combos not in ("test", "train"):
             raise ValueError(f"eval_combos={eval_combos!r} is not one of test, train")
+        if eval_lockstep < 1:
+            raise ValueError(f"eval_lockstep={eval_lockstep} must be >= 1")
         if not tasks:
             raise ValueError("VLADomain needs at least one task")
         for t in tasks:
@@ -274,6 +277,7 @@ class VLADomain:
         self.eval_temperature = eval_temperature
         self.eval_episodes_per_task = eval_episodes_per_task
         self.eval_combos = eval_combos
+        self.eval_lockstep = eval_lockstep
         self.n_videos = n_videos
         self.regrade = regrade
         self.max_steps = max_steps
@@ -751,22 +755,38 @@ class VLADomain:
         env_split = ENV_SPLIT.get(split, "test") if split == "train" else self.eval_combos
         specs = [(t, lo + 7919 * k) for t in self.tasks for k in range(self.eval_episodes_per_task)]
         actor = policy_actor(self.policy, self.eval_temperature, torch.Generator().manual_seed(12345))
-        ro = run_episodes(actor, specs, self.pool, env_split)
+        filmed = self.out_dir is not None and self.n_videos > 0
+        film = (
+            set(range(0, len(specs), max(1, len(specs) // self.n_videos))[: self.n_videos])
+            if filmed
+            else set()
+        )
+        # at most eval_lockstep episodes (each an env and renderer) at a time; frames kept for the filmed ones only
+        rows, videos = [], []
+        for first in range(0, len(specs), self.eval_lockstep):
+            chunk = run_episodes(actor, specs[first : first + self.eval_lockstep], self.pool, env_split)
+            for k, r in enumerate(chunk, start=first):
+                rows.append((r.task_id, float(r.success.max()), float(r.reward), float(r.length)))
+                if k in film:
+                    videos.append(r)
+        task_ids, success, reward, length = zip(*rows, strict=True)
         out: dict[str, float] = {
-            "success": float(np.mean([r.success.max() for r in ro])),
-            "reward": float(np.mean([r.reward for r in ro])),
-            "episode_length": float(np.mean([r.length for r in ro])),
+            "success": float(np.mean(success)),
+            "reward": float(np.mean(reward)),
+            "episode_length": float(np.mean(length)),
             # training cost so far (evaluation episodes not counted)
             "sim_steps_train": float(self.sim_steps),
             "imagined_steps_train": float(self.imagined_steps),
         }
         for t in self.tasks:
             name = t.split("/")[-1]
-            out[f"success/{name}"] = float(np.mean([r.success.max() for r in ro if r.task_id == t]))
-        if self.out_dir is not None and self.n_videos > 0:
+            out[f"success/{name}"] = float(
+                np.mean([s for tid, s in zip(task_ids, success, strict=True) if tid == t])
+            )
+        if videos:
             vdir = self.out_dir / "videos"
             vdir.mkdir(parents=True, exist_ok=True)
-            for k, r in enumerate(ro[:: max(1, len(ro) // self.n_videos)][: self.n_videos]):
+            for k, r in enumerate(videos):
                 ok = "success" if r.success.max() > 0 else "fail"
                 stem = f"eval{self.n_evals:03d}_{k}_{r.task_id.split('/')[-1]}"
                 save_gif(r.images, vdir / f"{stem}_{ok}.gif")

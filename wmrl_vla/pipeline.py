@@ -482,6 +482,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         eval_temperature=cfg.eval_temperature,
         eval_episodes_per_task=cfg.eval_episodes_per_task,
         eval_combos=cfg.eval_combos,
+        eval_lockstep=cfg.eval_lockstep,
         n_videos=cfg.n_videos,
         regrade=cfg.regrade,
         max_steps=cfg.max_steps,

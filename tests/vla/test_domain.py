@@ -182,6 +182,32 @@ def test_eval_combos_picks_the_combinations_of_the_held_out_seeds(built, monkeyp
 
     with pytest.raises(ConfigError, match="eval_combos='all' is not one of test, train"):
         load_config("vla-debug", ["--domain.eval_combos=all"])
+    with pytest.raises(ConfigError, match="eval_lockstep=0 must be >= 1"):
+        load_config("vla-debug", ["--domain.eval_lockstep=0"])
+
+
+def test_evaluation_runs_in_lockstep_chunks_with_the_same_result(built, monkeypatch):
+    """eval_lockstep bounds the episodes (envs + renderers) alive at once; greedy figures unchanged."""
+    import wmrl_vla.domain as vla_domain
+
+    _, domain, _ = built
+    sizes = []
+    real = vla_domain.run_episodes
+
+    def record(actor, specs, pool, env_split):
+        sizes.append(len(specs))
+        return real(actor, specs, pool, env_split)
+
+    monkeypatch.setattr(vla_domain, "run_episodes", record)
+    for k, v in {"n_videos": 0, "eval_episodes_per_task": 3, "eval_temperature": 0.0}.items():
+        monkeypatch.setattr(domain, k, v)
+    n = 3 * len(domain.tasks)
+    monkeypatch.setattr(domain, "eval_lockstep", 64)
+    whole = domain.evaluate("eval")
+    monkeypatch.setattr(domain, "eval_lockstep", 2)
+    chunked = domain.evaluate("eval")
+    assert sizes == [n] + [2] * (n // 2) + [1] * (n % 2)
+    assert chunked == whole
 
 
 def test_real_vs_imagined_frames_start_from_the_real_first_frame_and_change_no_generator(built, batch):
