@@ -752,7 +752,7 @@ class VLADomain:
         combinations."""
         self.policy.eval()
         lo, _ = EVAL_SEEDS if split != "train" else TRAIN_SEEDS
-        env_split = ENV_SPLIT.get(split, "test") if split == "train" else self.eval_combos
+        env_split = ENV_SPLIT["train"] if split == "train" else self.eval_combos
         specs = [(t, lo + 7919 * k) for t in self.tasks for k in range(self.eval_episodes_per_task)]
         actor = policy_actor(self.policy, self.eval_temperature, torch.Generator().manual_seed(12345))
         filmed = self.out_dir is not None and self.n_videos > 0
