@@ -5,7 +5,8 @@ simulated at once, each with its own MuJoCo env and renderer), side by side in o
         --out benchmarks/results/vla_eval_memory.json
 
 Each setting re-evaluates the run's starting and final policy (``benchmarks/reeval_run.py``) in a
-fresh process; its peak resident memory is that process tree's ``ru_maxrss`` (``os.wait4``). The
+fresh process; its peak resident memory is the ``ru_maxrss`` that ``os.wait4`` reports for it
+(the largest of the process and its waited-for children). The
 greedy success rates must not depend on the setting, and the JSON records them to show it.
 """
 

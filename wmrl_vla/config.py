@@ -119,7 +119,8 @@ class VLAConfig(DomainConfig):
     # they train on (does RL improve the tasks it trains on, apart from composing new ones?).
     eval_combos: str = "test"
     # Evaluation episodes simulated in lockstep (batched through the policy). Each holds a MuJoCo
-    # env and renderer (~20 MB), so this bounds evaluation memory: 400 at once took 9 GB.
+    # env and renderer (~20 MB), so this bounds evaluation memory: 400 at once peaked at 11.4 GB, 64 at 4.3 GB
+    # (benchmarks/vla_eval_memory.py).
     eval_lockstep: int = 64
     n_videos: int = 2
     progress: bool = True

@@ -755,12 +755,9 @@ class VLADomain:
         env_split = ENV_SPLIT["train"] if split == "train" else self.eval_combos
         specs = [(t, lo + 7919 * k) for t in self.tasks for k in range(self.eval_episodes_per_task)]
         actor = policy_actor(self.policy, self.eval_temperature, torch.Generator().manual_seed(12345))
-        filmed = self.out_dir is not None and self.n_videos > 0
-        film = (
-            set(range(0, len(specs), max(1, len(specs) // self.n_videos))[: self.n_videos])
-            if filmed
-            else set()
-        )
+        film = set()  # indices of the filmed episodes
+        if self.out_dir is not None and self.n_videos > 0:
+            film = set(range(0, len(specs), max(1, len(specs) // self.n_videos))[: self.n_videos])
         # at most eval_lockstep episodes (each an env and renderer) at a time; frames kept for the filmed ones only
         rows, videos = [], []
         for first in range(0, len(specs), self.eval_lockstep):
