@@ -70,14 +70,17 @@ def throughput(
     sts = torch.from_numpy(np.stack([x[1] for x in o]))
     instr = policy.tokenizer.encode([x[2] for x in o])
     words = instruction_ids([x[2] for x in o])  # the world model's view of the instructions
+    goals = torch.from_numpy(np.stack([x[3] for x in o]))  # [B, 2], for a grounded world model
     g = torch.Generator().manual_seed(0)
     adapter = domain.latent_adapter.eval()
 
     def latent_actor():  # encodes the 64 first frames once (counted in the timing)
         return LatentActor(policy, adapter, instr, 1.0, g, first_frames=imgs)
 
-    wm.imagine(imgs, sts, lambda f, s, t: policy.act(f, s, instr, 1.0, g)[2], 2, instr=words)  # warm-up
-    wm.imagine(imgs, sts, latent_actor(), 2, observe="latents", instr=words)
+    wm.imagine(
+        imgs, sts, lambda f, s, t: policy.act(f, s, instr, 1.0, g)[2], 2, instr=words, goal=goals
+    )  # warm-up
+    wm.imagine(imgs, sts, latent_actor(), 2, observe="latents", instr=words, goal=goals)
 
     def random_actor(images, states, instructions):
         a = torch.rand(images.shape[0], a_dim, generator=g) * 2 - 1
@@ -100,13 +103,17 @@ def throughput(
             r[f"sim_steps_per_s/{name}"] = sum(x.length for x in ro) / (time.perf_counter() - t0)
             r[f"sim_mean_length/{name}"] = float(np.mean([x.length for x in ro]))
             t0 = time.perf_counter()
-            res = wm.imagine(imgs, sts, wm_actors[name], steps, success_threshold=2.0, instr=words)
+            res = wm.imagine(
+                imgs, sts, wm_actors[name], steps, success_threshold=2.0, instr=words, goal=goals
+            )
             r[f"imagined_steps_per_s/{name}"] = float(res["mask"].sum()) / (time.perf_counter() - t0)
             r[f"speedup/{name}"] = r[f"imagined_steps_per_s/{name}"] / r[f"sim_steps_per_s/{name}"]
         # the same policy on the WM's latent (no frame decoded), against the same simulator figure
         t0 = time.perf_counter()
         actor = latent_actor()
-        res = wm.imagine(imgs, sts, actor, steps, success_threshold=2.0, observe="latents", instr=words)
+        res = wm.imagine(
+            imgs, sts, actor, steps, success_threshold=2.0, observe="latents", instr=words, goal=goals
+        )
         t_imag = time.perf_counter() - t0
         n_steps = float(res["mask"].sum())
         r["imagined_steps_per_s/policy_latent"] = n_steps / t_imag
@@ -147,7 +154,7 @@ def throughput(
         actions = torch.rand(batch, steps, a_dim, generator=g) * 2 - 1
         t0 = time.perf_counter()
         with torch.no_grad():
-            wm.score_actions(imgs, sts, actions, torch.ones(batch, steps), words)
+            wm.score_actions(imgs, sts, actions, torch.ones(batch, steps), words, goals)
         r["wm_scored_steps_per_s"] = batch * steps / (time.perf_counter() - t0)
         r["speedup/scoring_vs_sim"] = r["wm_scored_steps_per_s"] / r["sim_steps_per_s/random"]
         rounds.append(r)

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from wmrl_vla.rollout import goal_or_zeros
 from world_models.vla_dynamics import instruction_ids, rollout_score
 
 
@@ -60,8 +61,9 @@ def open_loop_frame_mse(wm, rollouts) -> np.ndarray:
     sts = torch.from_numpy(np.stack([r.states[0] for r in rollouts]))
     # horizon t_max + 1: the frame after the last action is the policy's view at step t_max
     words = instruction_ids([r.instruction for r in rollouts])
+    goals = torch.from_numpy(np.stack([goal_or_zeros(r.goal) for r in rollouts]))
     out = wm.imagine(imgs, sts, lambda f, s, t: acts[:, min(t, t_max - 1)], t_max + 1, success_threshold=2.0,
-                     instr=words)  # fmt: skip
+                     instr=words, goal=goals)  # fmt: skip
     pred = out["images"][:, 1:].float() / 255.0  # [E, T, 3, H, W]: after actions 0..T-1
     mse = np.full((len(rollouts), t_max), np.nan)
     for i, r in enumerate(rollouts):
@@ -76,7 +78,8 @@ def side_by_side_gif(wm, real, twin_images: np.ndarray, path: Path) -> None:
     n = real.length
     replay = wm.imagine(torch.from_numpy(real.images[:1]), torch.from_numpy(real.states[:1]),
                         lambda f, s, t: acts[min(t, n - 1)][None], n + 1, success_threshold=2.0,
-                        instr=instruction_ids([real.instruction]))  # fmt: skip
+                        instr=instruction_ids([real.instruction]),
+                        goal=torch.from_numpy(goal_or_zeros(real.goal))[None])  # fmt: skip
     clips = [real.images, replay["images"][0].numpy(), twin_images]
     t_len = max(len(c) for c in clips)
     clips = [np.concatenate([c, np.repeat(c[-1:], t_len - len(c), 0)]) for c in clips]
@@ -96,7 +99,7 @@ def first_steps_score(wm, batch, n: int, steps: int) -> np.ndarray:
     mask = ex["step_mask"][:n].float().clone()
     mask[:, steps:] = 0
     prog, succ = wm.score_actions(ex["init_images"][:n], ex["init_states"][:n], ex["actions"][:n], mask,
-                                  ex["wm_instr"][:n])  # fmt: skip
+                                  ex["wm_instr"][:n], ex["wm_goal"][:n])  # fmt: skip
     return rollout_score(prog.cpu(), succ.cpu()).mean(0).numpy()
 
 

@@ -22,6 +22,8 @@ OWN_TASKS_DEFAULT = ["wmrl/ReachColor-v0", "wmrl/PushColor-v0", "wmrl/PressButto
 POLICIES = ("small_vla", "lerobot_act", "lerobot_smolvla")
 WORLD_MODELS = ("deterministic", "diffusion")
 IMAGINE_INPUTS = ("pixels", "latent")
+# What the world model's state and outcome heads read (world_models.vla_dynamics.OUTCOME_INPUTS).
+WM_OUTCOMES = ("latent", "state")
 
 
 @DomainConfig.register_subclass("vla")
@@ -81,6 +83,11 @@ class VLAConfig(DomainConfig):
     # features): which object a task names is in the instruction alone. 0: an unconditioned WM (the
     # WM of the figures measured before this field existed).
     wm_instruction_buckets: int = 256
+    # What the WM's state and outcome heads read: "latent" (the latent rolled forward, which drifts
+    # past its training window and then scores long, failing episodes highest) or "state"
+    # (proprioception rolled forward next to the named object's table xy as the simulator placed it
+    # at reset: world_models.vla_dynamics.GroundedMember).
+    wm_outcome: str = "latent"
     # Real rollouts of the SFT policy per task added to the WM's pretraining data (demos never fail).
     wm_policy_rollouts_per_task: int = 16
     wm_train_steps: int = 1500
@@ -180,6 +187,8 @@ class VLAConfig(DomainConfig):
             raise ConfigError(f"domain.wm_members={self.wm_members} must be >= 1")
         if self.wm_instruction_buckets < 0:
             raise ConfigError(f"domain.wm_instruction_buckets={self.wm_instruction_buckets} must be >= 0")
+        if self.wm_outcome not in WM_OUTCOMES:
+            raise ConfigError(f"domain.wm_outcome={self.wm_outcome!r} is not one of {', '.join(WM_OUTCOMES)}")
         if self.temperature <= 0 or self.eval_temperature < 0:
             raise ConfigError(
                 f"domain.temperature={self.temperature} must be > 0 and "

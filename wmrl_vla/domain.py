@@ -47,6 +47,8 @@ from wmrl_vla.policy import SmallVLA
 from wmrl_vla.rollout import (
     EnvPool,
     SimRollout,
+    goal_or_zeros,
+    goal_xy,
     policy_actor,
     recorded_reward,
     replay_reward,
@@ -126,7 +128,12 @@ class VLAWorldModel:
         """The members' mean rollout score and their (uncalibrated) variance ``[N]``."""
         ex = batch.extras
         prog, succ = self.model.score_actions(
-            ex["init_images"], ex["init_states"], ex["actions"], ex["step_mask"].float(), ex["wm_instr"]
+            ex["init_images"],
+            ex["init_states"],
+            ex["actions"],
+            ex["step_mask"].float(),
+            ex["wm_instr"],
+            ex["wm_goal"],
         )  # [K, N, T]
         scores = rollout_score(prog.cpu(), succ.cpu())  # [K, N]
         var = scores.var(0, unbiased=False) if scores.shape[0] > 1 else None
@@ -313,14 +320,18 @@ class VLADomain:
         seeds = torch.randint(lo, hi, (n,), generator=generator).tolist()
         return [VLATask(self.tasks[i], int(s), ENV_SPLIT[split]) for i, s in zip(ids, seeds, strict=True)]
 
-    def _initial_obs(self, task: VLATask) -> tuple[np.ndarray, np.ndarray, str]:
+    def _initial_obs(self, task: VLATask) -> tuple[np.ndarray, np.ndarray, str, np.ndarray]:
+        """A task's first frame ``[3, H, W]``, state ``[S]``, instruction and goal (``goal_xy``;
+        zeros for a task that does not expose it), from the simulator's reset."""
         env = self.pool.get(task.task_id, task.env_split)
         o, info = env.reset(seed=task.seed)
+        goal = goal_or_zeros(goal_xy(env))
         self.pool.put(task.task_id, task.env_split, env)
         return (
             np.ascontiguousarray(o["image"].transpose(2, 0, 1)),
             o["state"].astype(np.float32),
             info["instruction"],
+            goal,
         )
 
     # ------------------------------------------------------------------ generation
@@ -382,6 +393,7 @@ class VLADomain:
             "logprobs": r.logprobs,
             "reward": r.reward,
             "success": float(r.success.max()),
+            "goal": goal_or_zeros(r.goal),
             "rollout": r,
         }
 
@@ -396,6 +408,7 @@ class VLADomain:
         instrs = [i[2] for i in inits for _ in range(group_size)]
         instr_ids = self.policy.tokenizer.encode(instrs)
         wm_instr = instruction_ids(instrs)
+        goals = torch.from_numpy(np.stack([i[3] for i in inits])).repeat_interleave(group_size, 0)
         horizon = max(self.horizon[t.task_id] for t in tasks)
         limits = torch.tensor([self.horizon[t.task_id] for t in tasks]).repeat_interleave(group_size)
         latent = self.imagine_input == "latent"
@@ -412,7 +425,8 @@ class VLADomain:
             actor = LatentActor(
                 self.policy, self.latent_adapter, instr_ids, self.temperature, self.gen, f0=f0, noise=noise
             )
-            out = wm.imagine(imgs, sts, actor, horizon, generator=self.gen, observe="latents", instr=wm_instr)
+            out = wm.imagine(imgs, sts, actor, horizon, generator=self.gen, observe="latents", instr=wm_instr,
+                             goal=goals)  # fmt: skip
             bins, lps, feats = actor.stacked()  # [B, T', A], [B, T', A], [B, T', F]
         else:
             rec_bins, rec_lp = [], []
@@ -424,7 +438,7 @@ class VLADomain:
                 rec_lp.append(lp)
                 return a
 
-            out = wm.imagine(imgs, sts, act, horizon, generator=self.gen, instr=wm_instr)
+            out = wm.imagine(imgs, sts, act, horizon, generator=self.gen, instr=wm_instr, goal=goals)
             bins = torch.stack(rec_bins, 1)  # [B, T', A]
             lps = torch.stack(rec_lp, 1)
         res = []
@@ -446,6 +460,7 @@ class VLADomain:
                 "logprobs": lps[i, :n].numpy(),
                 "reward": float("nan"),  # unknown: never executed
                 "success": float("nan"),
+                "goal": goals[i].numpy(),
                 "rollout": None,
             }
             if latent:  # no frame but the first was decoded: keep what the policy read instead
@@ -478,6 +493,7 @@ class VLADomain:
         imgs = torch.from_numpy(np.stack([i[0] for i in inits])).repeat_interleave(group_size, 0)
         sts = torch.from_numpy(np.stack([i[1] for i in inits])).repeat_interleave(group_size, 0)
         texts = [i[2] for i in inits for _ in range(group_size)]
+        goals = torch.from_numpy(np.stack([i[3] for i in inits])).repeat_interleave(group_size, 0)
         instr = pol.tokenizer.encode(texts)
         horizon = max(self.horizon[t.task_id] for t in tasks)
         pol.eval()
@@ -487,7 +503,14 @@ class VLADomain:
             return pol.act(f, s, instr, self.temperature, gen)[2]
 
         out = wm.imagine(
-            imgs, sts, act, horizon, success_threshold=2.0, generator=gen, instr=instruction_ids(texts)
+            imgs,
+            sts,
+            act,
+            horizon,
+            success_threshold=2.0,
+            generator=gen,
+            instr=instruction_ids(texts),
+            goal=goals,
         )  # the whole horizon
         mask = torch.arange(horizon).unsqueeze(0) < torch.tensor(
             [self.horizon[t.task_id] for t in tasks]
@@ -621,6 +644,7 @@ class VLADomain:
                 "states": states,
                 "instr": self.policy.tokenizer.encode([r["instruction"] for r in rollouts]),
                 "wm_instr": instruction_ids([r["instruction"] for r in rollouts]),  # the WM's words
+                "wm_goal": torch.from_numpy(np.stack([r["goal"] for r in rollouts])),  # [N, 2]
                 "actions": actions,
                 "step_mask": step_mask,
                 "init_images": images[:, 0].clone(),
@@ -663,6 +687,7 @@ class VLADomain:
                 n,
                 generator=torch.Generator().manual_seed(0),
                 instr=batch.extras["wm_instr"][i : i + 1],
+                goal=batch.extras["wm_goal"][i : i + 1],
             )
             real, dreamt = np.asarray(p["images"])[:n], out["images"][0, :n].numpy()
             media["rollouts/real_vs_imagined"] = Video(
@@ -706,14 +731,15 @@ class VLADomain:
         gen = torch.Generator().manual_seed(0)  # its own generator: a video never changes a run
         img, st = torch.from_numpy(r.images[:1]), torch.from_numpy(r.states[:1])
         acts, n, words = torch.from_numpy(r.actions), r.length, instruction_ids([r.instruction])
+        goal = torch.from_numpy(goal_or_zeros(r.goal))[None]
         replay = wm.imagine(img, st, lambda f, s, t: acts[min(t, n - 1)][None], n + 1,
-                            success_threshold=2.0, generator=gen, instr=words)  # fmt: skip
+                            success_threshold=2.0, generator=gen, instr=words, goal=goal)  # fmt: skip
         instr_ids = self.policy.tokenizer.encode([r.instruction])
 
         def act(frames: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
             return self.policy.act(frames, states, instr_ids, self.eval_temperature, gen)[2]
 
-        dream = wm.imagine(img, st, act, self.horizon[r.task_id], generator=gen, instr=words)
+        dream = wm.imagine(img, st, act, self.horizon[r.task_id], generator=gen, instr=words, goal=goal)
         dreamt = dream["images"][0, : int(dream["mask"][0].sum()) + 1].numpy()
         clips = [r.images, replay["images"][0].numpy(), dreamt]
         t_len = max(len(c) for c in clips)

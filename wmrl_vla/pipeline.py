@@ -407,7 +407,7 @@ def wm_config(cfg: VLAConfig) -> VLADynamicsConfig:
     return VLADynamicsConfig(
         image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, latent_dim=cfg.wm_latent_dim,
         n_members=cfg.wm_members, frame_decoder=cfg.world_model, diffusion_steps=cfg.diffusion_steps,
-        instruction_buckets=cfg.wm_instruction_buckets,
+        instruction_buckets=cfg.wm_instruction_buckets, outcome_input=cfg.wm_outcome,
     )  # fmt: skip
 
 
@@ -420,7 +420,8 @@ def prepare_world_model(
               "wm_latent_dim": cfg.wm_latent_dim, "wm_train_steps": cfg.wm_train_steps,
               "wm_batch_size": cfg.wm_batch_size, "wm_horizon": cfg.wm_horizon, "wm_lr": cfg.wm_lr,
               "diffusion_steps": cfg.diffusion_steps, "arch": WM_ARCH,
-              **({"wm_instruction_buckets": b} if (b := cfg.wm_instruction_buckets) else {})}  # fmt: skip
+              **({"wm_instruction_buckets": b} if (b := cfg.wm_instruction_buckets) else {}),
+              **({"wm_outcome": o} if (o := cfg.wm_outcome) != "latent" else {})}  # fmt: skip
     path = Path(cfg.cache_dir) / f"wm-{_key(fields)}.pt"
     qpath = path.with_suffix(".json")
     # hold out every 10th episode to measure quality
@@ -454,7 +455,10 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
     device = resolve_device(run.device)  # policy, SFT, world model, imagination and evaluation run there
     records = prepare_demos(cfg)
     policy = prepare_policy(cfg, records, device)
-    episodes = episodes_from_records(records) + episodes_from_records(prepare_policy_rollouts(cfg, policy))
+    # the named object's position of every episode (from its task's reset), for a grounded WM
+    episodes = episodes_from_records(label_goals(records, split=cfg.demo_split)) + episodes_from_records(
+        label_goals(prepare_policy_rollouts(cfg, policy), split="train")
+    )
     model, quality = prepare_world_model(cfg, episodes, device)
     out = Path(run.out_dir)
     main = writes_run_dir()  # data-parallel: one writer of the run directory's files

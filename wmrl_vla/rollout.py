@@ -29,6 +29,7 @@ class SimRollout:
     logprobs: np.ndarray  # [T, A] float32
     progress: np.ndarray  # [T] reward after each action (1 once succeeded)
     success: np.ndarray  # [T] float32, 0/1
+    goal: np.ndarray | None = None  # [2] the named object's table xy at reset (goal_xy)
 
     @property
     def length(self) -> int:
@@ -59,7 +60,25 @@ class SimRollout:
             "progress": self.progress,
             "success": self.success,
             "instruction": self.instruction,
+            **({} if self.goal is None else {"goal": self.goal}),
         }
+
+
+def goal_xy(env) -> np.ndarray | None:
+    """The named object's table xy (metres, ``[2]`` float32) in an env's current episode: the first
+    entry of our tabletop tasks' ``privileged()`` (the target disc, the button cap, the puck, the
+    cube), as the simulator placed it at reset. None for envs without that interface."""
+    u = getattr(env, "unwrapped", env)
+    try:
+        return np.asarray(next(iter(u.privileged().values())), dtype=np.float32)[:2].copy()
+    except (AttributeError, StopIteration):
+        return None
+
+
+def goal_or_zeros(goal: np.ndarray | None) -> np.ndarray:
+    """A :func:`goal_xy`, or zeros ``[2]`` where the task does not expose one (dm_control, MetaWorld):
+    a grounded world model then has the state and the instruction alone to go on."""
+    return np.zeros(2, np.float32) if goal is None else np.asarray(goal, np.float32)
 
 
 def rollout_reward(progress: np.ndarray, success: np.ndarray) -> float:
@@ -121,13 +140,14 @@ def run_episodes(
     ``[len(specs), T, A]`` (T at least the longest episode): episode i's sampling uniforms at step
     t, passed to the actor as ``noise=`` (common random numbers with an imagined twin).
     """
-    envs, obs, instrs = [], [], []
+    envs, obs, instrs, goals = [], [], [], []
     for task_id, seed in specs:
         env = pool.get(task_id, split)
         o, info = env.reset(seed=int(seed))
         envs.append(env)
         obs.append(o)
         instrs.append(info["instruction"])
+        goals.append(goal_xy(env))
     n = len(specs)
     rec = [
         {
@@ -165,7 +185,7 @@ def run_episodes(
                 still.append(i)
         alive = still
     out = []
-    for (task_id, seed), rc, instr, env in zip(specs, rec, instrs, envs, strict=True):
+    for (task_id, seed), rc, instr, env, goal in zip(specs, rec, instrs, envs, goals, strict=True):
         pool.put(task_id, split, env)
         out.append(
             SimRollout(
@@ -179,6 +199,7 @@ def run_episodes(
                 logprobs=np.stack(rc["lp"]).astype(np.float32),
                 progress=np.array(rc["p"], np.float32),
                 success=np.array(rc["s"], np.float32),
+                goal=goal,
             )
         )
     return out

@@ -42,6 +42,8 @@ from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 FRAME_DECODERS = ("deterministic", "diffusion")
+OUTCOME_INPUTS = ("latent", "state")
+GOAL_DIM = 2  # the named object's table xy (metres), as the simulator places it at reset
 
 
 @dataclass
@@ -61,6 +63,10 @@ class VLADynamicsConfig:
     frame_fraction: float = 0.25
     # Hash buckets of the instruction's words the latent is conditioned on (0: not conditioned).
     instruction_buckets: int = 0
+    # What the state and outcome heads read: "latent" (the latent rolled forward: it drifts over a
+    # long open-loop horizon) or "state" (proprioception rolled forward on its own, next to the
+    # named object's table xy: :class:`GroundedMember`).
+    outcome_input: str = "latent"
     # Loss weights.
     frame_weight: float = 1.0
     state_weight: float = 1.0
@@ -75,6 +81,10 @@ class VLADynamicsConfig:
             raise ValueError(f"image_size={self.image_size} must be a multiple of 16")
         if self.n_members < 1:
             raise ValueError(f"n_members={self.n_members} must be >= 1")
+        if self.outcome_input not in OUTCOME_INPUTS:
+            raise ValueError(
+                f"outcome_input={self.outcome_input!r} is not one of {', '.join(OUTCOME_INPUTS)}"
+            )
         if self.instruction_buckets < 0:
             raise ValueError(f"instruction_buckets={self.instruction_buckets} must be >= 0")
 
@@ -193,6 +203,43 @@ class Member(nn.Module):
         return z2, torch.sigmoid(out[:, 0]), out[:, 1]  # latent, progress, success logit
 
 
+class GroundedMember(nn.Module):
+    """One member's state dynamics and outcome heads on proprioception, not on the latent.
+
+    With ``s`` ``[B, S]`` the proprioception (its first two entries: the hand's table xy), ``a``
+    ``[B, A]`` the action, ``g`` ``[B, 2]`` the named object's table xy, ``tip0`` ``[B, 2]`` the
+    hand's xy at the rollout's first step and ``e`` ``[B, E]`` the rollout's task embedding (from its
+    first observation's latent, constant over the rollout)::
+
+        s'                      = s + 0.1 * f([10 s, a, 10 (g - s[:2]), e])
+        (progress, success logit) = h([10 s', 10 (g - s'[:2]), 10 (g - tip0), e])
+
+    Distances enter in decimetres. The outcome of a step depends on the rolled-out state and the
+    object's position only, so it does not inherit the drift of a latent rolled forward past its
+    training horizon (the failure that made the latent heads rank long, failing episodes first).
+    """
+
+    def __init__(self, state_dim: int, action_dim: int, embed_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.dyn = nn.Sequential(
+            nn.Linear(state_dim + action_dim + GOAL_DIM + embed_dim, hidden),
+            nn.GELU(),
+            nn.Linear(hidden, hidden),
+            nn.GELU(),
+            nn.Linear(hidden, state_dim),
+        )
+        self.outcome = nn.Sequential(
+            nn.Linear(state_dim + 2 * GOAL_DIM + embed_dim, hidden), nn.GELU(), nn.Linear(hidden, 2)
+        )
+
+    def step(
+        self, s: torch.Tensor, a: torch.Tensor, g: torch.Tensor, tip0: torch.Tensor, e: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        s2 = s + 0.1 * self.dyn(torch.cat([10 * s, a, 10 * (g - s[:, :GOAL_DIM]), e], -1))
+        out = self.outcome(torch.cat([10 * s2, 10 * (g - s2[:, :GOAL_DIM]), 10 * (g - tip0), e], -1))
+        return s2, torch.sigmoid(out[:, 0]), out[:, 1]  # state, progress, success logit
+
+
 class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["wmrl", "world-model"]):
     """The ensemble world model. See the module docstring.
 
@@ -224,6 +271,14 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         self.state_head = nn.Sequential(
             nn.Linear(cfg.latent_dim, cfg.hidden_dim), nn.GELU(), nn.Linear(cfg.hidden_dim, cfg.state_dim)
         )
+        self.grounded = None
+        if cfg.outcome_input == "state":
+            embed = 32
+            self.task_embed = nn.Linear(cfg.latent_dim, embed)
+            self.grounded = nn.ModuleList(
+                GroundedMember(cfg.state_dim, cfg.action_dim, embed, cfg.hidden_dim)
+                for _ in range(cfg.n_members)
+            )
         self.decoder = FrameDecoder(cfg.latent_dim, cfg.image_size, chans)
         self.unet = None
         if cfg.frame_decoder == "diffusion":
@@ -306,6 +361,23 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         eps = self.unet(torch.cat([noisy, frame0], 1), t, class_labels=self.cond_proj(z.detach())).sample
         return F.mse_loss(eps, noise)
 
+    def grounding(
+        self, z0: torch.Tensor, states: torch.Tensor, goal: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """What the grounded heads read besides the state, constant over a rollout: (goal ``[B, 2]``,
+        the first step's hand xy ``[B, 2]``, the task embedding ``[B, E]``); None for
+        ``outcome_input="latent"``. ``goal``: the named object's table xy at reset (the simulator's
+        placement, what :func:`wmrl_vla.rollout.goal_xy` reads), in metres."""
+        if self.grounded is None:
+            return None
+        b = z0.shape[0]
+        if goal is None or tuple(goal.shape) != (b, GOAL_DIM):
+            raise ValueError(
+                f"this world model's outcome heads read the named object's position (outcome_input="
+                f"'state'): pass goal [B={b}, {GOAL_DIM}], got {None if goal is None else tuple(goal.shape)}"
+            )
+        return goal.to(z0.device).float(), states.to(z0.device).float()[:, :GOAL_DIM], self.task_embed(z0)
+
     # ------------------------------------------------------------------ scoring
     def score_actions(
         self,
@@ -314,21 +386,28 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         actions: torch.Tensor,
         mask: torch.Tensor,
         instr: torch.Tensor | None = None,
+        goal: torch.Tensor | None = None,
     ):
-        """Latent rollout of action sequences under every member.
+        """Rollout of action sequences under every member, in latent space (or, for
+        ``outcome_input="state"``, in proprioception: no latent is rolled forward).
 
         images ``[B, 3, H, W]`` uint8 and states ``[B, S]``: the first observation; actions
-        ``[B, T, A]``; mask ``[B, T]`` (1 on real steps); instr ``[B, L]`` (see :meth:`observe`).
-        Returns progress ``[K, B, T]`` and success probabilities ``[K, B, T]`` (0 after the mask
-        ends), on the model's device.
+        ``[B, T, A]``; mask ``[B, T]`` (1 on real steps); instr ``[B, L]`` (see :meth:`observe`);
+        goal ``[B, 2]`` (see :meth:`grounding`). Returns progress ``[K, B, T]`` and success
+        probabilities ``[K, B, T]`` (0 after the mask ends), on the model's device.
         """
         z0, _ = self.observe(images, states, instr)
         actions, mask = actions.to(z0.device), mask.to(z0.device)
+        ground = self.grounding(z0, states, goal)
         progs, succs = [], []
-        for m in self.members:
-            z, p_k, s_k = z0, [], []
+        for k, m in enumerate(self.members):
+            z, s, p_k, s_k = z0, states.to(z0.device).float(), [], []
             for t in range(actions.shape[1]):
-                z, p, logit = m.step(z, actions[:, t].float())
+                a = actions[:, t].float()
+                if ground is None:
+                    z, p, logit = m.step(z, a)
+                else:
+                    s, p, logit = self.grounded[k].step(s, a, *ground)
                 p_k.append(p)
                 s_k.append(torch.sigmoid(logit))
             progs.append(torch.stack(p_k, 1) * mask)
@@ -360,9 +439,11 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         generator: torch.Generator | None = None,
         observe: str = "frames",
         instr: torch.Tensor | None = None,
+        goal: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Roll a whole batch forward together; the policy acts on predicted frames (``instr``: see
-        :meth:`observe`).
+        :meth:`observe`; ``goal``: see :meth:`grounding`). With ``outcome_input="state"`` the
+        states the policy gets and the outcomes come from the grounded heads.
 
         ``policy(images [B, 3, H, W] uint8, states [B, S], t) -> actions [B, A]`` (it may record
         whatever else it needs). Rollout ``i`` follows member ``members[i]`` (default ``i % K``) and
@@ -386,6 +467,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         z, context = self.observe(images, states, instr)
         prepared = self.decoder.prepare(*context) if self.unet is None and decode else None
         frame, state = images.to(dev), states.to(dev).float()
+        ground = self.grounding(z, states, goal)
         alive = torch.ones(b, dtype=torch.bool, device=dev)
         out = {n: [] for n in ("images", "latents", "states", "actions", "progress", "success", "mask")}
         for t in range(horizon):
@@ -395,12 +477,17 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
             out["mask"].append(alive.float())
             a = policy(frame if decode else z, state, t).to(dev).float()  # [B, A]
             z_next = torch.empty_like(z)
+            s_next = torch.empty_like(state)
             prog = torch.empty(b, device=dev)
             succ = torch.empty(b, device=dev)
             for j, m in enumerate(self.members):
                 sel = (members == j).nonzero().squeeze(-1)
                 if sel.numel():
                     z_next[sel], prog[sel], logit = m.step(z[sel], a[sel])
+                    if ground is not None:
+                        s_next[sel], prog[sel], logit = self.grounded[j].step(
+                            state[sel], a[sel], *(x[sel] for x in ground)
+                        )
                     succ[sel] = torch.sigmoid(logit)
             out["actions"].append(a)
             out["progress"].append(prog * alive)
@@ -408,7 +495,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
             alive = alive & (succ < success_threshold)
             z = z_next
             if t + 1 < horizon:
-                state = self.state_head(z)
+                state = self.state_head(z) if ground is None else s_next
                 if decode:
                     frame = self.sample_frame(z, context, generator, prepared)
             if not alive.any():
@@ -431,8 +518,11 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
 
         ``batch``: ``images`` ``[B, H+1, 3, h, w]`` uint8, ``states`` ``[B, H+1, S]``, ``actions``
         ``[B, H, A]``, ``progress``/``success`` ``[B, H]``, ``frame_mask`` ``[B, H]`` (1 where the next
-        frame is known), ``step_mask`` ``[B, H]`` (1 on real steps), ``instr`` ``[B, L]``. Row ``i``
-        trains member ``member_ids[i]`` (default: every member on every row).
+        frame is known), ``step_mask`` ``[B, H]`` (1 on real steps), ``instr`` ``[B, L]``; for
+        ``outcome_input="state"`` also ``goal`` ``[B, 2]`` and ``tip0`` ``[B, 2]`` (the hand's xy at
+        the episode's first step). Row ``i`` trains member ``member_ids[i]`` (default: every member
+        on every row). The grounded heads roll the state forward from the window's first real state;
+        their state error is in centimetres.
         """
         imgs, sts, acts = batch["images"], batch["states"], batch["actions"]
         b, h = acts.shape[:2]
@@ -459,6 +549,14 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
                 ps.append(p)
                 ls.append(logit)
             zs_t = torch.stack(zs, 1)  # [b_j, H, D]
+            if self.grounded is not None:
+                ground = (batch["goal"][rows].float(), batch["tip0"][rows].float(), self.task_embed(z0[rows]))
+                s, st_preds, ps, ls = sts[rows, 0].float(), [], [], []
+                for t in range(h):
+                    s, p, logit = self.grounded[j].step(s, acts[rows, t].float(), *ground)
+                    st_preds.append(s)
+                    ps.append(p)
+                    ls.append(logit)
             sm, fm = step_mask[rows], frame_mask[rows]
             denom = sm.sum().clamp(min=1)
             losses["progress"] = (
@@ -469,8 +567,10 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
                 torch.stack(ls, 1), batch["success"][rows].float(), reduction="none"
             )
             losses["success"] = losses["success"] + (bce * sm).sum() / denom
-            st_pred = self.state_head(zs_t)
-            st_err = ((st_pred - sts[rows, 1:].float()) ** 2).mean(-1)
+            if self.grounded is None:
+                st_err = ((self.state_head(zs_t) - sts[rows, 1:].float()) ** 2).mean(-1)
+            else:
+                st_err = (((torch.stack(st_preds, 1) - sts[rows, 1:].float()) * 100) ** 2).mean(-1)
             losses["state"] = losses["state"] + (st_err * fm).sum() / fm.sum().clamp(min=1)
             flat = fm.reshape(-1).nonzero().squeeze(-1)
             if self.training and self.cfg.frame_fraction < 1 and flat.numel() > 1:
@@ -598,6 +698,7 @@ def episodes_from_records(records: Sequence[dict]) -> list[dict[str, np.ndarray]
                 "progress": np.asarray(pick(r, "next.reward", "reward"), dtype=np.float32).reshape(-1),
                 "success": np.asarray(pick(r, "next.success", "success"), dtype=np.float32).reshape(-1),
                 "instruction": str(r.get("instruction", r.get("task", ""))),
+                **({"goal": np.asarray(r["goal"], dtype=np.float32)[:GOAL_DIM]} if "goal" in r else {}),
             }
         )
     return eps
@@ -619,10 +720,15 @@ def sample_windows(
     succ = np.zeros((n, h), np.float32)
     fmask = np.zeros((n, h), np.float32)
     smask = np.zeros((n, h), np.float32)
+    goal = np.zeros((n, GOAL_DIM), np.float32)
+    tip0 = np.zeros((n, GOAL_DIM), np.float32)
     texts = []
     for i in range(n):
         e = episodes[rng.integers(len(episodes))]
         texts.append(e.get("instruction", ""))
+        if "goal" in e:
+            goal[i] = e["goal"]
+        tip0[i] = e["states"][0, :GOAL_DIM]
         t_len = len(e["actions"])
         t0 = int(rng.integers(t_len))
         steps = min(h, t_len - t0)
@@ -643,7 +749,16 @@ def sample_windows(
         "frame_mask": torch.from_numpy(fmask),
         "step_mask": torch.from_numpy(smask),
         "instr": instruction_ids(texts),
+        "goal": torch.from_numpy(goal),
+        "tip0": torch.from_numpy(tip0),
     }
+
+
+def episode_goals(eps: Sequence[dict]) -> torch.Tensor:
+    """``[E, 2]``: each episode's ``goal`` (the named object's table xy; zeros where unknown)."""
+    return torch.from_numpy(
+        np.stack([np.asarray(e.get("goal", np.zeros(GOAL_DIM)), np.float32) for e in eps])
+    )
 
 
 def train_dynamics(
@@ -712,6 +827,7 @@ def evaluate_dynamics(
     rng = np.random.default_rng(seed)
     w = {n: v.to(model.device) for n, v in sample_windows(episodes, max_windows, horizon, rng).items()}
     z, ctx = model.observe(w["images"][:, 0], w["states"][:, 0], w["instr"])
+    ground = model.grounding(z, w["states"][:, 0], w["goal"])
     member = model.members[0]
     mse_steps, state_mse1 = [], None
     targets = _to_unit(w["images"][:, 1:])
@@ -723,7 +839,12 @@ def evaluate_dynamics(
         valid = fm[:, t] > 0
         mse_steps.append(float(err[valid].mean()) if valid.any() else float("nan"))
         if t == 0:
-            se = ((model.state_head(z) - w["states"][:, 1]) ** 2).mean(-1)
+            s1 = (
+                model.state_head(z)
+                if ground is None
+                else model.grounded[0].step(w["states"][:, 0], w["actions"][:, 0], *ground)[0]
+            )
+            se = ((s1 - w["states"][:, 1]) ** 2).mean(-1)
             state_mse1 = float(se[valid].mean()) if valid.any() else float("nan")
     out: dict[str, float] = {
         "next_frame_mse": mse_steps[0],
@@ -785,5 +906,5 @@ def score_episodes(model: VLADynamics, eps: Sequence[dict]) -> tuple[torch.Tenso
     imgs = torch.from_numpy(np.stack([e["images"][0] for e in eps]))
     sts = torch.from_numpy(np.stack([e["states"][0] for e in eps]))
     instr = instruction_ids([e.get("instruction", "") for e in eps])
-    prog, succ = model.score_actions(imgs, sts, acts, mask, instr)
+    prog, succ = model.score_actions(imgs, sts, acts, mask, instr, episode_goals(eps))
     return rollout_score(prog.cpu(), succ.cpu()), real, label
