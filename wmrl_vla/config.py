@@ -92,8 +92,10 @@ class VLAConfig(DomainConfig):
     wm_policy_rollouts_per_task: int = 16
     wm_train_steps: int = 1500
     wm_batch_size: int = 32
-    # Open-loop training window (steps).
+    # Open-loop training window (steps); and that of the grounded heads (wm_outcome=state), which
+    # decode no frame, so whole episodes are cheap.
     wm_horizon: int = 8
+    wm_state_horizon: int = 50
     wm_lr: float = 1e-3
     # Online refinement: Adam steps on the replay (demos + anchors) after each step's anchors.
     wm_update_steps: int = 20

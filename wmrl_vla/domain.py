@@ -100,6 +100,7 @@ class VLAWorldModel:
         update_steps: int = 20,
         batch_size: int = 32,
         horizon: int = 8,
+        state_horizon: int = 50,
         lr: float = 3e-4,
         max_episodes: int = 2000,
         dataset: tuple[str, str] | None = None,
@@ -117,6 +118,7 @@ class VLAWorldModel:
         self.update_steps = update_steps
         self.batch_size = batch_size
         self.horizon = horizon
+        self.state_horizon = state_horizon
         self.max_episodes = max_episodes
         self.dataset = dataset  # (root, repo_id) of the LeRobot dataset anchor rollouts go to
         self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -191,6 +193,7 @@ class VLAWorldModel:
             self.horizon,
             seed=self.seed + self.n_updates,
             optimizer=self.optimizer,
+            state_horizon=self.state_horizon,
         )
         self.n_updates += 1
         return {

@@ -421,7 +421,8 @@ def prepare_world_model(
               "wm_batch_size": cfg.wm_batch_size, "wm_horizon": cfg.wm_horizon, "wm_lr": cfg.wm_lr,
               "diffusion_steps": cfg.diffusion_steps, "arch": WM_ARCH,
               **({"wm_instruction_buckets": b} if (b := cfg.wm_instruction_buckets) else {}),
-              **({"wm_outcome": o} if (o := cfg.wm_outcome) != "latent" else {})}  # fmt: skip
+              **({"wm_outcome": o, "wm_state_horizon": cfg.wm_state_horizon}
+                 if (o := cfg.wm_outcome) != "latent" else {})}  # fmt: skip
     path = Path(cfg.cache_dir) / f"wm-{_key(fields)}.pt"
     qpath = path.with_suffix(".json")
     # hold out every 10th episode to measure quality
@@ -439,7 +440,7 @@ def prepare_world_model(
     model = VLADynamics(wm_config(cfg)).to(device)
     t0 = time.perf_counter()
     train_dynamics(model, train, cfg.wm_train_steps, cfg.wm_batch_size, cfg.wm_horizon, cfg.wm_lr,
-                   seed=cfg.demo_seed, progress=cfg.progress)  # fmt: skip
+                   seed=cfg.demo_seed, progress=cfg.progress, state_horizon=cfg.wm_state_horizon)  # fmt: skip
     seconds = time.perf_counter() - t0
     quality = evaluate_dynamics(model, held, horizon=min(16, cfg.wm_horizon * 2))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -471,6 +472,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         update_steps=cfg.wm_update_steps,
         batch_size=cfg.wm_batch_size,
         horizon=cfg.wm_horizon,
+        state_horizon=cfg.wm_state_horizon,
         lr=cfg.wm_update_lr,
         dataset=(str(out / "anchors"), "wmrl/anchors") if cfg.record_anchors and main else None,
         seed=run.seed,

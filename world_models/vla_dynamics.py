@@ -236,8 +236,14 @@ class GroundedMember(nn.Module):
         self, s: torch.Tensor, a: torch.Tensor, g: torch.Tensor, tip0: torch.Tensor, e: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s2 = s + 0.1 * self.dyn(torch.cat([10 * s, a, 10 * (g - s[:, :GOAL_DIM]), e], -1))
-        out = self.outcome(torch.cat([10 * s2, 10 * (g - s2[:, :GOAL_DIM]), 10 * (g - tip0), e], -1))
-        return s2, torch.sigmoid(out[:, 0]), out[:, 1]  # state, progress, success logit
+        return (s2, *self.outcome_of(s2, g, tip0, e))  # state, progress, success logit
+
+    def outcome_of(
+        self, s: torch.Tensor, g: torch.Tensor, tip0: torch.Tensor, e: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(progress ``[B]``, success logit ``[B]``) of a state ``[B, S]``."""
+        out = self.outcome(torch.cat([10 * s, 10 * (g - s[:, :GOAL_DIM]), 10 * (g - tip0), e], -1))
+        return torch.sigmoid(out[:, 0]), out[:, 1]
 
 
 class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["wmrl", "world-model"]):
@@ -518,11 +524,9 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
 
         ``batch``: ``images`` ``[B, H+1, 3, h, w]`` uint8, ``states`` ``[B, H+1, S]``, ``actions``
         ``[B, H, A]``, ``progress``/``success`` ``[B, H]``, ``frame_mask`` ``[B, H]`` (1 where the next
-        frame is known), ``step_mask`` ``[B, H]`` (1 on real steps), ``instr`` ``[B, L]``; for
-        ``outcome_input="state"`` also ``goal`` ``[B, 2]`` and ``tip0`` ``[B, 2]`` (the hand's xy at
-        the episode's first step). Row ``i`` trains member ``member_ids[i]`` (default: every member
-        on every row). The grounded heads roll the state forward from the window's first real state;
-        their state error is in centimetres.
+        frame is known), ``step_mask`` ``[B, H]`` (1 on real steps), ``instr`` ``[B, L]``. Row ``i``
+        trains member ``member_ids[i]`` (default: every member on every row). The grounded heads of
+        ``outcome_input="state"`` train on their own windows (:meth:`grounded_loss`).
         """
         imgs, sts, acts = batch["images"], batch["states"], batch["actions"]
         b, h = acts.shape[:2]
@@ -549,14 +553,6 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
                 ps.append(p)
                 ls.append(logit)
             zs_t = torch.stack(zs, 1)  # [b_j, H, D]
-            if self.grounded is not None:
-                ground = (batch["goal"][rows].float(), batch["tip0"][rows].float(), self.task_embed(z0[rows]))
-                s, st_preds, ps, ls = sts[rows, 0].float(), [], [], []
-                for t in range(h):
-                    s, p, logit = self.grounded[j].step(s, acts[rows, t].float(), *ground)
-                    st_preds.append(s)
-                    ps.append(p)
-                    ls.append(logit)
             sm, fm = step_mask[rows], frame_mask[rows]
             denom = sm.sum().clamp(min=1)
             losses["progress"] = (
@@ -567,10 +563,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
                 torch.stack(ls, 1), batch["success"][rows].float(), reduction="none"
             )
             losses["success"] = losses["success"] + (bce * sm).sum() / denom
-            if self.grounded is None:
-                st_err = ((self.state_head(zs_t) - sts[rows, 1:].float()) ** 2).mean(-1)
-            else:
-                st_err = (((torch.stack(st_preds, 1) - sts[rows, 1:].float()) * 100) ** 2).mean(-1)
+            st_err = ((self.state_head(zs_t) - sts[rows, 1:].float()) ** 2).mean(-1)
             losses["state"] = losses["state"] + (st_err * fm).sum() / fm.sum().clamp(min=1)
             flat = fm.reshape(-1).nonzero().squeeze(-1)
             if self.training and self.cfg.frame_fraction < 1 and flat.numel() > 1:
@@ -592,6 +585,61 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         ) / n_members
         return total, {
             f"wm/loss_{k}": float(v.detach() if torch.is_tensor(v) else v) / n_members
+            for k, v in losses.items()
+        }
+
+    def grounded_loss(
+        self, batch: dict[str, torch.Tensor], member_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict]:
+        """Loss of the grounded heads (``outcome_input="state"``) on windows that may span whole
+        episodes (only their first frame is read: ``images`` ``[B, 1 or H+1, 3, h, w]``; the other
+        keys as :meth:`loss`, with ``goal`` and ``tip0`` ``[B, 2]``).
+
+        - ``state``: the state rolled open-loop from the window's first real state against the real
+          states, squared error in centimetres, mean over dimensions;
+        - ``progress`` / ``success``: squared error and cross-entropy of the outcome heads both on the
+          rolled state (what scoring uses) and on the real state (teacher forcing: every real step
+          labels the outcome function itself, whatever the rollout's drift).
+        """
+        imgs, sts, acts = batch["images"], batch["states"], batch["actions"]
+        b, h = acts.shape[:2]
+        z0, _ = self.observe(imgs[:, 0], sts[:, 0], batch.get("instr"))
+        ground = (batch["goal"].float(), batch["tip0"].float(), self.task_embed(z0))
+        step_mask = batch["step_mask"].float()
+        known = batch["frame_mask"].float() * step_mask  # the real next state is known
+        losses = {"state": 0.0, "progress": 0.0, "success": 0.0}
+        for j, gm in enumerate(self.grounded):
+            rows = (
+                torch.arange(b, device=z0.device)
+                if member_ids is None
+                else (member_ids.to(z0.device) == j).nonzero().squeeze(-1)
+            )
+            if rows.numel() == 0:
+                continue
+            g_rows = tuple(x[rows] for x in ground)
+            s, rolled, ps, ls = sts[rows, 0].float(), [], [], []
+            for t in range(h):
+                s, p, logit = gm.step(s, acts[rows, t].float(), *g_rows)
+                rolled.append(s)
+                ps.append(p)
+                ls.append(logit)
+            real_next = sts[rows, 1:].float()  # [b_j, H, S]
+            p_tf, l_tf = gm.outcome_of(real_next.flatten(0, 1), *(x.repeat_interleave(h, 0) for x in g_rows))
+            sm, km = step_mask[rows], known[rows]
+            prog, succ = batch["progress"][rows].float(), batch["success"][rows].float()
+            for p_k, l_k, mk in ((torch.stack(ps, 1), torch.stack(ls, 1), sm),
+                                 (p_tf.view(-1, h), l_tf.view(-1, h), km)):  # fmt: skip
+                denom = mk.sum().clamp(min=1)
+                losses["progress"] = losses["progress"] + (((p_k - prog) ** 2) * mk).sum() / denom
+                bce = F.binary_cross_entropy_with_logits(l_k, succ, reduction="none")
+                losses["success"] = losses["success"] + (bce * mk).sum() / denom
+            st_err = (((torch.stack(rolled, 1) - real_next) * 100) ** 2).mean(-1)
+            losses["state"] = losses["state"] + (st_err * km).sum() / km.sum().clamp(min=1)
+        c = self.cfg
+        total = c.state_weight * losses["state"] + c.outcome_weight * (losses["progress"] + losses["success"])
+        total = total / len(self.grounded)
+        return total, {
+            f"wm/grounded_loss_{k}": float(v.detach() if torch.is_tensor(v) else v) / len(self.grounded)
             for k, v in losses.items()
         }
 
@@ -705,15 +753,17 @@ def episodes_from_records(records: Sequence[dict]) -> list[dict[str, np.ndarray]
 
 
 def sample_windows(
-    episodes: Sequence[dict], n: int, horizon: int, rng: np.random.Generator
+    episodes: Sequence[dict], n: int, horizon: int, rng: np.random.Generator, frames: bool = True
 ) -> dict[str, torch.Tensor]:
-    """``n`` windows of ``horizon`` steps (padded where an episode ends) for :meth:`VLADynamics.loss`."""
+    """``n`` windows of ``horizon`` steps (padded where an episode ends) for :meth:`VLADynamics.loss`;
+    ``frames=False``: ``images`` holds each window's first frame only (``[n, 1, 3, h, w]``, for
+    :meth:`VLADynamics.grounded_loss`)."""
     if not episodes:
         raise ValueError("sample_windows needs at least one episode")
     h = horizon
     ex = episodes[0]
     img_shape, s_dim, a_dim = ex["images"].shape[1:], ex["states"].shape[1], ex["actions"].shape[1]
-    images = np.zeros((n, h + 1, *img_shape), np.uint8)
+    images = np.zeros((n, h + 1 if frames else 1, *img_shape), np.uint8)
     states = np.zeros((n, h + 1, s_dim), np.float32)
     actions = np.zeros((n, h, a_dim), np.float32)
     prog = np.zeros((n, h), np.float32)
@@ -733,7 +783,7 @@ def sample_windows(
         t0 = int(rng.integers(t_len))
         steps = min(h, t_len - t0)
         n_frames = min(h + 1, len(e["images"]) - t0)
-        images[i, :n_frames] = e["images"][t0 : t0 + n_frames]
+        images[i, : n_frames if frames else 1] = e["images"][t0 : t0 + (n_frames if frames else 1)]
         states[i, :n_frames] = e["states"][t0 : t0 + n_frames]
         actions[i, :steps] = e["actions"][t0 : t0 + steps]
         prog[i, :steps] = e["progress"][t0 : t0 + steps]
@@ -771,8 +821,11 @@ def train_dynamics(
     seed: int = 0,
     optimizer: torch.optim.Optimizer | None = None,
     progress: bool = False,
+    state_horizon: int = 50,
 ) -> tuple[torch.optim.Optimizer, list[float]]:
-    """``steps`` Adam steps on random windows; each row trains one member (bootstrap). Returns the
+    """``steps`` Adam steps on random windows; each row trains one member (bootstrap). A grounded
+    model's heads also train at every step on ``batch_size`` windows of ``state_horizon`` steps
+    (:meth:`VLADynamics.grounded_loss`: no frame decoded, so whole episodes are cheap). Returns the
     optimizer (to keep for online refinement) and the loss history."""
     from tqdm.auto import tqdm
 
@@ -786,6 +839,10 @@ def train_dynamics(
         batch = {n: v.to(model.device) for n, v in sample_windows(episodes, batch_size, horizon, rng).items()}
         member_ids = torch.from_numpy(rng.integers(k, size=batch_size)) if k > 1 else None
         loss, _ = model.loss(batch, member_ids)
+        if model.grounded is not None:
+            long = sample_windows(episodes, batch_size, state_horizon, rng, frames=False)
+            g_ids = torch.from_numpy(rng.integers(k, size=batch_size)) if k > 1 else None
+            loss = loss + model.grounded_loss({n: v.to(model.device) for n, v in long.items()}, g_ids)[0]
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -345,3 +345,34 @@ def test_ppi_step_uses_the_twin_groups(built, tmp_path):
         domain.close()
     assert metrics["exec/real_total"] == 2 * cfg.grpo.group_size  # twins are never executed
     assert "ppi/rho" in metrics and "wm/z2_raw" in metrics
+
+
+def test_a_grounded_world_model_gets_each_tasks_goal_from_its_reset(built):
+    """``--domain.wm_outcome=state``: every rollout's ``wm_goal`` is its task's named object xy as the
+    simulator placed it (read here from a fresh env), imagined rollouts start from the real state,
+    and the anchors the WM refines on keep their goal."""
+    import sims
+
+    cfg, _, root = built
+    cfg = load_config("vla-debug", [f"--out_dir={root / 'grounded'}", f"--domain.cache_dir={root / 'cache'}",
+                                    "--domain.wm_outcome=state"])  # fmt: skip
+    domain = cfg.domain.build(cfg)
+    try:
+        assert domain.world_model.model.grounded is not None
+        assert len(list((root / "cache").glob("wm-*.pt"))) == 2  # its own cache entry
+        tasks = domain.sample_tasks(2, "train", torch.Generator().manual_seed(1))
+        batch = domain.generate(tasks, 3, torch.tensor([True, False]))
+        for i, p in enumerate(batch.payload):
+            env = sims.make(p["task_id"], render=False, split="train")
+            obs, _ = env.reset(seed=p["seed"])
+            goal = np.asarray(next(iter(env.unwrapped.privileged().values())))[:2]
+            env.close()
+            assert np.allclose(batch.extras["wm_goal"][i].numpy(), goal, atol=1e-6), i
+            assert np.allclose(batch.extras["states"][i, 0].numpy(), obs["state"], atol=1e-6), i
+        pred = domain.world_model.predict(batch)
+        assert pred.mean.shape == (6,) and torch.isfinite(pred.mean).all()
+        wm = domain.world_model
+        wm.update(batch, torch.arange(3), torch.tensor([p["reward"] for p in batch.payload[:3]]))
+        assert np.allclose(wm.episodes[-1]["goal"], batch.extras["wm_goal"][2].numpy())
+    finally:
+        domain.close()
