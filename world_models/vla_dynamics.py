@@ -206,23 +206,33 @@ class Member(nn.Module):
 class GroundedMember(nn.Module):
     """One member's state dynamics and outcome heads on proprioception, not on the latent.
 
-    With ``s`` ``[B, S]`` the proprioception (its first two entries: the hand's table xy), ``a``
-    ``[B, A]`` the action, ``g`` ``[B, 2]`` the named object's table xy, ``tip0`` ``[B, 2]`` the
-    hand's xy at the rollout's first step and ``e`` ``[B, E]`` the rollout's task embedding (from its
-    first observation's latent, constant over the rollout)::
+    With ``s`` ``[B, S]`` the proprioception (its first two entries: the hand's table xy), ``m``
+    ``[B, M]`` a memory (zeros at the rollout's first step), ``a`` ``[B, A]`` the action, ``g``
+    ``[B, 2]`` the named object's table xy, ``tip0`` ``[B, 2]`` the hand's xy at the rollout's first
+    step and ``e`` ``[B, E]`` the rollout's task embedding (from its first observation's latent,
+    constant over the rollout)::
 
-        s'                      = s + 0.1 * f([10 s, a, 10 (g - s[:2]), e])
+        m'                      = GRU(m, [10 s, a])
+        s'                      = s + 0.1 * f([10 s, a, 10 (g - s[:2]), e, m'])
         (progress, success logit) = h([10 s', 10 (g - s'[:2]), 10 (g - tip0), e])
+
+    The memory stands for what proprioception does not show: an action moves the hand's position
+    *target*, which the hand follows with a lag, so the target's offset from the hand is a sum over
+    past actions that the state alone cannot tell.
 
     Distances enter in decimetres. The outcome of a step depends on the rolled-out state and the
     object's position only, so it does not inherit the drift of a latent rolled forward past its
     training horizon (the failure that made the latent heads rank long, failing episodes first).
     """
 
-    def __init__(self, state_dim: int, action_dim: int, embed_dim: int, hidden: int) -> None:
+    def __init__(
+        self, state_dim: int, action_dim: int, embed_dim: int, hidden: int, memory: int = 32
+    ) -> None:
         super().__init__()
+        self.memory_dim = memory
+        self.memory = nn.GRUCell(state_dim + action_dim, memory)
         self.dyn = nn.Sequential(
-            nn.Linear(state_dim + action_dim + GOAL_DIM + embed_dim, hidden),
+            nn.Linear(state_dim + action_dim + GOAL_DIM + embed_dim + memory, hidden),
             nn.GELU(),
             nn.Linear(hidden, hidden),
             nn.GELU(),
@@ -232,11 +242,22 @@ class GroundedMember(nn.Module):
             nn.Linear(state_dim + 2 * GOAL_DIM + embed_dim, hidden), nn.GELU(), nn.Linear(hidden, 2)
         )
 
+    def initial_memory(self, s: torch.Tensor) -> torch.Tensor:
+        return s.new_zeros(s.shape[0], self.memory_dim)
+
     def step(
-        self, s: torch.Tensor, a: torch.Tensor, g: torch.Tensor, tip0: torch.Tensor, e: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        s2 = s + 0.1 * self.dyn(torch.cat([10 * s, a, 10 * (g - s[:, :GOAL_DIM]), e], -1))
-        return (s2, *self.outcome_of(s2, g, tip0, e))  # state, progress, success logit
+        self,
+        s: torch.Tensor,
+        m: torch.Tensor,
+        a: torch.Tensor,
+        g: torch.Tensor,
+        tip0: torch.Tensor,
+        e: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (next state, next memory, progress, success logit)."""
+        m2 = self.memory(torch.cat([10 * s, a], -1), m)
+        s2 = s + 0.1 * self.dyn(torch.cat([10 * s, a, 10 * (g - s[:, :GOAL_DIM]), e, m2], -1))
+        return (s2, m2, *self.outcome_of(s2, g, tip0, e))
 
     def outcome_of(
         self, s: torch.Tensor, g: torch.Tensor, tip0: torch.Tensor, e: torch.Tensor
@@ -408,12 +429,13 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         progs, succs = [], []
         for k, m in enumerate(self.members):
             z, s, p_k, s_k = z0, states.to(z0.device).float(), [], []
+            mem = None if ground is None else self.grounded[k].initial_memory(s)
             for t in range(actions.shape[1]):
                 a = actions[:, t].float()
                 if ground is None:
                     z, p, logit = m.step(z, a)
                 else:
-                    s, p, logit = self.grounded[k].step(s, a, *ground)
+                    s, mem, p, logit = self.grounded[k].step(s, mem, a, *ground)
                 p_k.append(p)
                 s_k.append(torch.sigmoid(logit))
             progs.append(torch.stack(p_k, 1) * mask)
@@ -474,6 +496,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         prepared = self.decoder.prepare(*context) if self.unet is None and decode else None
         frame, state = images.to(dev), states.to(dev).float()
         ground = self.grounding(z, states, goal)
+        mem = None if ground is None else self.grounded[0].initial_memory(state)
         alive = torch.ones(b, dtype=torch.bool, device=dev)
         out = {n: [] for n in ("images", "latents", "states", "actions", "progress", "success", "mask")}
         for t in range(horizon):
@@ -484,6 +507,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
             a = policy(frame if decode else z, state, t).to(dev).float()  # [B, A]
             z_next = torch.empty_like(z)
             s_next = torch.empty_like(state)
+            mem_next = None if mem is None else torch.empty_like(mem)
             prog = torch.empty(b, device=dev)
             succ = torch.empty(b, device=dev)
             for j, m in enumerate(self.members):
@@ -491,8 +515,8 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
                 if sel.numel():
                     z_next[sel], prog[sel], logit = m.step(z[sel], a[sel])
                     if ground is not None:
-                        s_next[sel], prog[sel], logit = self.grounded[j].step(
-                            state[sel], a[sel], *(x[sel] for x in ground)
+                        s_next[sel], mem_next[sel], prog[sel], logit = self.grounded[j].step(
+                            state[sel], mem[sel], a[sel], *(x[sel] for x in ground)
                         )
                     succ[sel] = torch.sigmoid(logit)
             out["actions"].append(a)
@@ -501,7 +525,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
             alive = alive & (succ < success_threshold)
             z = z_next
             if t + 1 < horizon:
-                state = self.state_head(z) if ground is None else s_next
+                state, mem = (self.state_head(z), None) if ground is None else (s_next, mem_next)
                 if decode:
                     frame = self.sample_frame(z, context, generator, prepared)
             if not alive.any():
@@ -595,8 +619,10 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         episodes (only their first frame is read: ``images`` ``[B, 1 or H+1, 3, h, w]``; the other
         keys as :meth:`loss`, with ``goal`` and ``tip0`` ``[B, 2]``).
 
-        - ``state``: the state rolled open-loop from the window's first real state against the real
-          states, squared error in centimetres, mean over dimensions;
+        - ``state``: the state rolled open-loop from the window's first real state (with zero memory,
+          as at an episode's start, where the hand's target is the hand: train on windows from the
+          start, ``sample_windows(from_start=True)``) against the real states, squared error in
+          centimetres, mean over dimensions;
         - ``progress`` / ``success``: squared error and cross-entropy of the outcome heads both on the
           rolled state (what scoring uses) and on the real state (teacher forcing: every real step
           labels the outcome function itself, whatever the rollout's drift).
@@ -618,8 +644,9 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
                 continue
             g_rows = tuple(x[rows] for x in ground)
             s, rolled, ps, ls = sts[rows, 0].float(), [], [], []
+            mem = gm.initial_memory(s)
             for t in range(h):
-                s, p, logit = gm.step(s, acts[rows, t].float(), *g_rows)
+                s, mem, p, logit = gm.step(s, mem, acts[rows, t].float(), *g_rows)
                 rolled.append(s)
                 ps.append(p)
                 ls.append(logit)
@@ -753,11 +780,16 @@ def episodes_from_records(records: Sequence[dict]) -> list[dict[str, np.ndarray]
 
 
 def sample_windows(
-    episodes: Sequence[dict], n: int, horizon: int, rng: np.random.Generator, frames: bool = True
+    episodes: Sequence[dict],
+    n: int,
+    horizon: int,
+    rng: np.random.Generator,
+    frames: bool = True,
+    from_start: bool = False,
 ) -> dict[str, torch.Tensor]:
     """``n`` windows of ``horizon`` steps (padded where an episode ends) for :meth:`VLADynamics.loss`;
     ``frames=False``: ``images`` holds each window's first frame only (``[n, 1, 3, h, w]``, for
-    :meth:`VLADynamics.grounded_loss`)."""
+    :meth:`VLADynamics.grounded_loss`); ``from_start``: every window starts at its episode's first step."""
     if not episodes:
         raise ValueError("sample_windows needs at least one episode")
     h = horizon
@@ -780,7 +812,7 @@ def sample_windows(
             goal[i] = e["goal"]
         tip0[i] = e["states"][0, :GOAL_DIM]
         t_len = len(e["actions"])
-        t0 = int(rng.integers(t_len))
+        t0 = 0 if from_start else int(rng.integers(t_len))
         steps = min(h, t_len - t0)
         n_frames = min(h + 1, len(e["images"]) - t0)
         images[i, : n_frames if frames else 1] = e["images"][t0 : t0 + (n_frames if frames else 1)]
@@ -840,7 +872,7 @@ def train_dynamics(
         member_ids = torch.from_numpy(rng.integers(k, size=batch_size)) if k > 1 else None
         loss, _ = model.loss(batch, member_ids)
         if model.grounded is not None:
-            long = sample_windows(episodes, batch_size, state_horizon, rng, frames=False)
+            long = sample_windows(episodes, batch_size, state_horizon, rng, frames=False, from_start=True)
             g_ids = torch.from_numpy(rng.integers(k, size=batch_size)) if k > 1 else None
             loss = loss + model.grounded_loss({n: v.to(model.device) for n, v in long.items()}, g_ids)[0]
         opt.zero_grad()
@@ -899,7 +931,12 @@ def evaluate_dynamics(
             s1 = (
                 model.state_head(z)
                 if ground is None
-                else model.grounded[0].step(w["states"][:, 0], w["actions"][:, 0], *ground)[0]
+                else model.grounded[0].step(
+                    w["states"][:, 0],
+                    model.grounded[0].initial_memory(w["states"][:, 0]),
+                    w["actions"][:, 0],
+                    *ground,
+                )[0]
             )
             se = ((s1 - w["states"][:, 1]) ** 2).mean(-1)
             state_mse1 = float(se[valid].mean()) if valid.any() else float("nan")
