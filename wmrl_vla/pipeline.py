@@ -41,7 +41,7 @@ DEMO_REPO = "wmrl/demos"
 ROLLOUT_REPO = "wmrl/sft_rollouts"
 ROLLOUT_SEED0 = 500_000
 # Bump when the world model's or the policy's architecture changes, so stale caches are not loaded.
-WM_ARCH = 3
+WM_ARCH = 4
 POLICY_ARCH = 4
 
 
