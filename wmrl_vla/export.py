@@ -147,7 +147,13 @@ def export_vla(
         "load": "from world_models.vla_dynamics import VLADynamics, instruction_ids\n"
         "wm = VLADynamics.from_pretrained(f'{DIR}/world_model').eval()\n"
         "progress, success = wm.score_actions(init_images, init_states, actions, step_mask,\n"
-        "                                     instruction_ids(instructions))  # [K, N, T]",
+        "                                     instruction_ids(instructions)"
+        + (
+            ", goals)  # goals [N, 2]: the named object's table xy at reset"
+            if wm.grounded is not None
+            else ")"
+        )
+        + "  # [K, N, T]",
     }
     return {
         "policy": {"type": cfg.policy, **info},

@@ -19,6 +19,12 @@ Frame decoder ``"deterministic"`` (default) regresses the frame; ``"diffusion"``
 diffusers ``UNet2DModel`` that samples the next frame with a few DDIM steps, conditioned on the
 context frame (channels) and on ``z'`` (an ``identity`` class embedding added to the time embedding).
 
+``outcome_input="state"`` moves the state and outcome heads off the latent
+(:class:`GroundedMember`): the proprioception is rolled forward on its own, with a memory, and
+progress and success are read from it and the named object's table xy; the latent then only
+makes frames. A latent rolled far past its training window drifts, and heads reading it fire at
+random on long episodes.
+
 The ensemble's spread of the rollout score is its own uncertainty (``Prediction.var``).
 
 Episodes (what :func:`episodes_from_records` makes from LeRobot records): dicts of numpy arrays
