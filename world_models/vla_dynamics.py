@@ -567,11 +567,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         losses = {"frame": 0.0, "state": 0.0, "progress": 0.0, "success": 0.0, "diffusion": 0.0}
         n_members = len(self.members)
         for j, m in enumerate(self.members):
-            rows = (
-                torch.arange(b, device=z0.device)
-                if member_ids is None
-                else (member_ids.to(z0.device) == j).nonzero().squeeze(-1)
-            )
+            rows = _member_rows(member_ids, j, b, z0.device)
             if rows.numel() == 0:
                 continue
             z = z0[rows]
@@ -642,11 +638,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         known = batch["frame_mask"].float() * step_mask  # the real next state is known
         losses = {"state": 0.0, "progress": 0.0, "success": 0.0}
         for j, gm in enumerate(self.grounded):
-            rows = (
-                torch.arange(b, device=z0.device)
-                if member_ids is None
-                else (member_ids.to(z0.device) == j).nonzero().squeeze(-1)
-            )
+            rows = _member_rows(member_ids, j, b, z0.device)
             if rows.numel() == 0:
                 continue
             g_rows = tuple(x[rows] for x in ground)
@@ -687,6 +679,13 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         model = cls(VLADynamicsConfig(**ckpt["config"]))
         model.load_state_dict(ckpt["state_dict"])
         return model
+
+
+def _member_rows(member_ids: torch.Tensor | None, j: int, b: int, device) -> torch.Tensor:
+    """The rows of a batch of ``b`` that member ``j`` trains on: all of them without ``member_ids``."""
+    if member_ids is None:
+        return torch.arange(b, device=device)
+    return (member_ids.to(device) == j).nonzero().squeeze(-1)
 
 
 # ---------------------------------------------------------------------- rollout score
