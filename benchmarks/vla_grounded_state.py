@@ -42,7 +42,7 @@ def measure(preset: str, n_tasks: int, extra: list[str]) -> dict:
     with torch.no_grad():
         z0, _ = wm.observe(ex["init_images"], ex["init_states"], ex["wm_instr"])
         ground = wm.grounding(z0, ex["init_states"], ex["wm_goal"])
-        s, mem, rolled = ex["init_states"].float(), None, []
+        s, rolled = ex["init_states"].float(), []
         mem = gm.initial_memory(s)
         for t in range(ex["actions"].shape[1]):
             s, mem, _, _ = gm.step(s, mem, ex["actions"][:, t].float(), *ground)
