@@ -1,6 +1,7 @@
 """`wmrl compare`: a grid of toy runs (domain x method x seed), its report, finishing a killed grid,
 refusing a changed config, Ray against local processes, and clear errors for bad specs."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from wmrl.cli import main
@@ -167,6 +169,36 @@ def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
     assert rows[: ckpt + 1] == [r for r in killed_rows if r["step"] <= ckpt]
     index = json.loads((out / "index.json").read_text())["cells"]
     assert all(c["status"] == "finished" for c in index)
+
+
+def test_a_terminated_grid_takes_its_worker_processes_down(tmp_path):
+    """SIGTERM to the grid's process alone (not its process group): the worker processes training
+    its cells exit too, instead of running on unowned."""
+    spec = write_spec(
+        tmp_path / "spec.yaml", steps=5000, executor="process", workers=2,
+        extra=("--domain.exec_cost_s=0.005",),
+    )  # fmt: skip
+    out = tmp_path / "g"
+    cmd = [sys.executable, "-m", "wmrl.cli", "compare", str(spec), "--out-dir", str(out)]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    try:
+        cells = [out / "toy/real/seed0", out / "toy/real/seed1"]
+        while not all((c / "checkpoints/latest.pt").exists() for c in cells):  # both workers train
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the grid did not start its cells"
+            time.sleep(0.05)
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        assert len(workers) >= 2
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        assert alive == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # nothing left of the group: as it should be
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (out / "toy/real/seed0/summary.json").exists()  # stopped mid-run, not finished
 
 
 def test_ray_on_a_local_cluster_gives_the_same_report_as_local_processes(grid, tmp_path, ray_cluster):
