@@ -337,14 +337,12 @@ def test_held_out_tasks_default_to_the_train_tasks_tiers_and_must_be_held_out():
         select_tasks(wrong)
 
 
-def test_a_split_on_which_the_reference_does_not_beat_the_baseline_is_redrawn(monkeypatch, tmp_path):
+def test_a_split_on_which_the_reference_does_not_beat_the_baseline_is_redrawn(monkeypatch):
     """Calibration runs the real baseline and reference in the sandbox; a build that keeps too
-    little of the recorded gap is discarded (a new secret, a new split), up to MAX_REDRAWS times.
-    On a data root of its own: no other test, here or in a parallel worker, sees the build vanish."""
+    little of the recorded gap is discarded (a new secret, a new split), up to MAX_REDRAWS times."""
     from wmrl_research import grading
     from wmrl_research.sandbox import SandboxError
 
-    monkeypatch.setenv("WMRL_RESEARCH_DATA", str(tmp_path))
     t = get_task("iris_cls")
     _, hidden = t.data_dirs()
     secret = (hidden.parent / f"{hidden.name}.secret").read_text()
@@ -357,7 +355,6 @@ def test_a_split_on_which_the_reference_does_not_beat_the_baseline_is_redrawn(mo
     assert not (hidden / "scores.json").exists()
     assert (hidden.parent / f"{hidden.name}.secret").read_text() != secret  # redrawn
     monkeypatch.undo()
-    monkeypatch.setenv("WMRL_RESEARCH_DATA", str(tmp_path))
     b, r = build_scores("iris_cls")  # with the real recorded scores the new build calibrates
     assert r > b and json.loads((hidden / "scores.json").read_text())["redraws"] == 0
 
