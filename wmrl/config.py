@@ -201,8 +201,17 @@ class PPIConfig:
     # WM scores of the starting policy's logged samples), so lambda need not wait for warmup_groups
     # of the run's own anchors; a domain without such a log (HAS_EXECUTION_LOG) refuses it.
     prior_from_log: bool = False
+    # What lambda's covariances are taken on: "advantage" (per-rollout advantages, the score
+    # directions taken as orthonormal) or "gradient" (each anchor group's real and WM gradients, from
+    # per-rollout score directions: one extra forward and backward pass per anchor rollout and WM row).
+    moments: str = "advantage"
 
     def __post_init__(self) -> None:
+        _one_of("ppi.moments", self.moments, ("advantage", "gradient"))
+        _check(
+            not (self.prior_from_log and self.moments == "gradient"),
+            "ppi.prior_from_log logs no gradients: it needs ppi.moments=advantage",
+        )
         _check(self.window_groups >= 2, f"ppi.window_groups={self.window_groups} must be >= 2")
         _check(self.warmup_groups >= 1, f"ppi.warmup_groups={self.warmup_groups} must be >= 1")
         _check(self.lam is None or 0 <= self.lam <= 1, f"ppi.lam={self.lam} must lie in [0, 1]")

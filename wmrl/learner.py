@@ -147,10 +147,37 @@ def policy_gradient(
     sub = batch.select(keep)
     logp = policy.log_probs(sub)
     loss, _ = clipped_policy_loss(logp, logp.detach(), advantages[keep], sub.mask, cfg.clip_eps, cfg.loss_agg)
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return _flat_grad(loss, params)
+
+
+def _flat_grad(y: torch.Tensor, params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """``∇_params y`` flattened into one ``[P]`` vector (zeros for parameters ``y`` does not use)."""
+    grads = torch.autograd.grad(y, params, allow_unused=True)
     return torch.cat(
         [(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params, strict=True)]
     )
+
+
+def score_directions(
+    policy: torch.nn.Module, batch: RolloutBatch, rows: torch.Tensor, loss_agg: str
+) -> torch.Tensor:
+    """Per-rollout score-function directions at the current parameters, ``[M, P]`` for ``rows`` ``[M]``:
+
+        s_i = ∇_θ Σ_t m_it log π(x_it)            (token_mean; every row shares the loss's denominator)
+        s_i = ∇_θ (1/T_i) Σ_t m_it log π(x_it)     (seq_mean; T_i = Σ_t m_it)
+
+    so that the loss gradient at ratio 1 is ``-(1/D) Σ_i a_i s_i`` with ``D`` the batch's common
+    denominator: a group's gradient is ``Σ_j A_j s_j``. One forward and backward pass per row.
+    """
+    params = [p for p in policy.parameters() if p.requires_grad]
+    out = torch.zeros(rows.numel(), sum(p.numel() for p in params), dtype=torch.float64)
+    for k, i in enumerate(rows.tolist()):
+        one = batch.select(torch.tensor([i])).to(params[0].device)
+        logp = (policy.log_probs(one) * one.mask).sum()
+        if loss_agg == "seq_mean":
+            logp = logp / one.mask.sum().clamp(min=1)
+        out[k] = _flat_grad(logp, params).double().cpu()
+    return out
 
 
 def grpo_update(

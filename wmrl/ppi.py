@@ -20,7 +20,11 @@ PPI++), so with ``σ² = Var g``, ``σ̂² = Var ĝ``, ``c = Cov(g, ĝ)``::
 window of recent groups), so a step's ``λ`` is independent of its own correction term, and
 cross-fits the calibration over two folds of that window so that its ``Â`` are out of sample, as a
 step's own are. ``λ`` is 0 until a warm-up number of anchor groups. Advantages stand in for gradients: the per-rollout score-function directions are
-taken as equal in size and uncorrelated with the WM's errors.
+taken as equal in size and uncorrelated with the WM's errors; with ``cfg.moments = "gradient"`` they
+are not: the tuner keeps each anchor group's Gram matrix of per-rollout score directions (real rows
+and their WM rows, :func:`wmrl.learner.score_directions`) and takes ``c``, ``σ̂²``, ``σ²`` on the
+group gradients themselves (:func:`gradient_row_products`), which is what a twin group imagined on
+predicted frames needs: its gradient points wherever the policy's features of those frames do.
 
 **Twin groups** (a domain whose WM rollouts are not its real ones, e.g. imagined robot rollouts): an
 anchor task has a real group (true rewards, ``A``) and an imagined twin (WM scores, ``Â``) whose
@@ -101,6 +105,24 @@ def anchor_moments(
     return per_group(a * h), per_group(h * h), per_group(a * a)
 
 
+def gradient_row_products(adv_true: torch.Tensor, adv_wm: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """One group's moments on gradients, split over its rows: ``[m, 3]`` with row j
+
+        [ Â_j ŝ_j·g,  Â_j ŝ_j·ĝ,  A_j s_j·g ],     g = Σ_j A_j s_j,   ĝ = Σ_j Â_j ŝ_j,
+
+    so the columns sum to ``(g·ĝ, |ĝ|², |g|²)``. ``adv_true``, ``adv_wm`` ``[m]``; ``gram`` ``[2m, 2m]``
+    is the Gram matrix of ``[s_1 .. s_m, ŝ_1 .. ŝ_m]`` (real rows' score directions, then their WM
+    rows'). With orthonormal ``s_j = ŝ_j`` (``gram`` all identity blocks) it is ``[A Â, Â², A²]``,
+    the advantage-space products.
+    """
+    m = adv_true.numel()
+    if gram.shape != (2 * m, 2 * m):
+        raise ValueError(f"gram has shape {tuple(gram.shape)}, expected ({2 * m}, {2 * m}) for {m} rows")
+    a, h, gm = adv_true.double(), adv_wm.double(), gram.double()
+    real_real, wm_real, wm_wm = gm[:m, :m], gm[m:, :m], gm[m:, m:]
+    return torch.stack([h * (wm_real @ a), h * (wm_wm @ h), a * (real_real @ a)], dim=1)
+
+
 def variance_ratio(cross: float, wm_sq: float, true_sq: float, lam: float, anchor_frac: float) -> float:
     """``Var g_ppi / Var(anchors alone) = 1 − (1 − n/N)(2λc − λ²σ̂²)/σ²`` (NaN when ``σ² = 0``)."""
     if true_sq <= 0:
@@ -125,8 +147,11 @@ class PowerTuner:
     def __init__(self, cfg: PPIConfig, advantage: str = "grpo", std_eps: float = 1e-4):
         self.cfg = cfg
         self.advantage, self.std_eps = advantage, std_eps
-        # Per group: raw WM scores, true rewards, WM-reported variances (NaN when none).
-        self.groups: deque[tuple[list[float], list[float], list[float]]] = deque(maxlen=cfg.window_groups)
+        # Per group: raw WM scores, true rewards, WM-reported variances (NaN when none), and the
+        # score-direction gram of its real and WM rows (None unless cfg.moments == "gradient").
+        self.groups: deque[tuple[list[float], list[float], list[float], list | None]] = deque(
+            maxlen=cfg.window_groups
+        )
         self.seen = 0  # groups observed so far; fixes each group's fold
         self._cached: tuple[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -136,14 +161,23 @@ class PowerTuner:
         r_true: torch.Tensor,
         group_ids: torch.Tensor,
         var: torch.Tensor | None = None,
+        gram: torch.Tensor | None = None,
     ) -> None:
         """Add anchor groups: raw WM scores, true rewards and (optional) WM variances of paired,
-        graded rows (``[M]`` each), ``group_ids`` ``[M]`` in ``0 .. K-1``; groups of < 2 rows skipped."""
+        graded rows (``[M]`` each), ``group_ids`` ``[M]`` in ``0 .. K-1``; groups of < 2 rows skipped.
+        ``gram`` ``[2M, 2M]``: the Gram matrix of the rows' score directions, the M real rows' then
+        their M WM rows' (needed with ``cfg.moments = "gradient"``)."""
+        if self.cfg.moments == "gradient" and gram is None:
+            raise ValueError("ppi.moments=gradient: observe needs the rows' score-direction gram")
         var = torch.full_like(r_hat, float("nan")) if var is None else var
         for k in range(int(group_ids.max().item()) + 1 if group_ids.numel() else 0):
             rows = group_ids == k
             if int(rows.sum()) >= 2:
-                self.groups.append((r_hat[rows].tolist(), r_true[rows].tolist(), var[rows].tolist()))
+                g = None
+                if gram is not None:  # the group's real rows and their WM rows, in that order
+                    both = torch.cat([rows, rows]).nonzero().squeeze(-1)
+                    g = gram[both][:, both].tolist()
+                self.groups.append((r_hat[rows].tolist(), r_true[rows].tolist(), var[rows].tolist(), g))
                 self.seen += 1
 
     def _window_products(self, calibrate: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,7 +206,19 @@ class PowerTuner:
                 r_hat = torch.from_numpy(iso.predict(r_hat.numpy()))
             a, _ = group_advantages(r_true, gid, self.advantage, self.std_eps)
             h, _ = group_advantages(r_hat, gid, self.advantage, self.std_eps)
-            products.append(torch.stack([a * h, h * h, a * a], dim=1))
+            if self.cfg.moments == "gradient":
+                products.append(
+                    torch.cat(
+                        [
+                            gradient_row_products(
+                                a[gid == i], h[gid == i], torch.tensor(g[3], dtype=torch.float64)
+                            )
+                            for i, g in enumerate(held_out)
+                        ]
+                    )
+                )
+            else:
+                products.append(torch.stack([a * h, h * h, a * a], dim=1))
             variances.append(torch.tensor([x for g in held_out for x in g[2]], dtype=torch.float64))
         return torch.cat(products), torch.cat(variances)
 
@@ -210,6 +256,8 @@ class PowerTuner:
         return {"groups": [list(g) for g in self.groups], "seen": self.seen}
 
     def load_state_dict(self, state: dict) -> None:
-        self.groups = deque((tuple(g) for g in state["groups"]), maxlen=self.cfg.window_groups)
+        # a group saved before score-direction grams were kept has three fields
+        groups = (tuple(g) if len(g) == 4 else (*g, None) for g in state["groups"])
+        self.groups = deque(groups, maxlen=self.cfg.window_groups)
         self.seen = int(state["seen"])
         self._cached = None

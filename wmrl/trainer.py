@@ -31,8 +31,8 @@ from wmrl.device import autocast, check_precision, module_device
 from wmrl.distributed import gather_batches, gather_rewards, group_owner, task_shares
 from wmrl.domain import Domain, Prediction, RolloutBatch
 from wmrl.executors import Executor, make_executor
-from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_gradient
-from wmrl.ppi import PowerTuner, anchor_moments, ppi_advantages, variance_ratio
+from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_gradient, score_directions
+from wmrl.ppi import PowerTuner, anchor_moments, gradient_row_products, ppi_advantages, variance_ratio
 from wmrl.tracking import (
     MetricsLogger,
     load_checkpoint,
@@ -46,6 +46,14 @@ from wmrl.tracking import (
 def _nanmean(x: torch.Tensor) -> float:
     x = x[torch.isfinite(x)]
     return float(x.mean()) if x.numel() else float("nan")
+
+
+def _correlation(
+    cross: torch.Tensor | float, wm_sq: torch.Tensor | float, true_sq: torch.Tensor | float
+) -> float:
+    """``c / sqrt(σ̂² σ²)`` from summed moments (NaN when either variance is 0)."""
+    denom = float(wm_sq * true_sq) ** 0.5
+    return float(cross) / denom if denom > 0 else float("nan")
 
 
 class Trainer:
@@ -427,10 +435,17 @@ class Trainer:
         if wm_rows.numel():  # this step's anchors: their correlation, then into the window for later steps
             anchor_gid = torch.unique(gid[wm_rows], return_inverse=True)[1]
             cross, wm_sq, true_sq = anchor_moments(adv_true[pair[wm_rows]], adv_wm[wm_rows], anchor_gid)
-            denom = float(wm_sq.sum() * true_sq.sum()) ** 0.5
-            out["ppi/rho"] = float(cross.sum()) / denom if denom > 0 else float("nan")
+            out["ppi/rho"] = _correlation(cross.sum(), wm_sq.sum(), true_sq.sum())
+            gram = None
+            if self.cfg.ppi.moments == "gradient":
+                t0 = time.perf_counter()
+                s = score_directions(self.policy, batch, torch.cat([pair[wm_rows], wm_rows]), g.loss_agg)
+                gram = s @ s.T
+                out["time/ppi_directions"] = time.perf_counter() - t0
+                on_grad = gradient_row_products(adv_true[pair[wm_rows]], adv_wm[wm_rows], gram).sum(0)
+                out["ppi/rho_grad"] = _correlation(*on_grad)
             self.tuner.observe(
-                r_hat[wm_rows], r_true[pair[wm_rows]], anchor_gid, None if var is None else var[wm_rows]
+                r_hat[wm_rows], r_true[pair[wm_rows]], anchor_gid, None if var is None else var[wm_rows], gram
             )
         out["ppi/var_ratio"] = ratio
         out["ppi/eff_groups"] = n_anchors / ratio if ratio > 0 else float("nan")

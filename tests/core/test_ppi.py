@@ -11,8 +11,8 @@ import torch
 from wmrl.config import ConfigError, GRPOConfig, PPIConfig, load_config
 from wmrl.domain import RolloutBatch
 from wmrl.experiment import train_run, with_control
-from wmrl.learner import group_advantages, grpo_update, policy_gradient
-from wmrl.ppi import PowerTuner, ppi_advantages, variance_ratio
+from wmrl.learner import group_advantages, grpo_update, policy_gradient, score_directions
+from wmrl.ppi import PowerTuner, gradient_row_products, ppi_advantages, variance_ratio
 from wmrl.toy import SoftmaxPolicy
 from wmrl.trainer import Trainer
 
@@ -253,3 +253,106 @@ def test_prior_from_log_needs_a_domain_with_an_execution_log():
         load_config("vla-debug", ["--ppi.prior_from_log=true"])
     with pytest.raises(ConfigError, match="domain.log_groups=0"):
         load_config("toy", ["--domain.log_groups=0"])
+
+
+def _twin_batch(seed=0):
+    """One real group of G rollouts on context 0 and its twin group, half of it on context 1
+    (another observation of the same task, as an imagined rollout sees predicted frames), same tokens."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(5, (G, 1), generator=g).repeat(2, 1)
+    ctx = torch.tensor([0] * G + [0, 1] * (G // 2))
+    return RolloutBatch(
+        tokens=tokens,
+        logprobs=torch.full((2 * G, 1), math.log(0.2)),
+        mask=torch.ones(2 * G, 1),
+        group_ids=torch.tensor([0] * G + [1] * G),
+        tasks=[0, 0],
+        extras={"context": ctx},
+    )
+
+
+def test_gradient_moments_are_the_inner_products_of_the_group_gradients():
+    """(g·ĝ, |ĝ|², |g|²) from per-rollout score directions equal those of the two groups' policy
+    gradients computed by the learner (token mean over G rollouts: g = -G · policy_gradient)."""
+    batch = _twin_batch()
+    policy = SoftmaxPolicy(2, 5)
+    with torch.no_grad():
+        policy.theta.copy_(torch.randn(2, 5, generator=torch.Generator().manual_seed(1)))
+    adv_true, adv_wm = (torch.randn(G, generator=torch.Generator().manual_seed(s)) for s in (2, 3))
+    s = score_directions(policy, batch, torch.arange(2 * G), "token_mean")
+    moments = gradient_row_products(adv_true, adv_wm, s @ s.T).sum(0)
+    cfg = GRPOConfig(group_size=G, tasks_per_step=1)
+    real, twin = torch.arange(2 * G) < G, torch.arange(2 * G) >= G
+    g = -G * policy_gradient(policy, batch, torch.cat([adv_true, adv_true]), real, cfg).double()
+    g_hat = -G * policy_gradient(policy, batch, torch.cat([adv_wm, adv_wm]), twin, cfg).double()
+    expected = torch.stack([g @ g_hat, g_hat @ g_hat, g @ g])
+    assert torch.allclose(moments, expected, rtol=1e-6) and expected[0].abs() > 1e-3
+
+
+def test_gradient_moments_with_orthonormal_shared_directions_are_the_advantage_moments():
+    adv_true, adv_wm = _advantages()
+    a, h = adv_true[:G].double(), adv_wm[:G].double()
+    eye = torch.eye(G, dtype=torch.float64)
+    gram = torch.cat([torch.cat([eye, eye], 1), torch.cat([eye, eye], 1)])
+    assert torch.allclose(gradient_row_products(a, h, gram), torch.stack([a * h, h * h, a * a], 1))
+    with pytest.raises(ValueError, match="expected"):
+        gradient_row_products(a, h, eye)
+
+
+def _lambda_on(moments: str, twin_gram) -> float:
+    """λ after 8 groups whose WM scores rank the true rewards perfectly; ``twin_gram(m)`` is the
+    gram of the real rows' and twin rows' score directions."""
+    tuner = PowerTuner(PPIConfig(warmup_groups=4, var_bins=1, moments=moments), advantage="grpo")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(8):
+        r = torch.rand(G, generator=g)
+        tuner.observe(r, r, torch.zeros(G, dtype=torch.long), gram=twin_gram(G))
+    return tuner.lam(calibrate=False)
+
+
+def test_a_twin_whose_gradients_point_elsewhere_gets_no_weight_on_gradient_moments():
+    """Perfectly ranked twin scores: λ is 1 on advantages whatever the directions; on gradients it
+    is 1 when twin rows share their real rows' (orthonormal) directions, 0 when orthogonal to them."""
+
+    def shared(m):
+        eye = torch.eye(m, dtype=torch.float64)
+        return torch.cat([torch.cat([eye, eye], 1), torch.cat([eye, eye], 1)])
+
+    def orthogonal(m):
+        return torch.eye(2 * m, dtype=torch.float64)
+
+    assert _lambda_on("advantage", orthogonal) == pytest.approx(1.0)
+    assert _lambda_on("gradient", shared) == pytest.approx(1.0)
+    assert _lambda_on("gradient", orthogonal) == 0.0
+    with pytest.raises(ValueError, match="needs the rows' score-direction gram"):
+        PowerTuner(PPIConfig(moments="gradient")).observe(
+            torch.rand(4), torch.rand(4), torch.zeros(4, dtype=torch.long)
+        )
+
+
+def test_gradient_moments_config_errors():
+    with pytest.raises(ConfigError, match="ppi.moments"):
+        load_config("toy", ["--ppi.moments=gradients"])
+    with pytest.raises(ConfigError, match="needs ppi.moments=advantage"):
+        load_config("toy", ["--ppi.moments=gradient", "--ppi.prior_from_log=true"])
+
+
+def test_a_twin_ppi_run_on_gradient_moments_tunes_lambda_and_resumes_exactly(tmp_path):
+    extra = ("--method=ppi", "--domain.twin_anchors=true", "--ppi.moments=gradient")
+    ref = Trainer(cfg := _cfg(tmp_path / "ref", *extra, "--grpo.steps=8"), cfg.domain.build(cfg))
+    rows = [ref.train_step() for _ in range(8)]
+    assert rows[-1]["ppi/lambda"] > 0 and all(math.isfinite(r["ppi/rho_grad"]) for r in rows)
+    assert all(g[3] is not None for g in ref.tuner.groups)
+    part = _cfg(tmp_path / "run", *extra, "--grpo.steps=5")
+    Trainer(part, part.domain.build(part)).train()
+    full = _cfg(tmp_path / "run", *extra, "--grpo.steps=8")
+    resumed = Trainer(full, full.domain.build(full), resume=True)
+    resumed.train()
+    assert torch.equal(ref.policy.theta, resumed.policy.theta)
+    assert ref.tuner.state_dict() == resumed.tuner.state_dict()
+
+
+def test_a_tuner_state_saved_before_grams_were_kept_still_loads():
+    tuner = PowerTuner(PPIConfig())
+    tuner.load_state_dict({"groups": [[[0.1, 0.2], [0.0, 1.0], [float("nan")] * 2]], "seen": 1})
+    assert tuner.groups[0][3] is None and tuner.moments(calibrate=False)[1] > 0
