@@ -433,9 +433,12 @@ def merge_reports(reports: list[dict], names: list[str]) -> dict:
     ``summarise`` computes it from run directories (``executions_to_reach`` against the mean of all
     seeds' ``real``). ``names`` label the parts (their paths) in ``merged_from``.
 
+    A part may have run a subset of the first part's methods (``--methods=[real,wmrl]``); the
+    methods it lacks are reported over the seeds that have them.
+
     Raises ``ConfigError`` naming the first difference when the parts are not one grid (a spec field
-    other than ``seeds`` and ``executor``, a domain's preset, score or re-evaluation), or when a seed
-    is in two parts.
+    other than ``seeds``, ``methods`` and ``executor``, a method the first part lacks, a domain's
+    preset, score or re-evaluation), or when a seed is in two parts.
     """
     from wmrl.config import ConfigError
 
@@ -447,7 +450,7 @@ def merge_reports(reports: list[dict], names: list[str]) -> dict:
     first, first_name = reports[0], names[0]
 
     def grid_fields(r: dict) -> dict:
-        return {k: v for k, v in r["spec"].items() if k not in ("seeds", "executor")}
+        return {k: v for k, v in r["spec"].items() if k not in ("seeds", "methods", "executor")}
 
     seen: dict[int, str] = {}
     for r, name in zip(reports, names, strict=True):
@@ -456,6 +459,12 @@ def merge_reports(reports: list[dict], names: list[str]) -> dict:
                           if grid_fields(r).get(k) != grid_fields(first).get(k))  # fmt: skip
             raise ConfigError(
                 f"{name} is not the grid of {first_name}: its spec differs in {', '.join(diff)}"
+            )
+        extra = [m for m in r["spec"]["methods"] if m not in first["spec"]["methods"]]
+        if extra:
+            raise ConfigError(
+                f"{name} is not the grid of {first_name}: its methods {extra} are not among "
+                f"{first['spec']['methods']} (list the part with every method first)"
             )
         for dname, dom in r["domains"].items():
             for f in DOMAIN_FIELDS:
@@ -481,6 +490,10 @@ def merge_reports(reports: list[dict], names: list[str]) -> dict:
             for key, curve in r["domains"][dname]["curves"].items():
                 m, s = key.split("/seed")
                 curves[(m, int(s))] = [tuple(p) for p in curve]
+        template = next(iter(per_cell.values()))
+        for m in methods:  # a part that ran fewer methods: its seeds count as not run for the others
+            for s in seeds:
+                per_cell.setdefault((m, s), {k: None for k in template} | {"status": "not run"})
         domains[dname] = {f: dom[f] for f in DOMAIN_FIELDS} | aggregate_domain(
             per_cell, curves, methods, seeds
         )

@@ -329,13 +329,20 @@ def test_merged_parts_equal_the_whole_grid(grid, tmp_path, capsys):
     assert main(["merge-reports", str(parts[0]), str(out), "--out-dir", str(tmp_path / "x")]) == 2
     assert "seed 0 is in both" in capsys.readouterr().err
     other = json.loads((parts[1] / "report.json").read_text())
-    other["spec"]["methods"] = ["real"]
+    other["spec"]["methods"] = [*other["spec"]["methods"], "wmrl"]
     (tmp_path / "other.json").write_text(json.dumps(other))
     assert (
         main(["merge-reports", str(parts[0]), str(tmp_path / "other.json"), "--out-dir", str(tmp_path / "x")])
         == 2
     )
-    assert "its spec differs in methods" in capsys.readouterr().err
+    assert "its methods ['wmrl'] are not among" in capsys.readouterr().err
+    other["spec"]["control"] = not other["spec"]["control"]
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert (
+        main(["merge-reports", str(parts[0]), str(tmp_path / "other.json"), "--out-dir", str(tmp_path / "x")])
+        == 2
+    )
+    assert "its spec differs in control" in capsys.readouterr().err
     assert (
         main(
             ["merge-reports", str(parts[0]), str(tmp_path / "nothing.json"), "--out-dir", str(tmp_path / "x")]
@@ -344,3 +351,25 @@ def test_merged_parts_equal_the_whole_grid(grid, tmp_path, capsys):
     )
     assert "cannot read the report" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_part_with_fewer_methods_merges_and_its_missing_methods_count_fewer_seeds(grid, tmp_path):
+    """Seed 1 run with `--methods=[real]` only (no WM method: no control): real over both seeds,
+    ppi and anchors_only over seed 0 alone, equal to the whole grid's seed-0 figures."""
+    spec, out = grid
+    parts = []
+    for seed, extra in ((0, []), (1, ["--methods=[real]"])):
+        part = tmp_path / f"part{seed}"
+        shutil.copytree(out, part)
+        assert main(["compare", str(spec), "--out-dir", str(part), f"--seeds=[{seed}]", *extra]) == 0
+        parts.append(part)
+    assert main(["merge-reports", str(parts[0]), str(parts[1]), "--out-dir", str(tmp_path / "m")]) == 0
+    merged = json.loads((tmp_path / "m" / "report.json").read_text())["domains"]["toy"]["methods"]
+    whole = json.loads((out / "report.json").read_text())["domains"]["toy"]["methods"]
+    assert merged["real"]["per_seed"] == whole["real"]["per_seed"]
+    for m in ("ppi", "anchors_only"):
+        assert merged[m]["per_seed"]["1"]["status"] == "not run"
+        assert merged[m]["figures"]["heldout_final"]["n"] == 1
+    assert merged["ppi"]["per_seed"]["0"] == whole["ppi"]["per_seed"]["0"]
+    md = (tmp_path / "m" / "report.md").read_text()
+    assert "| toy | real | 2/2 |" in md and "| toy | ppi | 1/2 |" in md
