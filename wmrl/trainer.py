@@ -126,7 +126,7 @@ class Trainer:
             n = len(r_hat)
             self.tuner.observe(torch.tensor(r_hat), torch.tensor(r_true), torch.zeros(n, dtype=torch.long))
         c, h, t = self.tuner.moments(calibrate=False)
-        rho = c / (h * t) ** 0.5 if h > 0 and t > 0 else float("nan")
+        rho = _correlation(c, h, t)
         logging.getLogger(__name__).info(
             "ppi: lambda's window starts with %d groups from the execution log (their rho %.2f)",
             len(groups),
