@@ -9,7 +9,12 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # Research task data of the suite: a cache of its own whose split secrets are fixed (see
 # ``fixed_split_secrets``), so that no outcome depends on the secret a machine happened to draw.
-os.environ.setdefault("WMRL_RESEARCH_DATA", os.path.expanduser("~/.cache/wmrl/research-tests"))
+# One cache per pytest-xdist worker: a test that discards a build (the redraw test) must not pull
+# the data from under a test running in another worker; with fixed secrets every cache is the same.
+os.environ.setdefault(
+    "WMRL_RESEARCH_DATA",
+    os.path.expanduser(f"~/.cache/wmrl/research-tests/{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"),
+)
 
 import torch  # noqa: E402
 
