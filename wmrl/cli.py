@@ -4,6 +4,7 @@ wmrl run PRESET [--out-dir DIR] [--grpo.group_size=8 --anchors.fraction=0.25 ...
 wmrl run --resume RUN_DIR
 wmrl compare SPEC.yaml [--out-dir DIR] [--executor.type=ray --seeds=[0,1] ...]   # a grid: domain x method x seed
 wmrl merge-reports A/report.json B/report.json --out-dir DIR   # one grid run in parts (disjoint seeds)
+wmrl merge-reports A B --method-from ppi=C --out-dir DIR       # ... with ppi's cells from grid C (other overrides)
 wmrl config PRESET [overrides]     # every field with its value and comment (also: wmrl run PRESET --help)
 wmrl tasks DOMAIN
 wmrl presets
@@ -84,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     merge.add_argument("reports", nargs="+", help="report.json files (or the grid directories holding them)")
     merge.add_argument("--out-dir", required=True, help="where the merged report.{json,md,png,html} go")
+    merge.add_argument(
+        "--method-from",
+        action="append",
+        default=[],
+        metavar="METHOD=REPORT",
+        help="take every cell of METHOD from REPORT, a grid that ran it with other overrides on the same "
+        "preset and re-evaluation (e.g. --method-from ppi=runs/grid-ppi-gradient); repeatable",
+    )
     config = sub.add_parser(
         "config",
         help="print every config field of a preset with its value and comment (as a YAML preset)",
@@ -245,14 +254,23 @@ def _merge_reports(args: argparse.Namespace, argv: list[str]) -> None:
 
     from wmrl.report import merge_reports, write_report_files
 
-    paths = [Path(p) / "report.json" if Path(p).is_dir() else Path(p) for p in args.reports]
-    reports = []
-    for p in paths:
+    def read(arg: str) -> tuple[dict, str]:
+        path = Path(arg) / "report.json" if Path(arg).is_dir() else Path(arg)
         try:
-            reports.append(json.loads(p.read_text()))
+            return json.loads(path.read_text()), str(path)
         except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(f"cannot read the report {p}: {e}") from e
-    merged = merge_reports(reports, [str(p) for p in paths])
+            raise ConfigError(f"cannot read the report {path}: {e}") from e
+
+    parts = [read(p) for p in args.reports]
+    method_from = {}
+    for given in args.method_from:
+        method, sep, path = given.partition("=")
+        if not sep or not method or not path:
+            raise ConfigError(f"--method-from takes METHOD=REPORT, got {given!r}")
+        if method in method_from:
+            raise ConfigError(f"--method-from names {method} twice")
+        method_from[method] = read(path)
+    merged = merge_reports([r for r, _ in parts], [n for _, n in parts], method_from)
     write_report_files(Path(args.out_dir), merged, command=shlex.join(["wmrl", *argv]))
     print(f"merged report of seeds {merged['spec']['seeds']}: {Path(args.out_dir) / 'report.md'}")
 

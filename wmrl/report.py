@@ -316,6 +316,9 @@ def _preamble(report: dict) -> list[str]:
         wall = f", its stages' wall-clock {part['grid_wall_s']:.0f} s" if part.get("grid_wall_s") else ""
         seeds = ", ".join(map(str, part["seeds"]))
         out.append(f"- merged: seeds {seeds} from `{part['report']}`{wall}")
+    for m, src in report.get("method_sources", {}).items():
+        given = "; ".join(f"{d}: {' '.join(o) or 'none'}" for d, o in src["overrides"].items())
+        out.append(f"- `{m}`: every cell from `{src['report']}` (that grid's overrides: {given})")
     return out
 
 
@@ -426,7 +429,7 @@ def write_report_files(out: Path, report: dict, command: str | None = None) -> d
 DOMAIN_FIELDS = ("preset", "score", "heldout_size_field", "reeval_overrides")
 
 
-def merge_reports(reports: list[dict], names: list[str]) -> dict:
+def merge_reports(reports: list[dict], names: list[str], method_from: dict[str, tuple[dict, str]] | None = None) -> dict:  # fmt: skip
     """One report over the union of the seeds of ``reports``: the same grid (spec, domains,
     methods) run in parts, e.g. seeds 0-1 on one machine and 2-3 on another, whose run directories
     are not all in one place. Every figure is recomputed from the cells' figures and curves, as
@@ -436,15 +439,22 @@ def merge_reports(reports: list[dict], names: list[str]) -> dict:
     A part may have run a subset of the first part's methods (``--methods=[real,wmrl]``); the
     methods it lacks are reported over the seeds that have them.
 
+    ``method_from[m] = (report, name)``: every cell of method ``m`` comes from that report instead,
+    a grid that ran ``m`` on the same preset and held-out re-evaluation with other overrides (e.g.
+    ``--ppi.moments=gradient``), so that one report pairs it seed by seed with the parts' methods.
+    Its overrides are recorded in ``method_sources``; a merged seed it lacks counts as not run.
+
     Raises ``ConfigError`` naming the first difference when the parts are not one grid (a spec field
     other than ``seeds``, ``methods`` and ``executor``, a method the first part lacks, a domain's
-    preset, score or re-evaluation), or when a seed is in two parts.
+    preset, score or re-evaluation), when a seed is in two parts, or when a ``method_from`` report
+    lacks its method or evaluates differently.
     """
     from wmrl.config import ConfigError
 
-    if len(reports) < 2:
-        raise ConfigError("merging needs at least two reports")
-    for r, name in zip(reports, names, strict=True):
+    method_from = method_from or {}
+    if len(reports) + len(method_from) < 2:
+        raise ConfigError("merging needs at least two reports (parts, or a part and a --method-from)")
+    for r, name in [*zip(reports, names, strict=True), *method_from.values()]:
         if not isinstance(r, dict) or not {"spec", "domains"} <= r.keys():
             raise ConfigError(f"{name} is not the report.json of `wmrl compare` (no spec and domains)")
     first, first_name = reports[0], names[0]
@@ -466,30 +476,35 @@ def merge_reports(reports: list[dict], names: list[str]) -> dict:
                 f"{name} is not the grid of {first_name}: its methods {extra} are not among "
                 f"{first['spec']['methods']} (list the part with every method first)"
             )
-        for dname, dom in r["domains"].items():
-            for f in DOMAIN_FIELDS:
-                if dom.get(f) != first["domains"][dname].get(f):
-                    raise ConfigError(
-                        f"{name}: domain {dname}'s {f} is {dom.get(f)!r}, {first_name}'s {first['domains'][dname].get(f)!r}"
-                    )
+        _check_same_evaluation(r, name, first, first_name)
         for s in r["spec"]["seeds"]:
             if s in seen:
                 raise ConfigError(
                     f"seed {s} is in both {seen[s]} and {name}: merge parts with disjoint seeds"
                 )
             seen[s] = name
+    for m, (r, name) in method_from.items():
+        _check_same_evaluation(r, name, first, first_name)
+        lacking = [d for d, dom in r["domains"].items() if m not in dom["methods"]]
+        if lacking:
+            raise ConfigError(f"--method-from {m}={name}: that report has no {m} cells (domain {lacking[0]})")
     seeds = sorted(seen)
     methods = list(first["domains"][next(iter(first["domains"]))]["methods"])
+    methods += [m for m in method_from if m not in methods]
     domains: dict = {}
     for dname, dom in first["domains"].items():
         per_cell, curves = {}, {}
-        for r in reports:
-            for m, entry in r["domains"][dname]["methods"].items():
-                for s, v in entry["per_seed"].items():
-                    per_cell[(m, int(s))] = {k: x for k, x in v.items() if k != "execs_to_real_final"}
+        sources = [(r, [m for m in r["domains"][dname]["methods"] if m not in method_from]) for r in reports]
+        sources += [(r, [m]) for m, (r, _) in method_from.items()]
+        for r, taken in sources:
+            for m in taken:
+                for s, v in r["domains"][dname]["methods"][m]["per_seed"].items():
+                    if int(s) in seen:
+                        per_cell[(m, int(s))] = {k: x for k, x in v.items() if k != "execs_to_real_final"}
             for key, curve in r["domains"][dname]["curves"].items():
                 m, s = key.split("/seed")
-                curves[(m, int(s))] = [tuple(p) for p in curve]
+                if m in taken and int(s) in seen:
+                    curves[(m, int(s))] = [tuple(p) for p in curve]
         template = next(iter(per_cell.values()))
         for m in methods:  # a part that ran fewer methods: its seeds count as not run for the others
             for s in seeds:
@@ -499,12 +514,34 @@ def merge_reports(reports: list[dict], names: list[str]) -> dict:
         )
     parts = [{"report": n, "seeds": r["spec"]["seeds"], "grid_wall_s": r.get("grid_wall_s")}
              for r, n in zip(reports, names, strict=True)]  # fmt: skip
+    spec_methods = [*first["spec"]["methods"], *(m for m in method_from if m not in first["spec"]["methods"])]
+    method_sources = {
+        m: {"report": name, "overrides": {d["name"]: d.get("overrides", []) for d in r["spec"]["domains"]}}
+        for m, (r, name) in method_from.items()
+    }
     return {
         "grid": None,
         "merged_from": parts,
-        "spec": first["spec"] | {"seeds": seeds},
+        "method_sources": method_sources,
+        "spec": first["spec"] | {"seeds": seeds, "methods": spec_methods},
         "columns": first["columns"],
         "column_notes": first["column_notes"],
         "domains": domains,
         "grid_wall_s": None,
     }
+
+
+def _check_same_evaluation(r: dict, name: str, first: dict, first_name: str) -> None:
+    """``r``'s domains are ``first``'s, on the same preset, score and held-out re-evaluation."""
+    from wmrl.config import ConfigError
+
+    for dname, dom in first["domains"].items():
+        if dname not in r["domains"]:
+            raise ConfigError(
+                f"{name} has no domain {dname} (domains of {first_name}: {sorted(first['domains'])})"
+            )
+        for f in DOMAIN_FIELDS:
+            if r["domains"][dname].get(f) != dom.get(f):
+                raise ConfigError(
+                    f"{name}: domain {dname}'s {f} is {r['domains'][dname].get(f)!r}, {first_name}'s {dom.get(f)!r}"
+                )

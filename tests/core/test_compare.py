@@ -353,6 +353,49 @@ def test_merged_parts_equal_the_whole_grid(grid, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_method_from_another_grid_replaces_its_cells_and_pairs_with_the_parts(grid, tmp_path, capsys):
+    """`--method-from ppi=G2`: ppi's cells come from a grid that ran it with other overrides (a
+    higher learning rate) on the same preset; every other method stays the parts', and ppi's paired
+    difference against anchors_only is recomputed seed by seed across the two grids."""
+    spec, out = grid
+    other = tmp_path / "spec2.yaml"
+    over = json.dumps([*TINY, "--grpo.steps=4", "--grpo.lr=0.3"])
+    other.write_text(
+        "methods: [ppi]\nseeds: [0, 1]\ncontrol: false\n"
+        f"domains:\n  - {{name: toy, preset: toy, overrides: {over}}}\nexecutor: {{type: inline}}\n"
+    )
+    assert main(["compare", str(other), "--out-dir", str(tmp_path / "g2")]) == 0
+    args = ["merge-reports", str(out), "--method-from", f"ppi={tmp_path / 'g2'}", "--out-dir"]
+    assert main([*args, str(tmp_path / "m")]) == 0
+    merged = json.loads((tmp_path / "m" / "report.json").read_text())["domains"]["toy"]["methods"]
+    whole = json.loads((out / "report.json").read_text())["domains"]["toy"]["methods"]
+    theirs = json.loads((tmp_path / "g2" / "report.json").read_text())["domains"]["toy"]["methods"]
+    finals = {m: [e["per_seed"][s]["heldout_final"] for s in ("0", "1")] for m, e in whole.items()}
+    replaced = [theirs["ppi"]["per_seed"][s]["heldout_final"] for s in ("0", "1")]
+    assert replaced != finals["ppi"]  # the override changed the runs: the test can tell the sources apart
+    assert [merged["ppi"]["per_seed"][s]["heldout_final"] for s in ("0", "1")] == replaced
+    for m in ("real", "anchors_only"):
+        assert merged[m]["per_seed"] == whole[m]["per_seed"]
+    diffs = [p - a for p, a in zip(replaced, finals["anchors_only"], strict=True)]
+    assert merged["ppi"]["figures"]["diff_vs_anchors_only"] == pytest.approx(mean_se(diffs))
+    md = (tmp_path / "m" / "report.md").read_text()
+    assert "`ppi`: every cell from" in md and "--grpo.lr=0.3" in md
+    capsys.readouterr()
+    # bad input: one clear error, nothing written
+    for given, message in (
+        ("ppi", "--method-from takes METHOD=REPORT, got 'ppi'"),
+        (f"wmrl={tmp_path / 'g2'}", "that report has no wmrl cells"),
+        (f"ppi={tmp_path / 'none.json'}", "cannot read the report"),
+    ):
+        assert (
+            main(["merge-reports", str(out), "--method-from", given, "--out-dir", str(tmp_path / "x")]) == 2
+        )
+        assert message in capsys.readouterr().err
+    assert main(["merge-reports", str(out), "--out-dir", str(tmp_path / "x")]) == 2
+    assert "merging needs at least two reports" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
 def test_a_part_with_fewer_methods_merges_and_its_missing_methods_count_fewer_seeds(grid, tmp_path):
     """Seed 1 run with `--methods=[real]` only (no WM method: no control): real over both seeds,
     ppi and anchors_only over seed 0 alone, equal to the whole grid's seed-0 figures."""
