@@ -199,19 +199,22 @@ DAGGER_SEED0 = 900_000
 
 def target_labels(env) -> tuple[np.ndarray, np.ndarray] | None:
     """Auxiliary SFT labels of an env's current episode, from the simulator: the named object's table
-    xy (the first entry of the task's ``privileged()``: the target disc, the button cap, the puck,
-    the cube) and where the env's camera sees it (image x, y in [-1, 1]^2, y down; pinhole model of
+    xy (:func:`wmrl_vla.rollout.goal_position`) and where the env's camera sees it (image x, y in [-1, 1]^2, y down; pinhole model of
     the MuJoCo camera). None for envs without our tabletop interface (no labels: SFT falls back to
     the demo's last hand position)."""
     import math
 
+    from wmrl_vla.rollout import goal_position
+
     u = getattr(env, "unwrapped", env)
+    target = goal_position(u)
+    if target is None:
+        return None
     try:
-        target = np.asarray(next(iter(u.privileged().values())), dtype=float)[:3]
         cam = u.model.camera(u.camera).id
         pos, mat = u.data.cam_xpos[cam], u.data.cam_xmat[cam].reshape(3, 3)  # columns: camera axes
         tan = math.tan(math.radians(float(u.model.cam_fovy[cam])) / 2)
-    except (AttributeError, KeyError, StopIteration):
+    except (AttributeError, KeyError):
         return None
     d = target - pos
     depth = -float(d @ mat[:, 2])  # the camera looks along its -z axis

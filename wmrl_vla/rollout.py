@@ -64,15 +64,21 @@ class SimRollout:
         }
 
 
-def goal_xy(env) -> np.ndarray | None:
-    """The named object's table xy (metres, ``[2]`` float32) in an env's current episode: the first
-    entry of our tabletop tasks' ``privileged()`` (the target disc, the button cap, the puck, the
-    cube), as the simulator placed it at reset. None for envs without that interface."""
+def goal_position(env) -> np.ndarray | None:
+    """The named object's world position (metres, ``[3]`` float64) in an env's current episode: the
+    first entry of our tabletop tasks' ``privileged()`` (the target disc, the button cap, the puck,
+    the cube), as the simulator placed it at reset. None for envs without that interface."""
     u = getattr(env, "unwrapped", env)
     try:
-        return np.asarray(next(iter(u.privileged().values())), dtype=np.float32)[:2].copy()
+        return np.asarray(next(iter(u.privileged().values())), dtype=float)[:3].copy()
     except (AttributeError, StopIteration):
         return None
+
+
+def goal_xy(env) -> np.ndarray | None:
+    """The table xy (``[2]`` float32) of :func:`goal_position`; None where it is None."""
+    pos = goal_position(env)
+    return None if pos is None else pos[:2].astype(np.float32)
 
 
 def goal_or_zeros(goal: np.ndarray | None) -> np.ndarray:
