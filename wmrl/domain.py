@@ -161,6 +161,10 @@ class Domain(Protocol):
     # Optional: a picklable function each execution worker runs once before its first job (e.g.
     # starting a sandbox), so that a worker's start-up does not count against a job's timeout.
     # worker_initializer: Callable[[], object]
+    # Optional: an Executor the domain holds already (e.g. for its evaluation), built from the run's
+    # executor config; the trainer then runs its anchor jobs on it instead of starting a second
+    # pool, and leaves closing it to the domain.
+    # executor: Executor
 
     def sample_tasks(self, n: int, split: str, generator: torch.Generator) -> list[Any]:
         """``n`` task specs from ``split`` ("train" or "eval"), drawn with ``generator``."""

@@ -94,6 +94,7 @@ class Trainer:
         self.generated_tasks = 0  # tasks this process generated rollouts for (its share, data-parallel)
         self.elapsed = 0.0  # training wall-clock so far, seconds (carried across resumes)
         self.executor: Executor | None = None
+        self.owns_executor = False  # False while the executor is the domain's (its close is the domain's)
         if resume:
             self._restore()
         elif self.is_main:
@@ -232,10 +233,14 @@ class Trainer:
         r_true = torch.full((batch.n_rollouts,), float("nan"))
         pred = None
         if jobs and self.executor is None:
-            # Created here, in the calling (main) thread, never in the worker thread below: a local
+            # The domain's own pool when it holds one (one set of sandbox workers, not two); else one
+            # created here, in the calling (main) thread, never in the worker thread below: a local
             # Ray cluster started from a thread that exits loses its GCS and raylet within seconds.
-            init = getattr(self.domain, "worker_initializer", None)
-            self.executor = make_executor(self.cfg.executor, self.cfg.anchors.max_concurrent, init)
+            self.executor = getattr(self.domain, "executor", None)
+            self.owns_executor = self.executor is None
+            if self.owns_executor:
+                init = getattr(self.domain, "worker_initializer", None)
+                self.executor = make_executor(self.cfg.executor, self.cfg.anchors.max_concurrent, init)
         with ThreadPoolExecutor(max_workers=1) as pool:
             future = None
             if jobs:
@@ -532,7 +537,7 @@ class Trainer:
             bar.close()
             if self.logger is not None:
                 self.logger.close()
-            if self.executor is not None:
+            if self.executor is not None and self.owns_executor:
                 self.executor.close()
         if self.acc is not None:
             self.acc.wait_for_everyone()  # the main process's last checkpoint is written

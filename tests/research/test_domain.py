@@ -212,18 +212,25 @@ def test_rollout_media_is_a_table_of_edits_with_predicted_and_true_scores(built)
     assert [r[6] for r in table.rows[:3]] == pytest.approx(true[:3].tolist()) and table.rows[3][6] is None
 
 
-def test_close_stops_the_evaluation_executor(built):
-    """A process that built the domain must be able to exit: close() stops the executor's worker
-    pool (a grid worker that prepared research-tiny hung at its exit, joining the pool's children)."""
+def test_training_runs_on_the_domains_pool_and_close_stops_it(built):
+    """One pool of sandbox workers per run: the trainer executes its anchors on the domain's
+    (evaluation) executor instead of starting a second pool, and leaves it running for the
+    evaluations after training. A process that built the domain must be able to exit: close() stops
+    the pool (a grid worker that prepared research-tiny hung at its exit, joining the pool's children)."""
+    from wmrl.trainer import Trainer
+
     cfg, _ = built
     cfg = load_config("research-debug", [
         f"--domain.cache_dir={cfg.domain.cache_dir}", f"--out_dir={cfg.out_dir}-process",
         "--domain.sft_steps=10", "--domain.wm_pretrain_steps=20", "--executor.type=process",
-        "--anchors.max_concurrent=1",
+        "--anchors.max_concurrent=1", "--grpo.steps=1", "--tracking.eval_every=0",
     ])  # fmt: skip
     domain = cfg.domain.build(cfg)
     pool = domain.executor._pool
+    trainer = Trainer(cfg, domain)
+    trainer.train()
+    assert trainer.executor is domain.executor and trainer.real_executions > 0
+    assert pool.active  # training did not close the domain's pool
     assert domain.execute(manual_batch(domain, [None])).shape == (1,)
-    assert pool.active
     domain.close()
     assert not pool.active
