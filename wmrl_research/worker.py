@@ -6,16 +6,21 @@ heavy libraries (numpy, scikit-learn, torch, ...) once, so a job costs a fork in
 of imports. Ahead of each job (while the previous one runs, or right after it) it forks a
 *supervisor* that
 
-1. enters a new mount and PID namespace (other jobs' folders and processes become invisible),
-2. mounts a fresh size-limited tmpfs as the job's working folder,
+1. enters a new mount, PID and IPC namespace (other jobs' folders, processes and System V / POSIX
+   IPC objects become invisible),
+2. mounts a fresh size-limited tmpfs that serves as the job's working folder and as its
+   ``/dev/shm``, and a fresh ``mqueue`` file system at ``/dev/mqueue``,
 3. forks the *job* process (PID 1 of the new namespace: when it dies the kernel kills every
-   process the job started, so nothing outlives it), which mounts its own ``/proc`` and waits.
+   process the job started, so nothing outlives it), which mounts its own read-only ``/proc``
+   and waits.
 
 When a request arrives the job opens its stdout/stderr in its host folder, hides every job folder
 under an empty tmpfs, sets rlimits, drops to an unprivileged uid (losing every capability) and runs
 ``solution.py`` in-process. The supervisor waits at most the wall-clock timeout (then SIGKILLs the
-job, hence its whole namespace) and copies ``predictions.npy`` (a regular file, bounded size, no
-symlinks) and a ``result.json`` into the job's host folder.
+job, hence its whole namespace), reaps it (its CPU time and peak memory come from that ``wait4``,
+never from the job), copies ``predictions.npy`` (a regular file, bounded size, no symlinks), removes
+every IPC object and tmpfs the job left (so their memory is free before the next job starts) and
+writes a ``result.json`` into the job's host folder.
 
 Protocol: one JSON request per line on stdin, one JSON reply per line on the original stdout
 (fd 1 is redirected to stderr so that nothing else can write a reply). This module only imports
@@ -45,19 +50,27 @@ PREDICTIONS = "predictions.npy"
 
 DATA_DIR = "/tmp/data"  # every task's public data (bwrap); a job sees only its own task's folder here
 MAX_STATUS_BYTES = 4096  # a status report longer than this (without a newline) is garbled: the job fails
+MQUEUE_DIR = "/dev/mqueue"  # the job's POSIX message queues (a fresh mqueue fs per job)
+SHM_DIR = "/dev/shm"  # the job's POSIX shared memory and semaphores (part of its tmpfs)
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+IPC_RMID = 0
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 KEYCTL_JOIN_SESSION_KEYRING = 1
 # Syscalls the job may not make, per architecture: the kernel keyring (keyctl, add_key, request_key),
-# io_uring (its operations bypass seccomp, e.g. IORING_OP_SOCKET) and socket(AF_UNIX, ...)
-# (pathname and abstract unix sockets; socketpair() stays allowed, which multiprocessing.Pipe uses).
-_ARCH = {  # machine -> (AUDIT_ARCH_*, socket, keyctl, add_key, request_key, io_uring_{setup,enter,register})
-    "x86_64": (0xC000003E, 41, 250, 248, 249, 425, 426, 427),
-    "aarch64": (0xC00000B7, 198, 219, 217, 218, 425, 426, 427),
+# io_uring (its operations bypass seccomp, e.g. IORING_OP_SOCKET), socket(AF_UNIX, ...)
+# (pathname and abstract unix sockets; socketpair() stays allowed, which multiprocessing.Pipe uses)
+# and new user namespaces: unshare/clone with CLONE_NEWUSER fail with EPERM; clone3, whose flags a
+# seccomp filter cannot read, fails with ENOSYS (the C library then falls back to clone).
+_ARCH = {  # machine -> (AUDIT_ARCH_*, socket, (unshare, clone), clone3, denied: keyctl, add_key, ...)
+    "x86_64": (0xC000003E, 41, (272, 56), 435, (250, 248, 249, 425, 426, 427)),
+    "aarch64": (0xC00000B7, 198, (97, 220), 435, (219, 217, 218, 425, 426, 427)),
 }
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -125,7 +138,8 @@ def _seccomp_program() -> bytes:
     """A classic-BPF seccomp filter (``struct sock_filter[]``) for this machine's architecture.
 
     Another architecture's syscalls (e.g. i386 ``socketcall`` from an x86-64 process) kill the job;
-    x32 syscall numbers fail with ENOSYS.
+    x32 syscall numbers fail with ENOSYS. ``unshare``/``clone`` are checked on their flags (the
+    first argument's low 32 bits): ``CLONE_NEWUSER`` fails with EPERM.
     """
     import errno
     import platform
@@ -134,8 +148,8 @@ def _seccomp_program() -> bytes:
     machine = platform.machine()
     if machine not in _ARCH:
         raise OSError(errno.ENOSYS, f"no seccomp filter for architecture {machine!r}")
-    arch, sys_socket, *denied = _ARCH[machine]
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    arch, sys_socket, with_flags, sys_clone3, denied = _ARCH[machine]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     allow, kill = 0x7FFF0000, 0x80000000
 
     def err(code: int) -> int:
@@ -146,6 +160,10 @@ def _seccomp_program() -> bytes:
         ins += [(jge, 0, 1, 0x40000000), (ret, 0, 0, err(errno.ENOSYS))]
     for nr in denied:
         ins += [(jeq, 0, 1, nr), (ret, 0, 0, err(errno.EPERM))]
+    ins += [(jeq, 0, 1, sys_clone3), (ret, 0, 0, err(errno.ENOSYS))]
+    for nr in with_flags:  # this syscall: refuse CLONE_NEWUSER in args[0], allow anything else
+        ins += [(jeq, 0, 4, nr), (ld, 0, 0, 16), (jset, 0, 1, CLONE_NEWUSER), (ret, 0, 0, err(errno.EPERM))]
+        ins += [(ret, 0, 0, allow)]
     ins += [(jeq, 0, 3, sys_socket), (ld, 0, 0, 16), (jeq, 0, 1, 1), (ret, 0, 0, err(errno.EAFNOSUPPORT))]
     ins += [(ret, 0, 0, allow)]
     return b"".join(struct.pack("=HBBI", *i) for i in ins)
@@ -184,11 +202,12 @@ def _run_job(go_fd: int, status_fd: int) -> None:
     """
     code = 1
     try:
-        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        os.setsid()
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         with open("/proc/self/oom_score_adj", "w") as f:  # the OOM killer takes the job, not the worker
             f.write("1000")
+        # Read-only: no write to /proc/self/clear_refs, which would reset the peak-memory figure.
+        _mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        os.setsid()
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         with os.fdopen(go_fd, "rb") as f:
             data = f.read()
         if not data:  # the worker is shutting down
@@ -248,11 +267,8 @@ def _run_job(go_fd: int, status_fd: int) -> None:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
-            # Tell the supervisor before exiting: tearing down a process that shares a large
-            # address space with the worker takes tens of ms that need not be on the critical path.
-            ru = resource.getrusage(resource.RUSAGE_SELF)
-            msg = {"code": code, "cpu_s": ru.ru_utime + ru.ru_stime, "maxrss_mb": ru.ru_maxrss / 1024}
-            os.write(STATUS_FD, (json.dumps(msg) + "\n").encode())
+            # Only the exit code: the supervisor measures CPU time and memory itself.
+            os.write(STATUS_FD, (json.dumps({"code": code}) + "\n").encode())
         except BaseException:
             pass
         finally:
@@ -290,9 +306,12 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int) -> None:
     Prepares the namespaces, the job's tmpfs and the job process *before* the request arrives, so
     a request costs a pipe write instead of two forks of a large process.
     """
-    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare")
+    # The supervisor shares the job's IPC namespace so that it can remove what the job left.
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC), "unshare")
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
-    _mount("tmpfs", WORK_DIR, "tmpfs", MS_NOSUID | MS_NODEV, f"size={disk_mb}m,mode=0700,uid={uid},gid={uid}")
+    _mount_job_tmpfs(uid, disk_mb)
+    os.makedirs(MQUEUE_DIR, exist_ok=True)
+    _mount("mqueue", MQUEUE_DIR, "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this IPC namespace's
     # The job mounts its own /proc over this mount namespace's: keep a handle on the worker's view.
     proc_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
     go_r, go_w = os.pipe()
@@ -341,61 +360,90 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int) -> None:
     reported = b"\n" in report or len(report) > MAX_STATUS_BYTES
     timed_out = not reported and not exited
     os.kill(pid, signal.SIGKILL)  # the job's PID namespace dies with it
-    info: dict = {"exit_code": None, "cpu_s": 0.0, "maxrss_mb": 0.0}
-    if reported:
-        info = _parse_status(report)
-    if info["exit_code"] is None:
-        _, status, usage = os.wait4(pid, 0)
-        exited = True
-        info = {
-            "exit_code": os.waitstatus_to_exitcode(status),
-            "cpu_s": usage.ru_utime + usage.ru_stime,
-            "maxrss_mb": usage.ru_maxrss / 1024,
-        }
-    elif _job_processes(proc_fd, uid) - {pid}:
-        # The job left other processes (a fork bomb, say): they die with its PID namespace, but
-        # until they are gone they count against the next job's process limits (same uid). The
-        # namespace's init exits only after every process in it is reaped, so wait for that.
-        _, _, _ = select.select([pidfd], [], [], 30.0)
-        os.waitpid(pid, 0)
-        exited = True
+    # The namespace's init is reaped only after every process in it is gone (a fork bomb's too: they
+    # would count against the next job's process limits, same uid), their memory released.
+    _, status, usage = os.wait4(pid, 0)
+    info = _parse_status(report) if reported else {"exit_code": os.waitstatus_to_exitcode(status)}
+    info.update(_usage(usage))
     why = _copy_predictions(dir_fd)
+    _remove_ipc_objects(proc_fd, uid)
+    _unmount_job_tmpfs()
     _write_json_at(
         dir_fd, "result.json", {**info, "timed_out": timed_out, "seconds": seconds, "predictions": why}
     )
     os.write(done_fd, b"d")
-    if not exited:
-        os.waitpid(pid, 0)
     os.close(pidfd)
     os.close(proc_fd)
 
 
+def _usage(usage: resource.struct_rusage) -> dict:
+    """CPU time and peak memory of a reaped job, from the kernel's accounting (``wait4``).
+
+    ``cpu_s`` = user + system time of the job and of every process of its namespace that was
+    waited for (the namespace's teardown waits for all that are left); ``maxrss_mb`` = the largest
+    peak resident set of one of those processes (shared pages of the warm worker included).
+    """
+    return {"cpu_s": usage.ru_utime + usage.ru_stime, "maxrss_mb": usage.ru_maxrss / 1024}
+
+
+def _mount_job_tmpfs(uid: int, disk_mb: int) -> None:
+    """One tmpfs of ``disk_mb`` for the job: its folder ``work`` at ``WORK_DIR`` and ``shm`` at
+    ``SHM_DIR`` (POSIX shared memory and semaphores, e.g. ``multiprocessing``'s locks), both owned
+    by ``uid``; so the disk limit covers both and unmounting frees both."""
+    _mount("tmpfs", WORK_DIR, "tmpfs", MS_NOSUID | MS_NODEV, f"size={disk_mb}m,mode=0700")
+    for name, mode in (("shm", 0o1777), ("work", 0o700)):
+        path = os.path.join(WORK_DIR, name)
+        os.mkdir(path)
+        os.chown(path, uid, uid)
+        os.chmod(path, mode)
+    _mount(os.path.join(WORK_DIR, "shm"), SHM_DIR, None, MS_BIND)
+    _mount(os.path.join(WORK_DIR, "work"), WORK_DIR, None, MS_BIND)  # covers the tmpfs' root
+
+
+def _unmount_job_tmpfs() -> None:
+    """Unmount the job's tmpfs (its folder and ``/dev/shm``): its memory is freed now, not when the
+    supervisor's mount namespace goes."""
+    for target in (SHM_DIR, WORK_DIR, WORK_DIR):  # the bind over the tmpfs' root, then the tmpfs
+        _check(_libc.umount2(target.encode(), MNT_DETACH), f"umount {target}")
+
+
+def _remove_ipc_objects(proc_fd: int, uid: int) -> None:
+    """Remove every System V shared-memory segment, message queue and semaphore set and every POSIX
+    message queue of this IPC namespace (the job's: the supervisor shares it), once the job is gone.
+
+    The namespace would free them when the supervisor exits too, but only after the next job may
+    have started; removing them here returns their memory (charged to the worker's cgroup) first.
+    """
+    ctl = {"shm": _libc.shmctl, "msg": _libc.msgctl, "sem": lambda i, cmd, _: _libc.semctl(i, 0, cmd)}
+    for kind, remove in ctl.items():
+        fd = os.open(f"sysvipc/{kind}", os.O_RDONLY, dir_fd=proc_fd)
+        with os.fdopen(fd) as f:
+            ids = [int(line.split()[1]) for line in f.readlines()[1:] if line.strip()]
+        for ipc_id in ids:
+            _check(remove(ipc_id, IPC_RMID, None), f"{kind}ctl(IPC_RMID)")
+    # /dev/mqueue is sticky: unlink the job's queues as the job's uid
+    os.seteuid(uid)
+    try:
+        for name in os.listdir(MQUEUE_DIR):
+            os.unlink(os.path.join(MQUEUE_DIR, name))
+    finally:
+        os.seteuid(0)
+
+
 def _parse_status(report: bytes) -> dict:
-    """The job's status report, checked; anything malformed is a failed run (exit code 1)."""
-    garbled = {"exit_code": 1, "cpu_s": 0.0, "maxrss_mb": 0.0, "status_error": "garbled status report"}
+    """The job's status report, exactly ``{"code": <int>}``, checked; anything else (malformed,
+    another field) is a failed run (exit code 1). Its CPU time and memory are never taken from it."""
+    garbled = {"exit_code": 1, "status_error": "garbled status report"}
     if b"\n" not in report:
         return garbled
     try:
         msg = json.loads(report.split(b"\n", 1)[0])
-        code, cpu_s, rss = msg["code"], float(msg["cpu_s"]), float(msg["maxrss_mb"])
+        code = msg["code"] if type(msg) is dict and msg.keys() == {"code"} else None
     except Exception:  # noqa: BLE001 (RecursionError, OverflowError, ...: anything is a bad report)
         return garbled
-    if type(code) is not int or not -255 <= code <= 255 or not (0 <= cpu_s < 1e9 and 0 <= rss < 1e9):
+    if type(code) is not int or not -255 <= code <= 255:
         return garbled
-    return {"exit_code": code, "cpu_s": cpu_s, "maxrss_mb": rss}
-
-
-def _job_processes(proc_fd: int, uid: int) -> set[int]:
-    """Pids (as the worker's ``/proc`` at ``proc_fd`` numbers them) of the processes of ``uid``."""
-    out = set()
-    for name in os.listdir(proc_fd):
-        if name.isdigit():
-            try:
-                if os.stat(name, dir_fd=proc_fd).st_uid == uid:
-                    out.add(int(name))
-            except OSError:
-                pass
-    return out
+    return {"exit_code": code}
 
 
 def _prefork(config: dict) -> tuple[int, int, int, int]:

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 import wmrl_research
-from wmrl_research.grading import build_scores, execute_and_grade, reward
+from wmrl_research.grading import build_scores, execute_and_grade, reward, score_predictions
 from wmrl_research.sandbox import (
     MAX_SLOTS,
     Sandbox,
@@ -576,14 +576,15 @@ PREDICT = "import os, numpy as np\nX = np.load(os.environ['WMRL_DATA_DIR'] + '/t
 @pytest.mark.parametrize(
     "payload",
     [
-        b'{"code": 1e999, "cpu_s": 0, "maxrss_mb": 0}\n',  # OverflowError in int()
+        b'{"code": 1e999}\n',  # OverflowError in int()
         b"[" * 100000,  # RecursionError in json (and no newline)
         b"[" * 100000 + b"\n",
-        b'{"code": 0}\n',  # fields missing
-        b'{"code": 0.0, "cpu_s": 0, "maxrss_mb": 0}\n',  # not an int
-        b'{"code": true, "cpu_s": 0, "maxrss_mb": 0}\n',
-        b'{"code": 99999999999999999999999, "cpu_s": 0, "maxrss_mb": 0}\n',
-        b'{"code": 0, "cpu_s": NaN, "maxrss_mb": 0}\n',
+        b"{}\n",  # the field missing
+        b"[0]\n",
+        b'{"code": 0.0}\n',  # not an int
+        b'{"code": true}\n',
+        b'{"code": 99999999999999999999999}\n',
+        b'{"code": 0, "cpu_s": 0, "maxrss_mb": 0}\n',  # figures the supervisor measures itself
         b"\xff\xfe\n",
         b"x" * 10_000_000,  # a flood: the supervisor reads at most MAX_STATUS_BYTES of it
     ],
@@ -668,7 +669,7 @@ def test_the_attacks_are_graded_as_failures_through_the_process_executor_as_trai
     hack = "import numpy as np\nfrom wmrl_research.tasks import get_task\n"
     hack += f"np.save('predictions.npy', get_task({TASK!r}).build_data().y_test)\n"
     status = PREDICT + "np.save('predictions.npy', np.zeros(len(X), dtype=np.int64))\n"
-    status += 'os.write(1023, b\'{"code": 1e999, "cpu_s": 0, "maxrss_mb": 0}\\n\')\n'
+    status += "os.write(1023, b'{\"code\": 1e999}\\n')\n"
     attacks = [hack, "print('\udcff')\n", status, "import os\nwhile True:\n    os.fork()\n"]
     jobs = [Job(fn=reward, args=(t.id, src, 60.0)) for src in [*attacks, t.baseline_source]]
     build_scores(TASK)  # calibrated on disk already: the pool's process does not measure it again
@@ -676,3 +677,189 @@ def test_the_attacks_are_graded_as_failures_through_the_process_executor_as_trai
         results = ex.run(jobs)
     assert [r.status for r in results] == ["ok"] * 5, [r.error for r in results]
     assert [r.value for r in results] == pytest.approx([FAILURE_SCORE] * 4 + [0.0], abs=1e-9)
+
+
+# --- IPC: nothing a job creates reaches the next one -----------------------------------------------
+IPC_LEAK = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+rt = ctypes.CDLL("librt.so.1", use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+CREAT, EXCL = 0o1000, 0o2000
+def made(what, value):
+    print(what, "made" if value >= 0 else f"failed {ctypes.get_errno()}")
+shm = libc.shmget(0x5EED, 2**20, CREAT | EXCL | 0o666)
+made("shm", shm)
+libc.memset(ctypes.c_void_p(libc.shmat(shm, None, 0)), 1, 2**20)
+msg = libc.msgget(0x5EEE, CREAT | EXCL | 0o666)
+buf = ctypes.create_string_buffer(b"\\x01\\0\\0\\0\\0\\0\\0\\0secret")
+made("msg", msg if libc.msgsnd(msg, buf, 6, 0) == 0 else -1)
+made("sem", libc.semget(0x5EEF, 1, CREAT | EXCL | 0o666))
+made("mq", rt.mq_open(b"/wmrl-channel", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o666, None))
+with open("/dev/shm/wmrl-channel", "w") as f:
+    f.write("secret")
+print("shm file made")
+"""
+IPC_LOOK = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+rt = ctypes.CDLL("librt.so.1", use_errno=True)
+for kind in ("shm", "msg", "sem"):
+    print(kind, "rows", len(open(f"/proc/sysvipc/{kind}").read().splitlines()) - 1)
+print("shm key", libc.shmget(0x5EED, 0, 0), ctypes.get_errno())
+print("msg key", libc.msgget(0x5EEE, 0), ctypes.get_errno())
+print("sem key", libc.semget(0x5EEF, 0, 0), ctypes.get_errno())
+print("mq name", rt.mq_open(b"/wmrl-channel", os.O_RDWR), ctypes.get_errno())
+print("dev shm", os.listdir("/dev/shm"), "mqueue", os.listdir("/dev/mqueue"))
+"""
+
+
+def test_a_job_sees_no_ipc_object_an_earlier_job_created():
+    """SysV shared memory, message queues and semaphores, POSIX message queues and /dev/shm files:
+    a second job of the same warm worker (same uid) finds none of the first's (no channel)."""
+    first = run(IPC_LEAK)
+    made = ["shm made", "msg made", "sem made", "mq made", "shm file made"]
+    assert all(m in first.stdout for m in made), first.stdout + first.stderr
+    second = run(IPC_LOOK)
+    assert second.status == "invalid", second.stderr
+    enoent = 2
+    expected = [f"{kind} rows 0" for kind in ("shm", "msg", "sem")]
+    expected += [f"{kind} -1 {enoent}" for kind in ("shm key", "msg key", "sem key", "mq name")]
+    expected += ["dev shm [] mqueue []"]
+    assert second.stdout.splitlines() == expected, second.stdout
+    assert_still_works()
+
+
+def test_an_honest_job_after_an_ipc_leak_runs_as_on_a_clean_worker():
+    """A job leaves 64 MiB shared-memory segments (more than its worker's memory cgroup holds) and a
+    full /dev/shm; the next job of that worker needs 200 MiB and scores as on a fresh sandbox."""
+    leak = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+for i in range(40):  # 2.5 GiB, one segment mapped at a time: within the job's own limits
+    seg = libc.shmget(0, 64 * 2**20, 0o1600)  # IPC_PRIVATE, never removed
+    addr = libc.shmat(seg, None, 0)
+    libc.memset(ctypes.c_void_p(addr), 1, 64 * 2**20)
+    libc.shmdt(ctypes.c_void_p(addr))
+    print("leaked", 64 * (i + 1), "MiB", flush=True)
+with open("/dev/shm/fill", "wb") as f:
+    f.write(b"x" * (48 * 2**20))
+"""
+    task = get_task(TASK)
+    honest = "block = b'\\x01' * (200 * 2**20)\n" + task.baseline_source
+    public, _ = task.data_dirs()
+    cfg = SandboxConfig(warm=True, mem_mb=256, preload=("numpy", "sklearn"))
+    with Sandbox(cfg) as clean:
+        reference = clean.run(honest, public, timeout_s=60)
+        assert reference.status == "ok", reference.stderr
+        expected = score_predictions(
+            task.scorer or task.metric, task.test_labels(), reference.predictions_path
+        )
+    with Sandbox(cfg) as sb:
+        leaked = sb.run(leak, public, timeout_s=60)
+        assert "leaked 1024 MiB" in leaked.stdout, (leaked.status, leaked.stdout[-300:], leaked.stderr[-300:])
+        pids = sb.worker_pids()
+        for _ in range(2):  # the same warm worker each time
+            r = sb.run(honest, public, timeout_s=60)
+            assert r.status == "ok", (r.message, r.stderr[-500:])
+            assert sb.worker_pids() == pids
+            got = score_predictions(task.scorer or task.metric, task.test_labels(), r.predictions_path)
+            assert got == expected
+
+
+# --- CPU time and memory are measured, never reported ----------------------------------------------
+@pytest.mark.parametrize(
+    "forged",
+    [b'{"code": 0}\n', b'{"code": 0, "cpu_s": 0.0, "maxrss_mb": 1.0}\n'],
+    ids=["well-formed", "with-figures"],
+)
+def test_cpu_time_and_peak_memory_come_from_the_supervisor_not_the_job(forged):
+    """The job burns 0.6 s of CPU itself and 0.5 s in a child, peaks at 300 MiB more than a plain
+    job, tries to reset its peak (``/proc/self/clear_refs``), then writes its own status report."""
+    src = (
+        PREDICT
+        + f"""
+import time
+def burn(seconds):
+    t = time.process_time()
+    while time.process_time() - t < seconds:
+        pass
+burn(0.6)
+child = os.fork()
+if child == 0:
+    burn(0.5)
+    os._exit(0)
+os.waitpid(child, 0)
+block = b"\\x01" * (300 * 2**20)
+del block
+import ctypes
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/self is the job's own again
+try:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets the peak resident set to the current one
+    print("PEAK RESET")
+except OSError as e:
+    print("clear_refs", e.errno)
+np.save("predictions.npy", np.zeros(len(X), dtype=np.int64))
+os.write(1023, {forged!r})
+"""
+    )
+    plain = run(PREDICT + "np.save('predictions.npy', np.zeros(len(X), dtype=np.int64))\n")
+    r = run(src)
+    assert "PEAK RESET" not in r.stdout and "clear_refs 30" in r.stdout, r.stdout + r.stderr  # EROFS
+    assert r.status == ("ok" if forged == b'{"code": 0}\n' else "error"), r.message
+    assert r.cpu_s >= 1.1 > plain.cpu_s, (r.cpu_s, plain.cpu_s)
+    assert r.maxrss_mb >= plain.maxrss_mb + 300, (r.maxrss_mb, plain.maxrss_mb)
+
+
+# --- kernel surface: no user namespaces ------------------------------------------------------------
+def test_a_job_cannot_create_a_user_namespace():
+    """unshare(CLONE_NEWUSER), clone(CLONE_NEWUSER) and `unshare -U` fail with EPERM, clone3 with
+    ENOSYS; threads, fork, subprocesses and multiprocessing still work."""
+    src = (
+        PREDICT
+        + """
+import ctypes, multiprocessing, subprocess, threading
+from concurrent.futures import ThreadPoolExecutor
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+NEWUSER, SIGCHLD = 0x10000000, 17
+nr = {"x86_64": (56, 435), "aarch64": (220, 435)}[os.uname().machine]
+try:
+    os.unshare(NEWUSER)
+    print("UNSHARED")
+except OSError as e:
+    print("unshare", e.errno)
+pid = libc.syscall(nr[0], NEWUSER | SIGCHLD, 0, 0, 0, 0)  # clone, like fork
+if pid == 0:
+    os._exit(0)
+print("clone", pid, ctypes.get_errno())
+args = (ctypes.c_uint64 * 11)(NEWUSER, 0, 0, 0, SIGCHLD)  # struct clone_args
+pid = libc.syscall(nr[1], args, ctypes.sizeof(args))
+if pid == 0:
+    os._exit(0)
+print("clone3", pid, ctypes.get_errno())
+p = subprocess.run(["unshare", "-U", "true"], capture_output=True, text=True)
+print("unshare -U", p.returncode, p.stderr.strip())
+with ThreadPoolExecutor(4) as ex:
+    print("threads", sum(ex.map(abs, [-1, -2, -3, -4])))
+with multiprocessing.get_context("fork").Pool(2) as pool:
+    print("pool", pool.map(abs, [-1, -2]))
+print("subprocess", subprocess.run(["true"]).returncode)
+np.save("predictions.npy", np.zeros(len(X), dtype=np.int64))
+"""
+    )
+    r = run(src)
+    assert r.status == "ok", r.stderr
+    eperm, enosys = 1, 38
+    assert r.stdout.splitlines() == [
+        f"unshare {eperm}",
+        f"clone -1 {eperm}",
+        f"clone3 -1 {enosys}",
+        "unshare -U 1 unshare: unshare failed: Operation not permitted",
+        "threads 10",
+        "pool [1, 2]",
+        "subprocess 0",
+    ], r.stdout
+    assert_still_works()
