@@ -131,6 +131,7 @@ _WORKER_IDS = itertools.count()  # process-wide: names each worker's cgroups uni
 # which lie inside the project's folder).
 VENV_DIR = Path("/opt/venv")
 WORKER_DIR = Path("/opt/wmrl")
+CGROUP_DIR = "/tmp/cgroup"  # the worker's memory/cpuacct cgroups, inside (worker.CGROUP_DIR)
 # The packages' bundled copies of datasets (and their test folders, which hold more copies: iris in
 # scipy's and statsmodels' tests, co2 in statsmodels' STL tests), relative to a site-packages folder:
 # covered by empty mounts, so a solution cannot rebuild a task's labels from them by matching rows.
@@ -229,11 +230,12 @@ def bwrap_path() -> str | None:
 
 @cache
 def cgroup_support() -> dict[str, Path | None]:
-    """Parent folders under which this process may create memory/pids cgroups (v1), or None each.
+    """Parent folders under which this process may create memory/pids/cpuacct cgroups (v1), or None
+    each.
 
     Detected by creating and removing a probe group; a read-only or v2-only system yields Nones.
     """
-    out: dict[str, Path | None] = {"memory": None, "pids": None}
+    out: dict[str, Path | None] = {"memory": None, "pids": None, "cpuacct": None}
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -263,27 +265,41 @@ class _Worker:
         cfg = sandbox.config
         name = f"wmrl-sbx-{os.getpid()}-{slot}-{next(_WORKER_IDS)}"
         cg = cgroup_support() if cfg.cgroups != "off" else {}
-        if cfg.cgroups == "on" and not all(cg.values()):
+        if cfg.cgroups == "on" and not (cg.get("memory") and cg.get("pids")):
             raise SandboxError(f"SandboxConfig.cgroups='on' but cgroup v1 controllers are not writable: {cg}")
-        mem_parent, pids_parent = cg.get("memory"), cg.get("pids")
+        mem_parent, pids_parent, cpu_parent = cg.get("memory"), cg.get("pids"), cg.get("cpuacct")
+        accounting: dict[str, Path] = {}  # bound into the sandbox: the supervisor makes one group per job
         if mem_parent is not None:
             group = mem_parent / name
             group.mkdir()
             limit = (cfg.mem_mb + cfg.disk_mb + (WORKER_MEMORY_MB if cfg.warm else 0)) * 2**20
             (group / "memory.limit_in_bytes").write_text(str(limit))
             self.cgroups.append(group)
+            accounting["memory"] = group
         if pids_parent is not None:
             group = pids_parent / name
             group.mkdir()
             (group / "pids.max").write_text(str(cfg.nproc + 16))
             self.cgroups.append(group)
-        argv = sandbox._bwrap_argv() + [
-            sandbox._python(),
-            str(WORKER_DIR / "worker.py"),
-            json.dumps(
-                {"preload": list(cfg.preload) if cfg.warm else [], "uid": self.uid, "disk_mb": cfg.disk_mb}
-            ),
+        if cpu_parent is not None:
+            group = cpu_parent / name
+            group.mkdir()
+            self.cgroups.append(group)
+            accounting["cpuacct"] = group
+        config = {
+            "preload": list(cfg.preload) if cfg.warm else [],
+            "uid": self.uid,
+            "disk_mb": cfg.disk_mb,
+            "cgroups": sorted(accounting),
+        }
+        binds = [
+            a for ctl, group in accounting.items() for a in ("--bind", str(group), f"{CGROUP_DIR}/{ctl}")
         ]
+        argv = (
+            sandbox._bwrap_argv()
+            + binds
+            + [sandbox._python(), str(WORKER_DIR / "worker.py"), json.dumps(config)]
+        )
         if self.cgroups:
             enter = "; ".join(f"echo $$ > {g / 'cgroup.procs'}" for g in self.cgroups)
             argv = ["/bin/sh", "-c", f'{enter}; exec "$@"', "sh", *argv]
@@ -339,24 +355,26 @@ class _Worker:
             except ProcessLookupError:
                 pass
         for group in self.cgroups:  # anything that escaped the process group is still in the cgroup
-            try:
-                for pid in (group / "cgroup.procs").read_text().split():
-                    os.kill(int(pid), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
+            for member in _cgroup_tree(group):  # a job's own group included
+                try:
+                    for pid in (member / "cgroup.procs").read_text().split():
+                        os.kill(int(pid), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
         for group in self.cgroups:
-            for _ in range(50):
-                try:
-                    group.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.02)
+            for member in reversed(_cgroup_tree(group)):
+                for _ in range(50):
+                    try:
+                        member.rmdir()
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        time.sleep(0.02)
         self.cgroups = []
         self.log.close()
 
@@ -667,10 +685,19 @@ def _remove_stale() -> None:
             if entry.parent == Path(tempfile.gettempdir()):
                 shutil.rmtree(entry, ignore_errors=True)
             else:
-                try:
-                    entry.rmdir()
-                except OSError:
-                    pass
+                for member in reversed(_cgroup_tree(entry)):
+                    try:
+                        member.rmdir()
+                    except OSError:
+                        pass
+
+
+def _cgroup_tree(group: Path) -> list[Path]:
+    """``group`` and the job groups inside it (parents first)."""
+    try:
+        return [group, *(p for p in group.iterdir() if p.is_dir())]
+    except OSError:
+        return [group]
 
 
 def _pid_alive(pid: int) -> bool:

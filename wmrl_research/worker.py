@@ -50,6 +50,7 @@ PREDICTIONS = "predictions.npy"
 
 DATA_DIR = "/tmp/data"  # every task's public data (bwrap); a job sees only its own task's folder here
 MAX_STATUS_BYTES = 4096  # a status report longer than this (without a newline) is garbled: the job fails
+CGROUP_DIR = "/tmp/cgroup"  # the worker's own memory/cpuacct cgroups, when the host uses them
 MQUEUE_DIR = "/dev/mqueue"  # the job's POSIX message queues (a fresh mqueue fs per job)
 SHM_DIR = "/dev/shm"  # the job's POSIX shared memory and semaphores (part of its tmpfs)
 CLONE_NEWNS = 0x00020000
@@ -219,7 +220,9 @@ def _run_job(go_fd: int, status_fd: int) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         out_fd = os.open(os.path.join(job_dir, "stdout"), flags, 0o644)
         err_fd = os.open(os.path.join(job_dir, "stderr"), flags, 0o644)
-        _mount("tmpfs", JOBS_DIR, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755")
+        for hidden in (JOBS_DIR, CGROUP_DIR):
+            if os.path.isdir(hidden):
+                _mount("tmpfs", hidden, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755")
         # Only this job's task data stays visible: its folder is bound over the whole data root.
         data = str(req["data"])
         if data.startswith("/") or ".." in data.split("/") or not data.strip("/"):
@@ -300,7 +303,7 @@ def _set_limits(req: dict) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (space, space))
 
 
-def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int) -> None:
+def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int, cgroups: list[str]) -> None:
     """The per-job supervisor, forked ahead of time (still privileged inside the sandbox).
 
     Prepares the namespaces, the job's tmpfs and the job process *before* the request arrives, so
@@ -314,6 +317,7 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int) -> None:
     _mount("mqueue", MQUEUE_DIR, "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this IPC namespace's
     # The job mounts its own /proc over this mount namespace's: keep a handle on the worker's view.
     proc_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+    groups = _JobCgroups(cgroups)
     go_r, go_w = os.pipe()
     st_r, st_w = os.pipe()
     pid = os.fork()
@@ -326,11 +330,13 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int) -> None:
     os.close(go_r)
     os.close(st_w)
     pidfd = os.pidfd_open(pid)
+    groups.enter(pid)
     with os.fdopen(req_fd, "rb") as f:
         line = f.readline()
     if not line:  # shutting down: the job reads EOF and exits
         os.close(go_w)
         os.waitpid(pid, 0)
+        groups.remove()
         return
     req = json.loads(line)
     dir_fd = os.open(os.path.join(JOBS_DIR, req["job"]), os.O_RDONLY | os.O_DIRECTORY)
@@ -365,9 +371,11 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int) -> None:
     _, status, usage = os.wait4(pid, 0)
     info = _parse_status(report) if reported else {"exit_code": os.waitstatus_to_exitcode(status)}
     info.update(_usage(usage))
+    info.update(groups.usage())  # all of the job's processes, where the host gives it cgroups
     why = _copy_predictions(dir_fd)
     _remove_ipc_objects(proc_fd, uid)
     _unmount_job_tmpfs()
+    groups.remove()
     _write_json_at(
         dir_fd, "result.json", {**info, "timed_out": timed_out, "seconds": seconds, "predictions": why}
     )
@@ -381,9 +389,70 @@ def _usage(usage: resource.struct_rusage) -> dict:
 
     ``cpu_s`` = user + system time of the job and of every process of its namespace that was
     waited for (the namespace's teardown waits for all that are left); ``maxrss_mb`` = the largest
-    peak resident set of one of those processes (shared pages of the warm worker included).
+    peak resident set of one of those processes (shared pages of the warm worker included). A
+    process reaped by the kernel because its parent ignores SIGCHLD is in neither figure: where the
+    host gives the worker cgroups, :class:`_JobCgroups` measures instead.
     """
     return {"cpu_s": usage.ru_utime + usage.ru_stime, "maxrss_mb": usage.ru_maxrss / 1024}
+
+
+class _JobCgroups:
+    """A job's own cgroups (v1), inside the worker's ``memory``/``cpuacct`` groups under CGROUP_DIR.
+
+    They count every process of the job, however it is reaped: ``cpuacct.usage`` (ns) is its CPU
+    time and ``memory.max_usage_in_bytes`` the peak of the memory charged to it (heap, page cache,
+    tmpfs, shared memory; not the warm worker's pages it shares). The worker's limit is copied to
+    the job's memory group, so it holds on a kernel without hierarchical accounting too. Paths are
+    held as descriptors: the job covers CGROUP_DIR with an empty tmpfs.
+    """
+
+    FIGURES = {
+        "cpuacct": ("cpuacct.usage", "cpu_s", 1e-9),
+        "memory": ("memory.max_usage_in_bytes", "maxrss_mb", 2**-20),
+    }
+
+    def __init__(self, controllers: list[str]) -> None:
+        self.name = f"job-{os.getpid()}"
+        self.parents: dict[str, int] = {}
+        for ctl in controllers:
+            parent = os.open(os.path.join(CGROUP_DIR, ctl), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.rmdir(self.name, dir_fd=parent)  # left by a supervisor that died with this pid
+            except FileNotFoundError:
+                pass
+            os.mkdir(self.name, dir_fd=parent)
+            self.parents[ctl] = parent
+            if ctl == "memory":
+                self._write(ctl, "memory.limit_in_bytes", self._read(ctl, "memory.limit_in_bytes", own=False))
+
+    def _read(self, ctl: str, name: str, own: bool = True) -> str:
+        fd = os.open(os.path.join(self.name, name) if own else name, os.O_RDONLY, dir_fd=self.parents[ctl])
+        with os.fdopen(fd) as f:
+            return f.read().strip()
+
+    def _write(self, ctl: str, name: str, value: str) -> None:
+        fd = os.open(os.path.join(self.name, name), os.O_WRONLY, dir_fd=self.parents[ctl])
+        with os.fdopen(fd, "w") as f:
+            f.write(value)
+
+    def enter(self, pid: int) -> None:
+        """Move the job process (not started yet) into its groups; its children follow."""
+        for ctl in self.parents:
+            self._write(ctl, "cgroup.procs", str(pid))
+
+    def usage(self) -> dict:
+        """``cpu_s`` and ``maxrss_mb`` of the (reaped) job, for the controllers there are."""
+        out = {}
+        for ctl in self.parents:
+            file, key, scale = self.FIGURES[ctl]
+            out[key] = int(self._read(ctl, file)) * scale
+        return out
+
+    def remove(self) -> None:
+        for parent in self.parents.values():
+            os.rmdir(self.name, dir_fd=parent)
+            os.close(parent)
+        self.parents = {}
 
 
 def _mount_job_tmpfs(uid: int, disk_mb: int) -> None:
@@ -455,7 +524,7 @@ def _prefork(config: dict) -> tuple[int, int, int, int]:
         try:
             os.close(req_w)
             os.close(done_r)
-            _supervise(req_r, done_w, int(config["uid"]), int(config["disk_mb"]))
+            _supervise(req_r, done_w, int(config["uid"]), int(config["disk_mb"]), config.get("cgroups", []))
             os._exit(0)
         except BaseException:
             traceback.print_exc()

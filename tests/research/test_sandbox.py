@@ -394,7 +394,7 @@ def test_bad_input_fails_clearly():
 
 def test_cgroup_detection_reports_each_controller():
     support = cgroup_support()
-    assert set(support) == {"memory", "pids"}
+    assert set(support) == {"memory", "pids", "cpuacct"}
     for path in support.values():
         assert path is None or path.is_dir()
 
@@ -811,6 +811,39 @@ os.write(1023, {forged!r})
     assert r.status == ("ok" if forged == b'{"code": 0}\n' else "error"), r.message
     assert r.cpu_s >= 1.1 > plain.cpu_s, (r.cpu_s, plain.cpu_s)
     assert r.maxrss_mb >= plain.maxrss_mb + 300, (r.maxrss_mb, plain.maxrss_mb)
+
+
+def test_a_child_reaped_by_the_kernel_is_measured_too():
+    """A parent that ignores SIGCHLD has its children reaped by the kernel, which then adds their
+    CPU time and memory to nobody's ``wait4`` figures. The job's own cgroups still count them; on a
+    host without cgroup v1 cpuacct/memory (documented) only the parent's figures remain."""
+    src = (
+        PREDICT
+        + """
+import signal, time
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+r, w = os.pipe()
+if os.fork() == 0:
+    block = b"\\x01" * (300 * 2**20)
+    t = time.process_time()
+    while time.process_time() - t < 1.0:
+        pass
+    os._exit(0)
+os.close(w)
+os.read(r, 1)  # EOF: the child has exited (and was reaped at once)
+np.save("predictions.npy", np.zeros(len(X), dtype=np.int64))
+"""
+    )
+    plain = run(PREDICT + "np.save('predictions.npy', np.zeros(len(X), dtype=np.int64))\n")
+    r = run(src)
+    assert r.status == "ok", r.stderr
+    support = cgroup_support()
+    if support["cpuacct"] is not None:
+        assert r.cpu_s >= 1.0 > plain.cpu_s, (r.cpu_s, plain.cpu_s)
+    else:
+        assert r.cpu_s < 0.9, r.cpu_s
+    if support["memory"] is not None:
+        assert r.maxrss_mb >= plain.maxrss_mb + 300, (r.maxrss_mb, plain.maxrss_mb)
 
 
 # --- kernel surface: no user namespaces ------------------------------------------------------------
