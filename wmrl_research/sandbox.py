@@ -8,8 +8,8 @@ What is isolated (each point has an adversarial test in ``tests/research/test_sa
 - **Filesystem**: the sandbox sees only ``/usr``, ``/etc``, the base Python installation, the
   virtual environment's ``lib`` and ``pyvenv.cfg`` (mounted at ``/opt/venv``, not at their host
   path), the worker script, all read-only, plus its own task's public data (read-only, at
-  ``$WMRL_DATA_DIR``; no other task's folder) and a fresh tmpfs working folder per job
-  (size-limited: the disk limit). Never the project tree, run directories, ``.git``, the host's
+  ``$WMRL_DATA_DIR``; no other task's folder) and a fresh tmpfs per job (size-limited: the disk
+  limit), which is its working folder and its ``/dev/shm``. Never the project tree, run directories, ``.git``, the host's
   temporary folder or the folder a run was launched from. The packages' bundled copies of datasets
   (scikit-learn's, statsmodels', vega_datasets', palmerpenguins' data and the test folders of
   scipy, statsmodels and scikit-learn, which hold more copies: :data:`BUNDLED_DATA`) are covered by
@@ -18,23 +18,39 @@ What is isolated (each point has an adversarial test in ``tests/research/test_sa
   mounted path). Nothing a job writes survives it except ``predictions.npy`` and its stdout/stderr.
 - **The split**: which rows are test rows is drawn from a secret per data build, stored next to the
   hidden labels (``tasks/base.py``), so not derivable inside even from the task's code and seed.
-- **Other jobs**: each job has its own mount and PID namespace; it cannot see other jobs' folders
-  or processes (its ``/proc`` shows only its own).
+- **Other jobs**: each job has its own mount, PID and IPC namespace; it cannot see other jobs'
+  folders, processes (its ``/proc`` shows only its own) or IPC objects: System V shared memory,
+  message queues and semaphores, POSIX message queues (``/dev/mqueue``, a fresh ``mqueue`` file
+  system per job) and POSIX shared memory and semaphores (``/dev/shm``, part of its tmpfs, so
+  ``multiprocessing`` works). Once the job is gone its supervisor removes every IPC object it left
+  and unmounts its tmpfs before reporting, so that memory (charged to the worker's cgroup) is free
+  before the next job starts: an honest job after one that leaks runs as on a fresh worker.
 - **Privileges**: the job runs as an unprivileged uid (:func:`job_uid`: one per host process and
   worker slot, so concurrent jobs never share a process limit) with no capabilities,
   ``no_new_privs`` and a seccomp filter (no ``keyctl``/``add_key``/``request_key``, no io_uring,
-  no ``AF_UNIX`` sockets); it cannot signal the worker or the host. The worker replaces the session
+  no ``AF_UNIX`` sockets, no user namespaces: see *Kernel surface*) and a read-only ``/proc``; it
+  cannot signal the worker or the host. The worker replaces the session
   keyring it inherits from the host by a new empty one, so no job possesses the host's keys.
 - **Process lifetime**: the job is PID 1 of its namespace, so when it ends, or is killed at the
   wall-clock timeout, the kernel kills every process it started; when it left any, the supervisor
   waits until all are gone before it reports, so the next job under the same uid starts with its
   full process limit (a fork bomb does not break its neighbour). Workers die with the host process
   (``--die-with-parent``).
-- **Status reports**: the job reports its exit code on a pipe; a report that is malformed (not
-  JSON, an exit code that is not a small int, missing fields) or longer than
+- **Status reports**: the job reports its exit code on a pipe, exactly ``{"code": n}``; a report
+  that is malformed (not JSON, an exit code that is not a small int, a missing or extra field) or
+  longer than
   ``worker.MAX_STATUS_BYTES`` is graded as a failed run and ends the job (so flooding the pipe
   costs the supervisor at most one bounded read). A source that is not valid UTF-8 text (a lone
   surrogate) is graded as an error without running. Neither raises :class:`SandboxError`.
+- **Accounting**: ``SandboxResult.cpu_s`` and ``maxrss_mb`` are measured outside the job, once it
+  is reaped, never taken from it. Where the host gives the worker cgroup v1 ``cpuacct`` and
+  ``memory`` groups, from groups of the job's own: the CPU time of all its processes however they
+  ended, and the peak of the memory charged to them (heap, tmpfs, shared memory; not the warm
+  worker's pages they share). Otherwise from ``wait4``: the job and every process reaped by it or
+  by its namespace's teardown, the peak being the largest resident set of one process (the warm
+  worker's shared pages included); a child reaped by the kernel because its parent ignores
+  SIGCHLD is missing from those. The read-only ``/proc`` keeps a job from resetting its peak
+  (``/proc/self/clear_refs``).
 - **Resources**: rlimits on CPU time, file size (disk), open files, number of processes, heap
   (``RLIMIT_DATA``) and address space (``RLIMIT_AS``), the last two relative to what the worker
   has already mapped (an absolute ``RLIMIT_AS`` would stop torch from importing), so without
@@ -42,15 +58,17 @@ What is isolated (each point has an adversarial test in ``tests/research/test_sa
   mappings fail. Where cgroup v1 memory/pids controllers are writable (detected by
   :func:`cgroup_support`; used automatically, ``SandboxConfig.cgroups``), each worker also gets a
   memory cgroup (``mem_mb`` + ``disk_mb`` + the worker's own 1.5 GiB: one cap on the sum over all
-  of a job's processes, which are OOM-killed, not the worker) and a pids cgroup (fork cap).
+  of a job's processes, which are OOM-killed, not the worker) and a pids cgroup (fork cap), and a
+  ``cpuacct`` cgroup where that controller is writable too (accounting).
   Without them it falls back to the rlimits alone.
 
 What is *not* isolated: the job can read ``/usr``, ``/etc``, the Python environment (minus the
 bundled datasets above) and ``/proc/self/mountinfo``, which names the host folders mounted in (names
 only, not their other contents); it shares the kernel (the seccomp filter is a short deny list, not
 an allow list: a kernel exploit is out of scope) and the CPUs with the host (a solution can slow
-other jobs down, within its CPU limit); the memory cgroup is per worker, shared by the job and its
-worker (the job's ``oom_score_adj`` makes it the OOM victim); only cgroup v1 controllers are
+other jobs down, within its CPU limit); the memory cap is per worker, shared by the job and its
+worker (the job's ``oom_score_adj`` makes it the OOM victim; the job's own memory group, for
+accounting, holds the same limit); only cgroup v1 controllers are
 detected (on a v2-only host the rlimits alone apply, so several processes each get ``mem_mb``);
 a job forked from a warm worker inherits the worker's already-imported modules (copy-on-write: it
 cannot change the worker's copy), with global state such as RNGs identical for every job. Data
@@ -61,6 +79,21 @@ secret, and their test windows overlap by construction. The sandbox needs root o
 creates namespaces, mounts and uid switches through ``bwrap --cap-add``; the job itself never holds
 a capability). Without bubblewrap (``bwrap`` not on PATH) :class:`Sandbox` refuses to start rather
 than run unsandboxed.
+
+Kernel surface: a job shares the host's kernel and may make every syscall the filter does not
+refuse. It cannot create a namespace: every kind but a user namespace needs a capability it lacks,
+and user namespaces, which the kernel lets any user create unless the host limits them
+(``user.max_user_namespaces``), are refused by the filter (``unshare``/``clone`` with
+``CLONE_NEWUSER``: EPERM; ``clone3``, whose flags a filter cannot read: ENOSYS, after which the C
+library falls back to ``clone``). In a user namespace of its own a job would hold every capability
+over that namespace's objects; the mounts it inherits stay locked (it could not uncover a hidden
+folder) and it would gain nothing outside, but it would reach the kernel code that asks for
+``CAP_NET_ADMIN``/``CAP_SYS_ADMIN`` (netfilter, new network and mount namespaces), where many
+local privilege escalations were found, and no solution needs it: so it is closed. Open: the rest of
+the syscall table (a deny list), among them ``ptrace`` of the job's own processes and whatever the
+host's sysctls leave to unprivileged users (``perf_event_open``: ``kernel.perf_event_paranoid``;
+``bpf``: ``kernel.unprivileged_bpf_disabled``; ``userfaultfd``: ``vm.unprivileged_userfaultfd``),
+its own read-only ``/proc`` and ``/dev/pts``.
 
 Two modes: ``warm=True`` (default) keeps pre-imported workers and forks per job (tens of ms of
 overhead); ``warm=False`` starts a fresh sandboxed interpreter per job (strongest separation, pays
@@ -190,7 +223,8 @@ class SandboxConfig:
     nproc: int = 64
     # Modules a warm worker imports before forking jobs.
     preload: tuple[str, ...] = DEFAULT_PRELOAD
-    # Use cgroup v1 memory/pids controllers when writable ("auto"), always ("on"), never ("off").
+    # Use cgroup v1 memory/pids (and cpuacct) controllers when writable ("auto"), always ("on"),
+    # never ("off").
     cgroups: str = "auto"
 
     def __post_init__(self) -> None:
@@ -219,8 +253,8 @@ class SandboxResult:
     predictions_path: Path | None  # kept until KEEP_JOB_DIRS later jobs, or the sandbox closes
     exit_code: int | None = None
     message: str = ""
-    cpu_s: float = 0.0
-    maxrss_mb: float = 0.0
+    cpu_s: float = 0.0  # CPU time of the job's processes, measured outside it (module doc: Accounting)
+    maxrss_mb: float = 0.0  # its peak memory, measured likewise (MiB)
     overhead_s: float = 0.0  # host-side wall time beyond the job's own (fork, IO, messaging)
 
 

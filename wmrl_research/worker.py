@@ -12,15 +12,17 @@ of imports. Ahead of each job (while the previous one runs, or right after it) i
    ``/dev/shm``, and a fresh ``mqueue`` file system at ``/dev/mqueue``,
 3. forks the *job* process (PID 1 of the new namespace: when it dies the kernel kills every
    process the job started, so nothing outlives it), which mounts its own read-only ``/proc``
-   and waits.
+   and waits; where the host gave the worker cgroups (bound at ``CGROUP_DIR``), the job is moved
+   into ``cpuacct``/``memory`` groups of its own.
 
 When a request arrives the job opens its stdout/stderr in its host folder, hides every job folder
-under an empty tmpfs, sets rlimits, drops to an unprivileged uid (losing every capability) and runs
-``solution.py`` in-process. The supervisor waits at most the wall-clock timeout (then SIGKILLs the
-job, hence its whole namespace), reaps it (its CPU time and peak memory come from that ``wait4``,
-never from the job), copies ``predictions.npy`` (a regular file, bounded size, no symlinks), removes
-every IPC object and tmpfs the job left (so their memory is free before the next job starts) and
-writes a ``result.json`` into the job's host folder.
+(and the cgroups) under an empty tmpfs, sets rlimits, drops to an unprivileged uid (losing every
+capability) and runs ``solution.py`` in-process. The supervisor waits at most the wall-clock
+timeout (then SIGKILLs the job, hence its whole namespace), reaps it, takes its CPU time and peak
+memory from the job's cgroups (else from ``wait4``; never from the job), copies ``predictions.npy``
+(a regular file, bounded size, no symlinks), removes every IPC object and tmpfs the job left (so
+their memory is free before the next job starts) and writes a ``result.json`` into the job's host
+folder.
 
 Protocol: one JSON request per line on stdin, one JSON reply per line on the original stdout
 (fd 1 is redirected to stderr so that nothing else can write a reply). This module only imports
