@@ -731,8 +731,9 @@ def test_a_job_sees_no_ipc_object_an_earlier_job_created():
 
 
 def test_an_honest_job_after_an_ipc_leak_runs_as_on_a_clean_worker():
-    """A job leaves 64 MiB shared-memory segments (more than its worker's memory cgroup holds) and a
-    full /dev/shm; the next job of that worker needs 200 MiB and scores as on a fresh sandbox."""
+    """A job leaves 64 MiB shared-memory segments until its worker's memory cgroup is full (where
+    there is one; else 2.5 GiB of the host's memory) and a /dev/shm file; the next job of that
+    worker needs 200 MiB and scores as on a fresh sandbox."""
     leak = """
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
