@@ -11,7 +11,7 @@ from wmrl_vla import data
 TASK = "wmrl/ReachColor-v0"
 
 
-def _reference(seed: int, policy=None, max_steps: int = 8):
+def _reference(seed: int, policy=None, max_steps: int = 16):
     env = sims.make(TASK, image_size=32, max_steps=max_steps)
     try:
         frames, info = data.rollout(env, policy or sims.expert_for(env), seed)
@@ -34,7 +34,7 @@ def _assert_episode_equals(ep: dict, frames: list, seed: int, task_id: str | Non
 
 def test_record_reload_and_append(tmp_path):
     root = tmp_path / "demos"
-    ds = data.record_demos([TASK], 2, root, image_size=32, seed=5, max_steps=8)
+    ds = data.record_demos([TASK], 2, root, image_size=32, seed=5, max_steps=16)
 
     # lerobot's own reader sees what we wrote
     refs = [_reference(5), _reference(6)]
