@@ -591,6 +591,20 @@ def _random_info(path: Path, examples: list) -> dict[str, Any]:
     }
 
 
+def unset_task_notes(cfg: ResearchConfig, train: list[Any], heldout: list[Any]) -> list[str]:
+    """One line per task list left unset (null), saying which tasks it stands for: a run says so
+    when it starts, since the whole train split includes the heavy tier."""
+    notes = []
+    for name, chosen in (("train_tasks", train), ("heldout_tasks", heldout)):
+        if getattr(cfg, name) is None:
+            heavy = sum(t.tier == "heavy" for t in chosen)
+            notes.append(
+                f"domain.{name} is unset: using {DEFAULT_TASKS[name]}: {len(chosen)} tasks, {heavy} of "
+                f"them heavy ({', '.join(t.id for t in chosen)}); list task ids to choose"
+            )
+    return notes
+
+
 class TaskGradingError(RuntimeError):
     """A task none of whose rollouts could be graded (its baseline or reference fails)."""
 
@@ -619,13 +633,8 @@ def check_tasks_grade(cfg: ResearchConfig, tasks: list[Any], executor, timeout_s
 def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     torch.set_num_threads(run.torch_threads)
     train, heldout = select_tasks(cfg)
-    for name, chosen in (("train_tasks", train), ("heldout_tasks", heldout)):
-        if getattr(cfg, name) is None:
-            heavy = sum(t.tier == "heavy" for t in chosen)
-            logging.getLogger("wmrl").warning(
-                f"domain.{name} is unset: using {DEFAULT_TASKS[name]}: {len(chosen)} tasks, {heavy} of "
-                f"them heavy ({', '.join(t.id for t in chosen)}); list task ids to choose"
-            )
+    for line in unset_task_notes(cfg, train, heldout):
+        logging.getLogger("wmrl").warning(line)
     all_tasks = list_tasks()
     executor = make_executor(run.executor, run.anchors.max_concurrent, ResearchDomain.worker_initializer)
     try:

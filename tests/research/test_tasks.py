@@ -397,7 +397,9 @@ def test_listing_tasks_reports_a_bad_task_folder_in_one_line_before_any_run(tmp_
         ("iris_cls", "task id 'iris_cls' is defined twice: .*; rename one of the folders"),
     ],
 )
-def test_a_user_task_folder_with_a_bad_or_taken_id_is_named_in_one_line(tmp_path, monkeypatch, capsys, folder, message):
+def test_a_user_task_folder_with_a_bad_or_taken_id_is_named_in_one_line(
+    tmp_path, monkeypatch, capsys, folder, message
+):
     from wmrl.cli import main
 
     (tmp_path / folder).mkdir()
