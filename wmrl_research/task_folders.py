@@ -38,7 +38,9 @@ def add_user_dirs(dirs: list[str]) -> None:
     Raises FileNotFoundError naming the first folder that does not exist."""
     for d in dirs:
         if not Path(d).expanduser().is_dir():
-            raise FileNotFoundError(f"domain.task_dirs: no folder {d!r}")
+            raise FileNotFoundError(
+                f"domain.task_dirs: no folder {d!r}; give folders that hold one sub-folder per task"
+            )
     paths = [*user_dirs(), *(Path(d).expanduser().resolve() for d in dirs)]
     os.environ[TASKS_ENV] = os.pathsep.join(str(p) for p in dict.fromkeys(paths))
 
@@ -51,7 +53,9 @@ def task_folders() -> dict[str, Path]:
     out: dict[str, Path] = {}
     for root in [PACKAGE_DIR, *user_dirs()]:
         if not root.is_dir():
-            raise TaskDefinitionError(f"${TASKS_ENV}: no folder {str(root)!r}")
+            raise TaskDefinitionError(
+                f"${TASKS_ENV}: no folder {str(root)!r}; give folders that hold one sub-folder per task"
+            )
         for folder in sorted(p for p in root.iterdir() if (p / "__init__.py").is_file()):
             task_id = folder.name
             if task_id.startswith(("_", ".")):

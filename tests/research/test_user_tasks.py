@@ -196,5 +196,8 @@ def test_an_unset_task_list_is_named_when_the_run_starts():
 
 
 def test_a_missing_task_folder_is_refused_when_the_config_is_parsed(tmp_path):
-    with pytest.raises(ConfigError, match=r"^domain.task_dirs: no folder '.*nowhere'$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^domain.task_dirs: no folder '.*nowhere'; give folders that hold one sub-folder per task$",
+    ):
         load_config("research-debug", [f"--domain.task_dirs=[{tmp_path / 'nowhere'}]"])
