@@ -625,9 +625,15 @@ def check_tasks_grade(cfg: ResearchConfig, tasks: list[Any], executor, timeout_s
                 f"task {task.id}: measuring its baseline and reference took longer than "
                 f"executor.timeout_s={timeout_s:g}; raise executor.timeout_s"
             )
-        if not r.ok:  # the job's error as one line, without the exception's class name
-            lines = (r.error or r.status).strip().splitlines() or [r.status]
-            raise TaskGradingError(re.sub(r"^[\w.]+: ", "", lines[0]))
+        if not r.ok:  # calibrate's one-line message, whatever the executor wrapped around it
+            text = r.error or r.status
+            found = re.search(rf"task {re.escape(task.id)}: .*", text)
+            last = (text.strip().splitlines() or [r.status])[-1]
+            raise TaskGradingError(
+                found.group(0)
+                if found
+                else f"task {task.id}: measuring its baseline and reference failed: {last}"
+            )
 
 
 def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
