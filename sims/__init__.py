@@ -104,10 +104,16 @@ def expert_for(env: Any):
 
 
 def task_lines(all_metaworld: bool = False) -> list[str]:
-    """One line per task for ``wmrl tasks vla``: id, source, action_dim, example instruction
-    (tab-separated). ``all_metaworld``: also every MetaWorld v3 task outside MT10 (imports MetaWorld)."""
+    """One line per task for ``wmrl tasks vla``: id, source, action_dim, time limit (``N steps``),
+    ``expert`` or ``no expert`` (the VLA domain records its demonstrations with the expert), example
+    instruction (tab-separated). ``all_metaworld``: also every MetaWorld v3 task outside MT10
+    (imports MetaWorld)."""
     from sims.registry import all_task_ids
 
     ids = all_task_ids() if all_metaworld else list(TASKS)
     specs = [get(t) for t in ids]
-    return [f"{s.task_id}\t{s.source}\t{s.action_dim}\t{s.example_instruction}" for s in specs]
+    return [
+        f"{s.task_id}\t{s.source}\t{s.action_dim}\t{s.max_steps} steps\t"
+        f"{'expert' if s.expert else 'no expert'}\t{s.example_instruction}"
+        for s in specs
+    ]

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from wmrl.domain import Domain
 
 WORLD_MODELS = ("surrogate", "surrogate_hgb", "encoder", "lm")
+# What an unset (null) task list means.
+DEFAULT_TASKS = {
+    "train_tasks": "every train task, heavy ones included",
+    "heldout_tasks": "the held-out tasks of the train tasks' cost tiers",
+}
 EDIT_MODES = ("knobs", "free")
 
 
@@ -51,10 +56,14 @@ class ResearchConfig(DomainConfig):
     # Prompt: "short" (task id/kind/metric + one line per knob with its choices; for tiny models, knobs
     # mode only) or "full" (description, choices, current solution, instructions).
     prompt_style: str = "short"
-    # Task ids to train on (empty: every task of the "train" split).
+    # Folders of your own tasks, one sub-folder per task as in wmrl_research/tasks (its README:
+    # "Your own tasks"); added to $WMRL_RESEARCH_TASKS, so the run's execution workers see them too.
+    task_dirs: list[str] | None = None
+    # Task ids to train on, all of the "train" split (null: every train task, heavy ones included,
+    # which the run says when it starts; [] is refused).
     train_tasks: list[str] | None = None
-    # Task ids to evaluate on, all of the "heldout" split (empty: every held-out task of the cost
-    # tiers the train tasks belong to, so a light preset never evaluates on a heavy task).
+    # Task ids to evaluate on, all of the "heldout" split (null: every held-out task of the cost
+    # tiers the train tasks belong to, so a light preset never evaluates on a heavy task; [] is refused).
     heldout_tasks: list[str] | None = None
     # SFT warm start on valid edits generated from each train task's knob space.
     sft_steps: int = 300
@@ -126,10 +135,7 @@ class ResearchConfig(DomainConfig):
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.train_tasks:  # checked here, before anything is built
-            check_ids("domain.train_tasks", self.train_tasks, task_ids(), "wmrl tasks research")
-        if self.heldout_tasks:
-            check_ids("domain.heldout_tasks", self.heldout_tasks, task_ids(), "wmrl tasks research")
+        self._check_tasks()  # here, before anything is built
         if self.world_model not in WORLD_MODELS:
             raise ConfigError(
                 f"domain.world_model={self.world_model!r} is not one of {', '.join(WORLD_MODELS)}"
@@ -180,6 +186,39 @@ class ResearchConfig(DomainConfig):
                 "domain.lora=true with domain.policy='tiny': LoRA needs a pretrained model to adapt"
             )
 
+    def _check_tasks(self) -> None:
+        """Task folders exist, task ids are known and of the right split, no list is empty."""
+        if self.task_dirs:
+            from wmrl_research.task_folders import add_user_dirs
+
+            try:
+                add_user_dirs(self.task_dirs)
+            except FileNotFoundError as e:
+                raise ConfigError(str(e)) from None
+        for name, split in (("train_tasks", "train"), ("heldout_tasks", "heldout")):
+            ids = getattr(self, name)
+            if ids is None:
+                continue
+            if not ids:
+                raise ConfigError(
+                    f"domain.{name}=[] lists no task: list task ids (`wmrl tasks research`), or set "
+                    f"domain.{name}=null for {DEFAULT_TASKS[name]}"
+                )
+            try:
+                check_ids(f"domain.{name}", ids, task_ids(), "wmrl tasks research")
+                from wmrl_research.tasks import get_task
+
+                wrong = [t for t in ids if get_task(t).split != split]
+            except RuntimeError as e:  # a task folder that does not define a valid task
+                raise ConfigError(str(e)) from None
+            if wrong:
+                other = "heldout_tasks" if split == "train" else "train_tasks"
+                raise ConfigError(
+                    f"domain.{name}: {', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not of the "
+                    f"{split} split (`wmrl tasks research` lists each task's split); move "
+                    f"{'it' if len(wrong) == 1 else 'them'} to domain.{other}"
+                )
+
     def build(self, run: RunConfig) -> Domain:
         from wmrl_research.pipeline import build_domain
 
@@ -207,9 +246,7 @@ class ResearchConfig(DomainConfig):
 
 
 def task_ids() -> list[str]:
-    """Every task id (a task is a sub-package of ``wmrl_research.tasks``), without importing any task."""
-    import importlib.util
-    import pkgutil
+    """Every task id (the package's task folders and the user's), without importing any task."""
+    from wmrl_research.task_folders import task_folders
 
-    spec = importlib.util.find_spec("wmrl_research.tasks")
-    return sorted(m.name for m in pkgutil.iter_modules(spec.submodule_search_locations) if m.ispkg)
+    return sorted(task_folders())

@@ -29,10 +29,20 @@ import numpy as np
 
 from wmrl_research.sandbox import STATUSES, SandboxError, default_sandbox
 from wmrl_research.tasks import FAILURE_SCORE, METRICS, Metric, get_task, list_tasks
+from wmrl_research.tasks.base import source_digest
 from wmrl_research.tasks.metrics import get_metric
 
 # Re-exported: the metrics live with the tasks (``wmrl_research/tasks/metrics.py``).
-__all__ = ["METRICS", "GradeResult", "build_scores", "execute_and_grade", "execute_raw", "reward", "warm_up"]
+__all__ = [
+    "METRICS",
+    "GradeResult",
+    "build_scores",
+    "calibrate",
+    "execute_and_grade",
+    "execute_raw",
+    "reward",
+    "warm_up",
+]
 
 CALIBRATION_FILE = "scores.json"  # in a task's hidden folder: this build's baseline and reference
 CALIBRATION_TIMEOUT_S = 300.0
@@ -129,7 +139,8 @@ def build_scores(task_id: str) -> tuple[float, float]:
     so that normalised scores mean the same on every machine: 0 at the baseline, 1 at the
     reference. A split on which the reference keeps less than :data:`MIN_GAP_FRACTION` of its
     recorded improvement over the baseline (a small test set can do that) is discarded and redrawn
-    (at most :data:`MAX_REDRAWS` times). Raises :class:`SandboxError` if the baseline or the
+    (at most :data:`MAX_REDRAWS` times; a task's fixed split is never redrawn). A change of the
+    baseline or reference source measures them again. Raises :class:`SandboxError` if the baseline or the
     reference fails, or no split qualifies (the task's rollouts are then ungraded, not mis-scored).
     Calibrations are serialised across processes by a lock file next to the hidden labels.
     """
@@ -139,10 +150,12 @@ def build_scores(task_id: str) -> tuple[float, float]:
         for attempt in range(MAX_REDRAWS + 1):
             _, hidden = task.data_dirs()
             path = hidden / CALIBRATION_FILE
+            sources = source_digest(task.baseline_source + task.reference_source)
             try:
                 d = json.loads(path.read_text())
-                return float(d["baseline"]), float(d["reference"])
-            except (OSError, ValueError, KeyError, TypeError):
+                if d.get("sources", sources) == sources:  # measured on these solutions (or before
+                    return float(d["baseline"]), float(d["reference"])  # the digest was recorded)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 pass
             runs = {
                 name: execute_raw(task_id, src, CALIBRATION_TIMEOUT_S)
@@ -159,15 +172,39 @@ def build_scores(task_id: str) -> tuple[float, float]:
                 fd, tmp = tempfile.mkstemp(prefix=".scores-", dir=hidden)
                 with os.fdopen(fd, "w") as f:
                     json.dump(
-                        {"baseline": base, "reference": ref, "metric": task.metric, "redraws": attempt}, f
-                    )
+                        {"baseline": base, "reference": ref, "metric": task.metric, "redraws": attempt,
+                         "sources": sources}, f
+                    )  # fmt: skip
                 os.replace(tmp, path)
                 return base, ref
+            if task.fixed_split:
+                raise SandboxError(
+                    f"task {task_id}: on its fixed split the reference ({ref:.6g}) does not beat the "
+                    f"baseline ({base:.6g}) by {MIN_GAP_FRACTION:.0%} of the recorded gap; measure and "
+                    f"record the scores again (`python -m wmrl_research.tasks measure {task_id}`)"
+                )
             task.discard_data()  # this split makes the reference no better than the baseline: redraw
     raise SandboxError(
         f"task {task_id}: on {MAX_REDRAWS + 1} secret splits the reference did not beat the baseline "
         f"by {MIN_GAP_FRACTION:.0%} of the recorded gap; check the task's recorded scores"
     )
+
+
+def calibrate(task_id: str) -> float:
+    """:func:`build_scores` as a :class:`wmrl.domain.Job` (returns 0.0): a run executes it for each
+    of its tasks before training, so that a task whose baseline or reference fails (none of its
+    rollouts could be graded) stops the run at once. Raises SandboxError with a one-line message
+    (the solution's last error line) naming the task and how to run it."""
+    try:
+        build_scores(task_id)
+    except SandboxError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        tail = f": {lines[-1]}" if len(lines) > 1 else ""
+        raise SandboxError(
+            f"{lines[0]}{tail} (`python -m wmrl_research.tasks measure {task_id}` runs its baseline and "
+            "reference)"
+        ) from None
+    return 0.0
 
 
 @contextlib.contextmanager

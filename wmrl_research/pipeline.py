@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import random
+import re
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -30,7 +31,7 @@ from wmrl_research.agent import (
     load_lm,
     return_freed_memory,
 )
-from wmrl_research.config import WORLD_MODELS
+from wmrl_research.config import DEFAULT_TASKS, WORLD_MODELS
 from wmrl_research.domain import (
     ResearchDomain,
     ResearchWorldModel,
@@ -72,18 +73,13 @@ def _say(cfg: ResearchConfig, msg: str) -> None:
 
 
 def select_tasks(cfg: ResearchConfig) -> tuple[list[Any], list[Any]]:
-    """(train tasks, held-out tasks): ``cfg.train_tasks`` (default: the whole train split) and
-    ``cfg.heldout_tasks`` (default: the held-out split's tasks of the train tasks' cost tiers)."""
+    """(train tasks, held-out tasks): ``cfg.train_tasks`` (null: the whole train split) and
+    ``cfg.heldout_tasks`` (null: the held-out split's tasks of the train tasks' cost tiers). The
+    config has checked the ids and their splits (``ResearchConfig._check_tasks``)."""
     known = {t.id: t for t in list_tasks()}
-    missing = [t for t in (cfg.train_tasks or []) + (cfg.heldout_tasks or []) if t not in known]
-    if missing:
-        raise KeyError(f"unknown task ids {missing}; known: {', '.join(sorted(known))}")
-    train = [known[t] for t in cfg.train_tasks] if cfg.train_tasks else list_tasks("train")
-    if cfg.heldout_tasks:
+    train = [known[t] for t in cfg.train_tasks] if cfg.train_tasks is not None else list_tasks("train")
+    if cfg.heldout_tasks is not None:
         heldout = [known[t] for t in cfg.heldout_tasks]
-        wrong = [t.id for t in heldout if t.split != "heldout"]
-        if wrong:
-            raise ValueError(f"domain.heldout_tasks: {wrong} are not of the heldout split")
     else:
         tiers = {t.tier for t in train}
         heldout = [t for t in list_tasks("heldout") if t.tier in tiers]
@@ -595,15 +591,67 @@ def _random_info(path: Path, examples: list) -> dict[str, Any]:
     }
 
 
+def unset_task_notes(cfg: ResearchConfig, train: list[Any], heldout: list[Any]) -> list[str]:
+    """One line per task list left unset (null), saying which tasks it stands for: a run says so
+    when it starts, since the whole train split includes the heavy tier."""
+    notes = []
+    for name, chosen in (("train_tasks", train), ("heldout_tasks", heldout)):
+        if getattr(cfg, name) is None:
+            heavy = sum(t.tier == "heavy" for t in chosen)
+            notes.append(
+                f"domain.{name} is unset: using {DEFAULT_TASKS[name]}: {len(chosen)} tasks, {heavy} of "
+                f"them heavy ({', '.join(t.id for t in chosen)}); list task ids to choose"
+            )
+    return notes
+
+
+class TaskGradingError(RuntimeError):
+    """A task none of whose rollouts could be graded (its baseline or reference fails)."""
+
+
+def check_tasks_grade(cfg: ResearchConfig, tasks: list[Any], executor, timeout_s: float) -> None:
+    """Measure each task's baseline and reference on this data build (``grading.calibrate``, cached
+    after the first time) through ``executor``, before anything is trained: a task whose baseline
+    or reference fails would leave every one of its rollouts ungraded, so the run stops here with
+    one line naming the task and the solution's error."""
+    from wmrl.domain import Job
+    from wmrl_research.grading import calibrate
+
+    _say(cfg, f"measuring the baseline and reference of {len(tasks)} tasks on this data build")
+    results = executor.run([Job(fn=calibrate, args=(t.id,)) for t in tasks])
+    for task, r in zip(tasks, results, strict=True):
+        if r.status == "timeout":
+            raise TaskGradingError(
+                f"task {task.id}: measuring its baseline and reference took longer than "
+                f"executor.timeout_s={timeout_s:g}; raise executor.timeout_s"
+            )
+        if not r.ok:  # calibrate's one-line message, whatever the executor wrapped around it
+            text = r.error or r.status
+            found = re.search(rf"task {re.escape(task.id)}: .*", text)
+            last = (text.strip().splitlines() or [r.status])[-1]
+            raise TaskGradingError(
+                found.group(0)
+                if found
+                else f"task {task.id}: measuring its baseline and reference failed: {last}"
+            )
+
+
 def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     torch.set_num_threads(run.torch_threads)
     train, heldout = select_tasks(cfg)
+    for line in unset_task_notes(cfg, train, heldout):
+        logging.getLogger("wmrl").warning(line)
     all_tasks = list_tasks()
+    executor = make_executor(run.executor, run.anchors.max_concurrent, ResearchDomain.worker_initializer)
+    try:
+        check_tasks_grade(cfg, train + heldout, executor, run.executor.timeout_s)
+    except BaseException:
+        executor.close()
+        raise
     cache = Path(cfg.cache_dir) / _key(_policy_fields(cfg, run, train))
     cache.mkdir(parents=True, exist_ok=True)
     (cache / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
     policy, sft_info = build_policy(cfg, run, train, heldout, cache)
-    executor = make_executor(run.executor, run.anchors.max_concurrent, ResearchDomain.worker_initializer)
     log_path, random_path = log_paths(cfg, run, train)
     elog = build_execution_log(cfg, run, policy, train, executor, log_path)
     rlog = build_random_log(cfg, train, executor, random_path)

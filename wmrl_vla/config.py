@@ -35,7 +35,8 @@ class VLAConfig(DomainConfig):
     tasks: list[str] = field(default_factory=lambda: list(OWN_TASKS_DEFAULT))
     # Side of the square camera image.
     image_size: int = 64
-    # Override every task's time limit (env steps); None keeps each task's own.
+    # Override every task's time limit (env steps); null keeps each task's own (`wmrl tasks vla`).
+    # Shorter than a task's expert needs, the demos fail: no successful demo of a task is an error.
     max_steps: int | None = None
     # Scripted-expert demonstrations per task (seeds demo_seed, demo_seed + 1, ...).
     demos_per_task: int = 40
@@ -150,6 +151,7 @@ class VLAConfig(DomainConfig):
                     f"task is wmrl/MetaWorld-<name>, e.g. wmrl/MetaWorld-dial-turn-v3 (`wmrl tasks vla` "
                     f"lists the {len(known)} ids)"
                 )
+        self._check_task_specs()
         if self.policy not in POLICIES:
             raise ConfigError(f"domain.policy={self.policy!r} is not one of {', '.join(POLICIES)}")
         if self.imagine_input not in IMAGINE_INPUTS:
@@ -195,6 +197,26 @@ class VLAConfig(DomainConfig):
             raise ConfigError(
                 f"domain.temperature={self.temperature} must be > 0 and "
                 f"domain.eval_temperature={self.eval_temperature} >= 0"
+            )
+
+    def _check_task_specs(self) -> None:
+        """Every task has a scripted expert (demonstrations come from it) and all share state and
+        action dims (one policy acts in all)."""
+        from sims.registry import get
+
+        specs = [get(t) for t in self.tasks]
+        no_expert = [s.task_id for s in specs if s.expert is None]
+        if no_expert:
+            raise ConfigError(
+                f"domain.tasks: {', '.join(no_expert)} {'has' if len(no_expert) == 1 else 'have'} no "
+                "scripted expert to record demonstrations from; choose tasks with one (`wmrl tasks vla` "
+                "says which have an expert)"
+            )
+        if len({(s.state_dim, s.action_dim) for s in specs}) > 1:
+            dims = ", ".join(f"{s.task_id} state {s.state_dim} action {s.action_dim}" for s in specs)
+            raise ConfigError(
+                f"domain.tasks must share state and action dims (one policy acts in all): {dims}; "
+                "train such tasks in separate runs"
             )
 
     def build(self, run: RunConfig) -> Domain:

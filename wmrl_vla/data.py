@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -168,6 +169,37 @@ def rollout(
     return frames, info
 
 
+class DemoError(RuntimeError):
+    """Demonstrations that cannot teach the task (no expert episode succeeded)."""
+
+
+def check_demo_success(task_id: str, succeeded: int, recorded: int, max_steps: int | None) -> None:
+    """Raise :class:`DemoError` if none of a task's ``recorded`` scripted-expert episodes succeeded
+    (the message names the task, the horizon and the fix); warn if only some did."""
+    import sims
+
+    own = sims.task_info(task_id)["max_steps"]
+    horizon = max_steps or own
+    where = f"within {horizon} steps" + (
+        f" (max_steps={max_steps}; the task's own limit is {own})" if max_steps else ""
+    )
+    if succeeded == 0:
+        fix = (
+            "raise domain.max_steps, or set it to null for each task's own limit"
+            if max_steps and max_steps < own
+            else "its expert fails at this horizon: check the task's expert"
+        )
+        raise DemoError(
+            f"no scripted-expert demo of {task_id} succeeded (0 of {recorded}) {where}, so SFT would "
+            f"learn from failures; {fix}"
+        )
+    if succeeded < recorded:
+        logging.getLogger("wmrl").warning(
+            f"{succeeded} of {recorded} scripted-expert demos of {task_id} succeeded {where}; the failed "
+            "ones are kept"
+        )
+
+
 def record_demos(
     task_ids: Sequence[str],
     episodes_per_task: int,
@@ -186,7 +218,9 @@ def record_demos(
     are dropped and further seeds tried, up to 3x as many). ``split="train"`` keeps the held-out
     instruction/colour combinations of our own tasks out of the demos (see ``sims``). Appends if
     ``root`` already holds a dataset. Returns the dataset reopened for reading
-    (``LeRobotDataset(repo_id, root=root)``).
+    (``LeRobotDataset(repo_id, root=root)``). With the scripted experts (``policy=None``), a task none
+    of whose episodes succeeded (e.g. a ``max_steps`` shorter than the expert needs) raises
+    :class:`DemoError` (:func:`check_demo_success`).
     """
     with _quiet_datasets():
         return _record(
@@ -234,7 +268,7 @@ def _record(
                     fps = int(env.metadata.get("render_fps", 20))
                     ds = _open(root, repo_id, features, fps)
                     next_index = ds.meta.total_episodes
-                kept, k = 0, 0
+                kept, k, succeeded = 0, 0, 0
                 while kept < episodes_per_task and k < episodes_per_task * (3 if only_success else 1):
                     s = seed + k
                     k += 1
@@ -254,6 +288,9 @@ def _record(
                     )
                     next_index += 1
                     kept += 1
+                    succeeded += bool(info["success"])
+                if policy is None:
+                    check_demo_success(task_id, succeeded, kept, max_steps)
             finally:
                 env.close()
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -248,8 +249,6 @@ def test_an_unknown_metric_fails_at_registration_naming_the_known_ones():
         task_from_spec("my_task", spec, src)
     with pytest.raises(ValueError, match="direction must be"):
         Metric("auc", 0, lambda y, p: 0.0)
-    with pytest.raises(TaskDefinitionError, match="lower-case Python identifier"):
-        T._load("Bad-Id")
 
 
 def test_a_task_declares_its_own_metric(tmp_path):
@@ -325,16 +324,25 @@ def test_presets_list_their_train_tasks_explicitly():
 
 
 def test_held_out_tasks_default_to_the_train_tasks_tiers_and_must_be_held_out():
-    from wmrl.config import load_config
+    from wmrl.config import ConfigError, load_config
     from wmrl_research.pipeline import select_tasks
 
-    light = load_config("research-tiny", ["--domain.heldout_tasks=[]"]).domain
+    light = load_config("research-tiny", ["--domain.heldout_tasks=null"]).domain
     assert [t.id for t in select_tasks(light)[1]] == [t.id for t in list_tasks("heldout", "light")]
-    heavy = load_config("research-heavy", ["--domain.heldout_tasks=[]"]).domain
+    heavy = load_config("research-heavy", ["--domain.heldout_tasks=null"]).domain
     assert [t.id for t in select_tasks(heavy)[1]] == [t.id for t in list_tasks("heldout", "heavy")]
-    wrong = load_config("research-tiny", ["--domain.heldout_tasks=[iris_cls]"]).domain
-    with pytest.raises(ValueError, match=r"\['iris_cls'\] are not of the heldout split"):
-        select_tasks(wrong)
+    # a task of the other split is refused when the config is parsed, with the fix
+    with pytest.raises(
+        ConfigError,
+        match=r"^domain.heldout_tasks: iris_cls is not of the heldout split .*; move it to domain.train_tasks$",
+    ):
+        load_config("research-tiny", ["--domain.heldout_tasks=[iris_cls]"])
+    with pytest.raises(
+        ConfigError,
+        match=r"^domain.train_tasks: mnist1d_cnn, sunspots_forecast are not of the train split .*; move "
+        r"them to domain.heldout_tasks$",
+    ):
+        load_config("research-debug", ["--domain.train_tasks=[iris_cls,mnist1d_cnn,sunspots_forecast]"])
 
 
 def test_a_split_on_which_the_reference_does_not_beat_the_baseline_is_redrawn(monkeypatch):
@@ -364,7 +372,7 @@ def test_listing_tasks_reports_a_bad_task_folder_in_one_line_before_any_run(tmp_
     (and anything that loads the registry) fails at once with the task's id and the known metrics."""
     from wmrl.cli import main
 
-    folder = tmp_path / "my_auc_task"
+    folder = tmp_path / "my-auc-task"
     folder.mkdir()
     (folder / "solution.py").write_text(get_task("iris_cls").baseline_source)
     (folder / "__init__.py").write_text(
@@ -372,18 +380,31 @@ def test_listing_tasks_reports_a_bad_task_folder_in_one_line_before_any_run(tmp_
         "SPEC = TaskSpec(description='x', kind='tabular-classification', metric='roc-auc',\n"
         "    build_data=lambda: None, knob_space={}, reference_knobs={}, baseline_score=0.5, reference_score=0.9)\n"
     )
-    monkeypatch.setattr(T, "_HERE", tmp_path)
-    monkeypatch.setattr(T, "__path__", [str(tmp_path)])
-    T._registry.cache_clear()
-    try:
-        assert main(["tasks", "research"]) == 2
-        err = capsys.readouterr().err.strip()
-        assert err.count("\n") == 0, err
-        assert err.startswith(
-            "wmrl: error: task my_auc_task: unknown metric 'roc-auc'; known metrics: accuracy"
-        )
-        assert "roc_auc" in err
-    finally:
-        monkeypatch.undo()
-        T._registry.cache_clear()
+    monkeypatch.setenv("WMRL_RESEARCH_TASKS", str(tmp_path))
+    assert main(["tasks", "research"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert err.startswith("wmrl: error: task my-auc-task: unknown metric 'roc-auc'; known metrics: accuracy")
+    assert "roc_auc" in err
+    monkeypatch.delenv("WMRL_RESEARCH_TASKS")
     assert [t.id for t in list_tasks()] == ALL_IDS
+
+
+@pytest.mark.parametrize(
+    ("folder", "message"),
+    [
+        ("Iris Copy", "task folder '.*Iris Copy': a task id is lower-case letters, digits, '_' and '-'"),
+        ("iris_cls", "task id 'iris_cls' is defined twice: .*; rename one of the folders"),
+    ],
+)
+def test_a_user_task_folder_with_a_bad_or_taken_id_is_named_in_one_line(
+    tmp_path, monkeypatch, capsys, folder, message
+):
+    from wmrl.cli import main
+
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / "__init__.py").write_text("")
+    monkeypatch.setenv("WMRL_RESEARCH_TASKS", str(tmp_path))
+    assert main(["tasks", "research"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and re.match(f"wmrl: error: {message}", err), err

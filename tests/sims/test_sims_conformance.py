@@ -43,8 +43,10 @@ def test_task_lines_one_per_task_with_columns():
     lines = sims.task_lines()
     assert [line.split("\t")[0] for line in lines] == ALL
     for line in lines:
-        tid, source, adim, instr = line.split("\t")
+        tid, source, adim, steps, expert, instr = line.split("\t")
         assert source == sims.task_info(tid)["source"] and int(adim) == sims.task_info(tid)["action_dim"]
+        assert steps == f"{sims.task_info(tid)['max_steps']} steps"
+        assert expert == ("expert" if sims.task_info(tid)["has_expert"] else "no expert")
         assert instr
 
 

@@ -11,7 +11,7 @@ from wmrl_vla import data
 TASK = "wmrl/ReachColor-v0"
 
 
-def _reference(seed: int, policy=None, max_steps: int = 8):
+def _reference(seed: int, policy=None, max_steps: int = 16):
     env = sims.make(TASK, image_size=32, max_steps=max_steps)
     try:
         frames, info = data.rollout(env, policy or sims.expert_for(env), seed)
@@ -34,7 +34,7 @@ def _assert_episode_equals(ep: dict, frames: list, seed: int, task_id: str | Non
 
 def test_record_reload_and_append(tmp_path):
     root = tmp_path / "demos"
-    ds = data.record_demos([TASK], 2, root, image_size=32, seed=5, max_steps=8)
+    ds = data.record_demos([TASK], 2, root, image_size=32, seed=5, max_steps=16)
 
     # lerobot's own reader sees what we wrote
     refs = [_reference(5), _reference(6)]
@@ -70,3 +70,28 @@ def test_append_rejects_mismatched_shapes(tmp_path):
     bad = [({"image": f[0]["image"][:16], "state": f[0]["state"]}, *f[1:]) for f in frames]
     with pytest.raises(ValueError, match="observation.image"):
         data.append_episodes(root, "wmrl/x", [bad])
+
+
+def test_expert_demos_none_of_which_succeeds_are_an_error(tmp_path):
+    """vla-debug's 12 steps cut MetaWorld's reach expert short (it needs ~40-100): 0 of 3 demos
+    succeed, which SFT must not learn from."""
+    with pytest.raises(
+        data.DemoError,
+        match=r"^no scripted-expert demo of wmrl/MetaWorld-reach-v3 succeeded \(0 of 3\) within 12 steps "
+        r"\(max_steps=12; the task's own limit is 100\), so SFT would learn from failures; raise "
+        r"domain.max_steps, or set it to null for each task's own limit$",
+    ):
+        data.record_demos(["wmrl/MetaWorld-reach-v3"], 3, tmp_path / "d", image_size=32, max_steps=12)
+
+
+def test_some_failed_expert_demos_are_kept_with_a_warning(caplog):
+    data.check_demo_success(TASK, 3, 3, None)
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="wmrl"):
+        data.check_demo_success(TASK, 2, 3, 12)
+    assert caplog.records[0].getMessage() == (
+        f"2 of 3 scripted-expert demos of {TASK} succeeded within 12 steps (max_steps=12; the task's own "
+        "limit is 50); the failed ones are kept"
+    )
+    with pytest.raises(data.DemoError, match="within 50 steps, so SFT .*; its expert fails at this horizon"):
+        data.check_demo_success(TASK, 0, 3, None)

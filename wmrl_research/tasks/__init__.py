@@ -1,7 +1,9 @@
 """AutoResearch tasks: small offline ML problems with a baseline to improve and a hidden test split.
 
 Each sub-package of this package is one task (a folder with ``__init__.py`` defining ``SPEC`` and a
-baseline ``solution.py``); adding a folder adds a task. See ``README.md`` in this folder.
+baseline ``solution.py``); adding a folder adds a task. A user's own tasks live in folders of their
+own, named by ``$WMRL_RESEARCH_TASKS`` or ``domain.task_dirs`` (``wmrl_research.task_folders``).
+See ``README.md`` in this folder.
 
 Public API (the agent, the world model and the grader use only this)::
 
@@ -18,11 +20,14 @@ built or any sandbox runs.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
-import pkgutil
+import importlib.util
+import sys
 from functools import cache
 from pathlib import Path
 
+from wmrl_research.task_folders import TaskDefinitionError, task_folders, user_dirs
 from wmrl_research.tasks.base import (
     DATA_ENV,
     FAILURE_SCORE,
@@ -67,30 +72,52 @@ __all__ = [
 _HERE = Path(__file__).parent
 
 
-class TaskDefinitionError(ValueError, RuntimeError):
-    """A task folder that does not define a valid task (the message names the task and the fix).
-
-    Also a RuntimeError, so that command-line entry points report it as a one-line error."""
-
-
-def _load(task_id: str) -> ResearchTask:
-    if not task_id.isidentifier() or not task_id.islower():
+def _import_spec(task_id: str, folder: Path) -> object:
+    """The ``SPEC`` of the task folder: a package task by its module name, a user's task (any id,
+    dashes included) from its folder's ``__init__.py`` as a module of its own."""
+    if folder.parent == _HERE:
+        return getattr(importlib.import_module(f"{__name__}.{task_id}"), "SPEC", None)
+    digest = hashlib.sha1(str(folder).encode()).hexdigest()[:8]
+    name = f"wmrl_user_task_{digest}_{task_id.replace('-', '_')}"
+    loader_spec = importlib.util.spec_from_file_location(
+        name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module  # relative imports of the task's own modules resolve through it
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - any failure of the user's code, reported in one line
+        del sys.modules[name]
         raise TaskDefinitionError(
-            f"task folder {task_id!r}: a task id must be a lower-case Python identifier"
-        )
-    module = importlib.import_module(f"{__name__}.{task_id}")
-    spec: TaskSpec = getattr(module, "SPEC", None)  # type: ignore[assignment]
+            f"task {task_id}: {folder / '__init__.py'} failed to import: {type(e).__name__}: {e}"
+        ) from e
+    return getattr(module, "SPEC", None)
+
+
+def _load(task_id: str, folder: Path) -> ResearchTask:
+    spec = _import_spec(task_id, folder)
     if not isinstance(spec, TaskSpec):
         raise TaskDefinitionError(
             f"task folder {task_id!r} must define SPEC = TaskSpec(...) in its __init__.py"
         )
-    baseline = (_HERE / task_id / "solution.py").read_text()
-    return task_from_spec(task_id, spec, baseline)
+    try:
+        baseline = (folder / "solution.py").read_text()
+    except OSError:
+        raise TaskDefinitionError(f"task {task_id}: no baseline {folder / 'solution.py'}") from None
+    reference = folder / "reference.py"
+    return task_from_spec(task_id, spec, baseline, reference.read_text() if reference.is_file() else None)
 
 
-def task_from_spec(task_id: str, spec: TaskSpec, baseline: str) -> ResearchTask:
+def task_from_spec(task_id: str, spec: TaskSpec, baseline: str, reference: str | None = None) -> ResearchTask:
     """Check ``spec`` (and the baseline ``solution.py``) and build the task; raises
-    :class:`TaskDefinitionError` naming the task and what is wrong."""
+    :class:`TaskDefinitionError` naming the task and what is wrong. ``reference``: the source of the
+    task's own ``reference.py`` (any program), else the reference is the baseline with
+    ``spec.reference_knobs``."""
+    if (reference is None) == (spec.reference_knobs is None):
+        raise TaskDefinitionError(
+            f"task {task_id}: give its reference solution one way: SPEC.reference_knobs or a reference.py"
+            + (" (it has both)" if reference is not None else " (it has neither)")
+        )
     if spec.split not in SPLITS:
         raise TaskDefinitionError(f"task {task_id}: split {spec.split!r} is not one of {', '.join(SPLITS)}")
     if spec.tier not in TIERS:
@@ -110,7 +137,7 @@ def task_from_spec(task_id: str, spec: TaskSpec, baseline: str) -> ResearchTask:
         knobs = read_knobs(baseline)
     except (ValueError, SyntaxError) as e:
         raise TaskDefinitionError(f"task {task_id}: solution.py: {e}") from None
-    unknown = (set(spec.knob_space) | set(spec.reference_knobs)) - set(knobs)
+    unknown = (set(spec.knob_space) | set(spec.reference_knobs or {})) - set(knobs)
     if unknown:
         raise TaskDefinitionError(
             f"task {task_id}: knobs {sorted(unknown)} are not in solution.py's knobs block"
@@ -128,7 +155,7 @@ def task_from_spec(task_id: str, spec: TaskSpec, baseline: str) -> ResearchTask:
         metric=metric.name,
         direction=metric.direction,
         baseline_source=baseline,
-        reference_source=set_knobs(baseline, spec.reference_knobs),
+        reference_source=reference if reference is not None else set_knobs(baseline, spec.reference_knobs),
         knob_space={k: list(v) for k, v in spec.knob_space.items()},
         baseline_score=spec.baseline_score,
         reference_score=spec.reference_score,
@@ -136,13 +163,19 @@ def task_from_spec(task_id: str, spec: TaskSpec, baseline: str) -> ResearchTask:
         data_version=spec.data_version,
         scorer=metric,
         tier=spec.tier,
+        fixed_split=spec.fixed_split,
     )
 
 
-@cache
 def _registry() -> dict[str, ResearchTask]:
-    ids = sorted(m.name for m in pkgutil.iter_modules([str(_HERE)]) if m.ispkg and not m.name.startswith("_"))
-    return {task_id: _load(task_id) for task_id in ids}
+    """Every task of the package and of the user's task folders (``$WMRL_RESEARCH_TASKS``), loaded
+    once per set of folders."""
+    return _load_all(tuple(user_dirs()))
+
+
+@cache
+def _load_all(dirs: tuple[Path, ...]) -> dict[str, ResearchTask]:
+    return {task_id: _load(task_id, folder) for task_id, folder in sorted(task_folders().items())}
 
 
 def list_tasks(split: str | None = None, tier: str | None = None) -> list[ResearchTask]:

@@ -65,9 +65,9 @@ class Splits:
     y_test: np.ndarray
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TaskSpec:
-    """Everything a task author writes (in the task folder's ``__init__.py``).
+    """Everything a task author writes (in the task folder's ``__init__.py``), by keyword.
 
     Attributes:
         description: what the agent is told (data shapes, the goal, the metric).
@@ -76,13 +76,18 @@ class TaskSpec:
             own :class:`~wmrl_research.tasks.metrics.Metric` (name, direction, function).
         build_data: ``() -> Splits``, deterministic; runs once per machine (the result is cached).
         knob_space: knob name -> candidate values (Python literals), for generating valid edits.
-        reference_knobs: knob values that turn the baseline into the stronger reference solution.
+        reference_knobs: knob values that turn the baseline into the stronger reference solution;
+            leave it out when the task folder holds its own ``reference.py`` (any program).
         baseline_score, reference_score: measured with ``python -m wmrl_research.tasks measure``.
         split: ``train`` (used for training) or ``heldout`` (evaluation only).
         tier: ``light`` (about a second per execution) or ``heavy`` (3-15 s; see :data:`TIERS`).
         data_version: bump when ``build_data`` changes, so cached data is rebuilt.
         direction: optional; +1 if higher is better, -1 if lower is better. The metric decides it;
             if given, it must agree (a check that the author meant that metric).
+        fixed_split: ``build_data`` returns the same split on every machine (a time split, a
+            published test set): no split secret is drawn for it, and a build whose reference does
+            not beat its baseline is an error, not redrawn. Its test rows are then known from the
+            task's code (their labels still never enter a sandbox).
     """
 
     description: str
@@ -90,13 +95,14 @@ class TaskSpec:
     metric: str | Metric
     build_data: Callable[[], Splits]
     knob_space: dict[str, list[Any]]
-    reference_knobs: dict[str, Any]
+    reference_knobs: dict[str, Any] | None = None
     baseline_score: float
     reference_score: float
     split: str = "train"
     data_version: int = 1
     direction: int | None = None
     tier: str = "light"
+    fixed_split: bool = False
 
 
 @dataclass
@@ -118,6 +124,7 @@ class ResearchTask:
     data_version: int = 1
     scorer: Metric | None = field(default=None, repr=False, compare=False)  # the metric itself
     tier: str = "light"
+    fixed_split: bool = False  # TaskSpec.fixed_split: no split secret, no redraw
 
     def normalise(self, raw: float, baseline: float | None = None, reference: float | None = None) -> float:
         """``(raw - baseline) / (reference - baseline)``: 0 at the baseline, 1 at the reference.
@@ -154,7 +161,7 @@ class ResearchTask:
         public, hidden = root / "public" / key, root / "hidden" / key
         if (public / "test.npz").exists() and (hidden / "y_test.npy").exists():
             return public, hidden
-        with split_secret(build_secret(root / "hidden", key)):
+        with split_secret(None if self.fixed_split else build_secret(root / "hidden", key)):
             splits = self.build_data()
         _check_splits(self.id, splits)
         for folder, arrays in (
