@@ -18,6 +18,9 @@ What is isolated (each point has an adversarial test in ``tests/research/test_sa
   mounted path). Nothing a job writes survives it except ``predictions.npy`` and its stdout/stderr.
 - **The split**: which rows are test rows is drawn from a secret per data build, stored next to the
   hidden labels (``tasks/base.py``), so not derivable inside even from the task's code and seed.
+  A task that declares a fixed split (``TaskSpec.fixed_split``: a time split, or a user's own split;
+  ``tasks/README.md``) gives this up: its test rows follow from its code, though their labels are
+  still never mounted.
 - **Other jobs**: each job has its own mount, PID and IPC namespace; it cannot see other jobs'
   folders, processes (its ``/proc`` shows only its own) or IPC objects: System V shared memory,
   message queues and semaphores, POSIX message queues (``/dev/mqueue``, a fresh ``mqueue`` file
