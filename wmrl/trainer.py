@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from wmrl.anchors import choose_anchor_groups
 from wmrl.config import ConfigError, RunConfig, save_config
+from wmrl.controls import placebo_prediction
 from wmrl.debias import OnlineDebiaser, centred_residual
 from wmrl.denoise import InverseVarianceDenoiser, normalise_weights, sample_weights
 from wmrl.device import autocast, check_precision, module_device
@@ -250,6 +251,8 @@ class Trainer:
                 with timed("wm"), torch.no_grad(), self.autocast():
                     pred = self.domain.world_model.predict(batch)
                 pred = Prediction(pred.mean.float(), None if pred.var is None else pred.var.float())
+                if cfg.wm_placebo:  # the placebo control: scores permuted within each group
+                    pred = placebo_prediction(pred, batch.group_ids, cfg.seed, self.step)
             if future is not None:
                 results = future.result()
                 times["time/execute"] = time.perf_counter() - t0

@@ -53,7 +53,7 @@ def test_grid_writes_runs_index_and_report(grid):
     _, out = grid
     index = json.loads((out / "index.json").read_text())["cells"]
     assert [(c["method"], c["seed"]) for c in index] == [
-        (m, s) for m in ("real", "anchors_only", "ppi") for s in (0, 1)
+        (m, s) for m in ("real", "anchors_only", "ppi", "ppi_placebo", "ppi_lambda0") for s in (0, 1)
     ]
     assert all(c["status"] == "finished" for c in index)
     for c in index:  # each cell is an ordinary run directory, plus its held-out re-evaluation
@@ -85,12 +85,12 @@ def test_rerun_keeps_finished_cells_and_refuses_a_changed_config(grid, capsys, t
     metrics = out / "toy/ppi/seed1/metrics.jsonl"
     before = (metrics.stat().st_mtime_ns, metrics.read_bytes())
     assert main(["compare", str(spec), "--out-dir", str(out)]) == 0
-    assert "6 finished, 0 to run" in capsys.readouterr().out
+    assert "10 finished, 0 to run" in capsys.readouterr().out
     assert (metrics.stat().st_mtime_ns, metrics.read_bytes()) == before
     changed = write_spec(tmp_path / "changed.yaml", extra=("--grpo.lr=1.0",))
     assert main(["compare", str(changed), "--out-dir", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "6 cell(s) were run with a different config" in err and "toy/real/seed0: grpo.lr" in err
+    assert "10 cell(s) were run with a different config" in err and "toy/real/seed0: grpo.lr" in err
     assert (metrics.stat().st_mtime_ns, metrics.read_bytes()) == before
 
 
@@ -103,7 +103,7 @@ def test_a_seed_added_on_the_command_line_runs_only_its_cells(grid, tmp_path, ca
     assert (
         main(["compare", str(spec), "--out-dir", str(copy), "--seeds=[0,1,2]", "--executor.type=inline"]) == 0
     )
-    assert "9 cells, 6 finished, 3 to run" in capsys.readouterr().out
+    assert "15 cells, 10 finished, 5 to run" in capsys.readouterr().out
     assert (metrics.read_bytes(), metrics.stat().st_mtime_ns) == before
     report = json.loads((copy / "report.json").read_text())
     assert report["domains"]["toy"]["methods"]["ppi"]["figures"]["heldout_final"]["n"] == 3
@@ -161,7 +161,7 @@ def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
     ckpt = safe_load(second / "checkpoints/latest.pt")["step"]
     assert 0 < ckpt < 20
     assert main(["compare", str(spec), "--out-dir", str(out)]) == 0
-    assert "1 finished, 5 to run" in capsys.readouterr().out
+    assert "1 finished, 9 to run" in capsys.readouterr().out
     assert ((first / "metrics.jsonl").stat().st_mtime_ns, (first / "metrics.jsonl").read_bytes()) == kept
     rows = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(0, 21))  # step 0: the first evaluation
