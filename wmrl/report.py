@@ -205,17 +205,28 @@ def paired_evidence(a: dict[int, float | None], b: dict[int, float | None], seed
         "seeds": [s for s, _ in pairs],
         "lb_t": lower_bound_t(d),
         "lb_bootstrap": lower_bound_bootstrap(d),
-        "wins": sum(x > 0 for x in d),
+        "wins": int(sum(x > 0 for x in d)),
     }
+
+
+def clears(controls: list[dict | None]) -> bool | None:
+    """Whether a method clears its controls: False where a control was not run on its seeds or a
+    lower bound of the method minus a control is <= 0, None where a bound is undetermined (n < 2)
+    and none failed, True where every bound is > 0; None without controls."""
+    if not controls:
+        return None
+    if any(c is None or (c["lb_t"] is not None and c["lb_t"] <= 0) for c in controls):
+        return False
+    return None if any(c["lb_t"] is None for c in controls) else True
 
 
 def domain_evidence(per_cell: dict, methods: list[str], seeds: list[int], margin: float | None) -> dict:
     """Per WM method or control ``m`` of one domain (``per_cell[(m, seed)]``: ``heldout_final``,
     ``exploratory``): ``vs_anchors_only`` (:func:`paired_evidence` over ``m``'s fresh seeds), the
     ``verdict`` at ``margin``, ``exploratory_seeds`` (left out) and, for a method that is not itself
-    a control, ``vs_controls``, ``clears_controls`` (the lower bound against every control run is
-    > 0; None where none was run) and ``gain_counts`` (superior and clears its controls). Empty
-    without ``anchors_only``."""
+    a control, ``vs_controls``, ``clears_controls`` (:func:`clears`) and ``gain_counts`` (superior
+    and clears every control: without controls run it does not count). Empty without
+    ``anchors_only``."""
     if "anchors_only" not in methods:
         return {}
 
@@ -238,12 +249,11 @@ def domain_evidence(per_cell: dict, methods: list[str], seeds: list[int], margin
         if m not in CONTROLS:
             ctl = {c: paired_evidence(final(m), final(c), fresh) for c in controls_of(m) if c in methods}
             entry["vs_controls"] = ctl
-            entry["clears_controls"] = (
-                all(e is not None and e["lb_t"] is not None and e["lb_t"] > 0 for e in ctl.values())
-                if ctl
-                else None
-            )
-            entry["gain_counts"] = entry["verdict"] == VERDICTS[0] and entry["clears_controls"] is True
+            entry["clears_controls"] = clears(list(ctl.values()))
+            entry["gain_counts"] = (
+                None if entry["verdict"] is None
+                else entry["verdict"] == VERDICTS[0] and entry["clears_controls"] is True
+            )  # fmt: skip
         out[m] = entry
     return out
 
