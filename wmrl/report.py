@@ -475,7 +475,7 @@ def evidence_rows(report: dict) -> list[list[str]]:
                 dname, m, seeds, fmt_cell(vs), lb(vs), lb(vs, "lb_bootstrap"),
                 f"{vs['wins']} of {vs['n']}" if vs else ABSENT,
                 fmt_value(e["margin"]), e["verdict"] or ABSENT, lb(placebo), lb(ctl.get("ppi_lambda0")),
-                yes_no[e.get("clears_controls")] if m not in CONTROLS else "(a control)",
+                "(a control)" if m in CONTROLS else yes_no[e["clears_controls"]] if ctl else "not run",
                 yes_no[e.get("gain_counts")] if m not in CONTROLS else ABSENT,
             ])  # fmt: skip
     return rows
