@@ -240,3 +240,19 @@ def test_ppi_lambda0_takes_exactly_the_anchors_only_gradient(tmp_path):
     assert torch.equal(adv[~anchors], torch.zeros_like(adv[~anchors])) and bool(used.all())
     assert g_anchors.norm() > 0
     assert torch.allclose(g_ppi, g_anchors, rtol=1e-5, atol=1e-7)
+
+
+def test_the_placebo_permutes_the_execution_log_that_starts_lambda_too(tmp_path):
+    """With ppi.prior_from_log the placebo's λ window starts from the log's groups with their WM
+    scores permuted within each group (true rewards in place), never the WM's own ranking."""
+    window = {}
+    for label in ("ppi", "ppi_placebo"):
+        over = CONTROLS[label][1] if label in CONTROLS else []
+        t = _trainer(tmp_path / label, "--method=ppi", "--ppi.prior_from_log=true", *over)
+        window[label] = list(t.tuner.groups)
+    assert len(window["ppi"]) == len(window["ppi_placebo"]) == 8
+    moved = 0
+    for (h, r, _, _), (hp, rp, _, _) in zip(window["ppi"], window["ppi_placebo"], strict=True):
+        assert rp == r and sorted(hp) == sorted(h)
+        moved += hp != h
+    assert moved >= 6
