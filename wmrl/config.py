@@ -34,7 +34,9 @@ METHODS = ("real", "anchors_only", "wm", "mix", "debias", "denoise", "wmrl", "pp
 same real executions as the WM methods, no WM: the control every WM method must beat); `wm` no
 execution; `mix` anchors + raw WM scores; `debias` calibrates WM scores; `denoise` up-weights anchor
 advantages by w (residual on raw scores); `wmrl` does both (residual after calibration); `ppi`
-prediction-powered advantages (unbiased for any WM; wmrl/ppi.py)."""
+prediction-powered advantages (unbiased for any WM; wmrl/ppi.py). The controls that `wmrl compare`
+runs beside them (`<method>_placebo`, `ppi_lambda0`) are these methods with config overrides
+(`wm_placebo`, `ppi.lam=0`; wmrl.grid.CONTROLS)."""
 
 WM_METHODS = ("wm", "mix", "debias", "denoise", "wmrl", "ppi")
 """The methods that query a world model."""
