@@ -34,7 +34,9 @@ METHODS = ("real", "anchors_only", "wm", "mix", "debias", "denoise", "wmrl", "pp
 same real executions as the WM methods, no WM: the control every WM method must beat); `wm` no
 execution; `mix` anchors + raw WM scores; `debias` calibrates WM scores; `denoise` up-weights anchor
 advantages by w (residual on raw scores); `wmrl` does both (residual after calibration); `ppi`
-prediction-powered advantages (unbiased for any WM; wmrl/ppi.py)."""
+prediction-powered advantages (unbiased for any WM; wmrl/ppi.py). The controls that `wmrl compare`
+runs beside them (`<method>_placebo`, `ppi_lambda0`) are these methods with config overrides
+(`wm_placebo`, `ppi.lam=0`; wmrl.grid.CONTROLS)."""
 
 WM_METHODS = ("wm", "mix", "debias", "denoise", "wmrl", "ppi")
 """The methods that query a world model."""
@@ -351,6 +353,9 @@ class RunConfig:
     # predictions and evaluation: fp32 (none) | bf16 (torch.autocast to bfloat16 on the run's device;
     # the losses, SFT and the WM's refinement stay in float32).
     precision: str = "fp32"
+    # Placebo world model, a control (wmrl/controls.py): every step the WM's predictions are permuted
+    # within each group, so the method runs its own code path on scores that rank nothing.
+    wm_placebo: bool = False
     domain: DomainConfig = field(default_factory=_default_domain)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     anchors: AnchorConfig = field(default_factory=AnchorConfig)
@@ -374,6 +379,11 @@ class RunConfig:
             not self.ppi.prior_from_log or type(self.domain).HAS_EXECUTION_LOG,
             f"ppi.prior_from_log=true needs a domain with a pre-training execution log (research); "
             f"domain.type={DomainConfig.get_choice_name(type(self.domain))!r} has none",
+        )
+        _check(
+            not self.wm_placebo or self.uses_wm,
+            f"wm_placebo=true permutes a world model's scores: method={self.method!r} queries none "
+            f"(use one of {', '.join(WM_METHODS)})",
         )
         if self.method in ("anchors_only", "mix", "debias", "denoise", "wmrl", "ppi"):
             _check(

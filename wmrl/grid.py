@@ -13,7 +13,24 @@ the command line as ``--executor.type=ray --seeds=[0,1]``). ``wmrl compare SPEC 
    policy on ``reeval_episodes`` held-out episodes or samples per task (``reeval.json`` in the run
    directory, kept while the run and the re-evaluation settings are unchanged; where those settings
    are the run's own, its final in-run evaluation is reused, not repeated);
-4. writes ``report.md``, ``report.html`` and ``report.json`` (wmrl/report.py).
+4. writes ``report.md``, ``report.html`` and ``report.json`` (wmrl/report.py), whose evidence
+   table holds every WM method to the evidence standard (DESIGN.md section 7): its paired
+   difference to ``anchors_only`` with a one-sided 95% lower bound, a non-inferiority verdict at the
+   domain's margin, and whether it clears its controls.
+
+**Controls.** With ``control: true`` (the default) a grid that runs a WM method also runs
+``anchors_only`` (the same real executions, no WM) and, beside each WM method ``m``,
+``m_placebo`` (``m``'s own code path on the placebo WM: its scores permuted within each group,
+``--wm_placebo=true``, wmrl/controls.py) and, beside ``ppi``, ``ppi_lambda0`` (ppi's own code path
+with λ fixed at 0, ``--ppi.lam=0``: the WM's correction switched off). Control labels may also be
+listed in ``methods`` by name.
+
+**Seeds fixed before the grid runs.** Before any cell runs, ``DIR/ledger.json`` records for every
+new cell when it was planned and which seeds already had finished cells then. A cell of a method
+planned after its seed's results existed (a method added to a grid after seeing some seeds), or of
+a seed listed in the spec's ``seen_seeds`` (a variant chosen after seeing those seeds of another
+grid), is *exploratory*: the evidence table leaves it out and names it; the method's figure there
+rests on the fresh seeds alone.
 
 ``DIR`` also holds ``spec.yaml`` (the spec as last run) and ``index.json`` (every cell, its run
 directory and status). Stages 2 and 3 run as tasks on the executor: local worker processes
@@ -38,12 +55,44 @@ from pathlib import Path
 import draccus
 from draccus.utils import DraccusException
 
-from wmrl.config import METHODS, ConfigError, _check, _one_of, did_you_mean, load_config, presets
+from wmrl.config import (
+    METHODS,
+    WM_METHODS,
+    ConfigError,
+    DomainConfig,
+    _check,
+    _one_of,
+    did_you_mean,
+    load_config,
+    presets,
+)
 from wmrl.experiment import _config_diffs, _result_fields, comparison_runs, with_control, writable_dir
 from wmrl.tracking import CHECKPOINT, RunDirError, _diff, read_metrics
 
 log = logging.getLogger("wmrl")
 GRID_EXECUTORS = ("process", "ray", "inline")
+
+CONTROLS: dict[str, tuple[str, list[str]]] = {
+    **{f"{m}_placebo": (m, ["--wm_placebo=true"]) for m in WM_METHODS},
+    "ppi_lambda0": ("ppi", ["--ppi.lam=0"]),
+}
+"""Control label -> (the method whose code path it runs, its config overrides). ``<m>_placebo``: the
+placebo WM (scores permuted within each group, wmrl/controls.py); ``ppi_lambda0``: ppi with λ = 0."""
+GRID_METHODS = (*METHODS, *CONTROLS)
+# Non-inferiority margin on the held-out score per domain type (DomainEntry.margin overrides it):
+# toy true reward 0.005; VLA success rate (a fraction) 0.01, i.e. 1 point; research score 0.02.
+DEFAULT_MARGINS = {"toy": 0.005, "vla": 0.01, "research": 0.02}
+LEDGER = "ledger.json"
+
+
+def base_method(label: str) -> str:
+    """The ``--method`` a grid label runs (a control's method, else the label itself)."""
+    return CONTROLS[label][0] if label in CONTROLS else label
+
+
+def controls_of(method: str) -> list[str]:
+    """The control labels of ``method`` (empty for a control, ``real`` and ``anchors_only``)."""
+    return [c for c, (m, _) in CONTROLS.items() if m == method]
 
 
 @dataclass
@@ -60,6 +109,10 @@ class DomainEntry:
     reeval_overrides: list[str] = field(default_factory=list)
     # Key of the domain's evaluation that is its score ("": the domain's own, e.g. success).
     score: str = ""
+    # Non-inferiority margin on that score: a WM method is non-inferior to anchors_only where the
+    # one-sided 95% lower bound of their paired difference is above -margin (None: the domain
+    # type's default, toy 0.005, vla 0.01 = 1 point of success, research 0.02).
+    margin: float | None = None
 
 
 @dataclass
@@ -85,11 +138,19 @@ class GridExecutorConfig:
 
 @dataclass
 class GridSpec:
-    # Methods every domain runs (wmrl.config.METHODS); anchors_only joins them when `control`.
+    # Methods every domain runs (wmrl.config.METHODS, or a control label such as ppi_placebo);
+    # the controls join them when `control`.
     methods: list[str] = field(default_factory=list)
+    # Fixed before the grid runs (DIR/ledger.json records when each cell was planned).
     seeds: list[int] = field(default_factory=lambda: [0])
-    # Add `anchors_only` (the same real executions without a WM) when a WM method is among `methods`.
+    # Add the controls when a WM method is among `methods`: `anchors_only` (the same real executions
+    # without a WM), `<method>_placebo` beside each WM method (its WM's scores permuted within each
+    # group) and `ppi_lambda0` beside ppi (lambda fixed at 0).
     control: bool = True
+    # Seeds whose results were seen before this spec's variant (a method, preset or override) was
+    # chosen, e.g. the seeds of the grid it varies: its WM methods' figures on them are exploratory,
+    # left out of the evidence table (which rests on the other, fresh seeds).
+    seen_seeds: list[int] = field(default_factory=list)
     # Held-out episodes or samples per task of the final re-evaluation (None: each preset's own).
     reeval_episodes: int | None = None
     domains: list[DomainEntry] = field(default_factory=list)
@@ -99,9 +160,10 @@ class GridSpec:
         if not self.methods:
             raise ConfigError("methods is empty: name at least one of " + ", ".join(METHODS))
         for m in self.methods:
-            if m not in METHODS:
+            if m not in GRID_METHODS:
                 raise ConfigError(
-                    f"methods entry {m!r} is not one of {', '.join(METHODS)}{did_you_mean(m, METHODS)}"
+                    f"methods entry {m!r} is not one of {', '.join(METHODS)} or a control "
+                    f"({', '.join(CONTROLS)}){did_you_mean(m, GRID_METHODS)}"
                 )
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"seeds={self.seeds} must be a non-empty list of distinct seeds")
@@ -118,10 +180,18 @@ class GridSpec:
             for n in (self.reeval_episodes, d.reeval_episodes):
                 if n is not None and n < 1:
                     raise ConfigError(f"domain {d.name!r}: reeval_episodes={n} must be >= 1")
+            if d.margin is not None and not d.margin >= 0:
+                raise ConfigError(f"domain {d.name!r}: margin={d.margin} must be >= 0")
 
     @property
     def all_methods(self) -> list[str]:
-        return with_control(self.methods) if self.control else list(self.methods)
+        """``methods``, with ``control``: ``anchors_only`` and each WM method's controls after it."""
+        if not self.control:
+            return list(self.methods)
+        out = []
+        for m in with_control(self.methods):
+            out += [m, *(c for c in controls_of(m) if c not in self.methods)]
+        return out
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
@@ -192,7 +262,8 @@ def plan(spec: GridSpec, out: Path) -> list[Cell]:
                 run_dir = out / d.name / method / f"seed{seed}"
                 over = [
                     *d.overrides,
-                    f"--method={method}",
+                    f"--method={base_method(method)}",
+                    *(CONTROLS[method][1] if method in CONTROLS else []),
                     f"--seed={seed}",
                     "--compare.methods=[]",
                     "--compare.seeds=[]",
@@ -204,6 +275,8 @@ def plan(spec: GridSpec, out: Path) -> list[Cell]:
                     raise ConfigError(
                         f"domain {d.name!r} (preset {d.preset}), {method} seed {seed}: {e}"
                     ) from None
+                if method == spec.all_methods[0] and seed == spec.seeds[0]:
+                    domain_margin(d, cfg)  # a domain without a margin fails before anything runs
                 n = d.reeval_episodes or spec.reeval_episodes
                 size = type(cfg.domain).HELDOUT_SIZE
                 reeval = [*d.reeval_overrides, *([f"--domain.{size}={n}"] if n and size else [])]
@@ -220,6 +293,19 @@ def plan(spec: GridSpec, out: Path) -> list[Cell]:
                     )  # fmt: skip
                 )
     return cells
+
+
+def domain_margin(d: DomainEntry, cfg) -> float:
+    """The domain's non-inferiority margin: its own, else its type's default (DEFAULT_MARGINS)."""
+    if d.margin is not None:
+        return d.margin
+    kind = DomainConfig.get_choice_name(type(cfg.domain))
+    if kind not in DEFAULT_MARGINS:
+        raise ConfigError(
+            f"domain {d.name!r} (type {kind}) has no default non-inferiority margin: "
+            "state one in the spec (margin: ...)"
+        )
+    return DEFAULT_MARGINS[kind]
 
 
 def _check_preset(d: DomainEntry) -> None:
@@ -255,6 +341,34 @@ def check_grid_dir(out: Path, cells: list[Cell]) -> None:
             f"{' | ...' if len(problems) > 4 else ''}): choose another --out-dir, or restore the spec "
             "to finish the grid as it was started"
         )
+
+
+def update_ledger(out: Path, cells: list[Cell]) -> dict:
+    """Enter every cell not yet in ``DIR/ledger.json``, before any cell runs: a pending cell with
+    the time it is planned (now, UTC) and the seeds that already have a finished cell in the grid
+    (``seen_seeds``: results that could have informed the choice of its method); a cell that ran
+    before the ledger existed with ``planned_at: null`` (unknown). Entries are never rewritten.
+    Returns the ledger."""
+    from datetime import UTC, datetime
+
+    ledger = _read_json(out / LEDGER) or {}
+    entries = ledger.setdefault("cells", {})
+    status = {c.name: cell_status(c) for c in cells}
+    seen = sorted({c.seed for c in cells if status[c.name] in ("finished", "trained")})
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    for c in cells:
+        if c.name not in entries:
+            fresh = status[c.name] == "pending"
+            entries[c.name] = {"planned_at": now if fresh else None, "seen_seeds": seen if fresh else None}
+    _write_json(out / LEDGER, ledger)
+    return ledger
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def cell_status(c: Cell) -> str:
@@ -523,6 +637,7 @@ def run_grid(
         draccus.dump(spec, f)
     cwd = os.getcwd()
     todo = [c for c in cells if cell_status(c) != "finished"]
+    update_ledger(out, cells)  # the seeds and methods as fixed before anything below runs
     unprepared = {c.domain for c in cells if _read_cached(Path(c.start_path), c.reeval_overrides) is None}
     _write_index(out, cells)
     echo(f"grid {out}: {len(cells)} cells, {len(cells) - len(todo)} finished, {len(todo)} to run "

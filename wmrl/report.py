@@ -7,6 +7,15 @@ kept, paired differences against ``real`` and ``anchors_only``, real executions 
 steps), executions to reach ``real``'s final score, wall-clock and its split, and the WM
 diagnostics. A figure that a domain or method does not produce is absent (``None`` in JSON, ``—`` in
 the tables), never zero.
+
+**Evidence** (DESIGN.md section 7; ``evidence`` per domain in JSON, the first table of the report):
+per WM method and control, the paired difference of held-out scores to ``anchors_only`` over the
+seeds, with a one-sided 95% lower bound (:func:`lower_bound_t`, scipy's one-sample t test on the
+paired differences; a BCa bootstrap bound beside it), a non-inferiority verdict at the domain's
+margin (:func:`verdict`), the same bound against each of the method's controls (its placebo, and
+``ppi_lambda0`` for ppi), and whether its gain counts: superior to ``anchors_only`` and above every
+control. Cells marked exploratory (their method chosen after their seed's results were seen:
+wmrl/grid.py) are left out and named.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from statistics import mean, stdev
 from typing import TYPE_CHECKING
 
 from wmrl.config import WM_METHODS, load_config
+from wmrl.grid import CONTROLS, DEFAULT_MARGINS, LEDGER, base_method, controls_of, domain_margin
 from wmrl.tracking import read_metrics
 
 if TYPE_CHECKING:
@@ -134,10 +144,125 @@ def paired(a: dict[int, float | None], b: dict[int, float | None]) -> dict | Non
     return mean_se([a[s] - b[s] for s in a if a[s] is not None and b.get(s) is not None])
 
 
+# ---- the evidence standard -----------------------------------------------------------------------
+
+CONFIDENCE = 0.95  # one-sided
+VERDICTS = ("superior", "non-inferior", "not shown")
+
+
+def lower_bound_t(diffs: list[float], confidence: float = CONFIDENCE) -> float | None:
+    """One-sided lower confidence bound of the mean of paired differences ``d`` (``[n]``):
+
+        LB = mean(d) − t_{confidence, n−1} · sd(d) / √n
+
+    from scipy's one-sample t test (``alternative="greater"``). The mean itself when every
+    difference is equal (no spread); None for ``n < 2``."""
+    import numpy as np
+    from scipy import stats
+
+    d = np.asarray(diffs, dtype=float)
+    if d.size < 2:
+        return None
+    if np.ptp(d) == 0:
+        return float(d[0])
+    return float(stats.ttest_1samp(d, 0.0, alternative="greater").confidence_interval(confidence).low)
+
+
+def lower_bound_bootstrap(diffs: list[float], confidence: float = CONFIDENCE) -> float | None:
+    """One-sided BCa bootstrap lower bound of the mean of ``d`` (scipy.stats.bootstrap, 9,999
+    resamples, a fixed generator so a report is reproducible). Few seeds make it narrower than the
+    t bound (it ignores the t tail); None for ``n < 3`` or no spread."""
+    import numpy as np
+    from scipy import stats
+
+    d = np.asarray(diffs, dtype=float)
+    if d.size < 3 or np.ptp(d) == 0:
+        return None
+    res = stats.bootstrap(
+        (d,), np.mean, confidence_level=confidence, alternative="greater", method="BCa",
+        n_resamples=9999, rng=np.random.default_rng(0),
+    )  # fmt: skip
+    low = float(res.confidence_interval.low)
+    return low if math.isfinite(low) else None
+
+
+def verdict(lower_bound: float | None, margin: float | None) -> str | None:
+    """``superior`` (LB > 0), ``non-inferior`` (−margin < LB <= 0) or ``not shown`` (LB <= −margin)
+    for the lower bound of a method minus ``anchors_only``; None without a bound or a margin."""
+    if lower_bound is None or margin is None:
+        return None
+    return VERDICTS[0] if lower_bound > 0 else VERDICTS[1] if lower_bound > -margin else VERDICTS[2]
+
+
+def paired_evidence(a: dict[int, float | None], b: dict[int, float | None], seeds: list[int]) -> dict | None:
+    """``a[s] − b[s]`` over those of ``seeds`` where both are present: the seeds, mean, s.e., n,
+    the one-sided 95% lower bounds (t and BCa bootstrap) and the seeds where ``a`` is ahead."""
+    pairs = [(s, a[s] - b[s]) for s in seeds if a.get(s) is not None and b.get(s) is not None]
+    if not pairs:
+        return None
+    d = [x for _, x in pairs]
+    return mean_se(d) | {
+        "seeds": [s for s, _ in pairs],
+        "lb_t": lower_bound_t(d),
+        "lb_bootstrap": lower_bound_bootstrap(d),
+        "wins": int(sum(x > 0 for x in d)),
+    }
+
+
+def clears(controls: list[dict | None]) -> bool | None:
+    """Whether a method clears its controls: False where a control was not run on its seeds or a
+    lower bound of the method minus a control is <= 0, None where a bound is undetermined (n < 2)
+    and none failed, True where every bound is > 0; None without controls."""
+    if not controls:
+        return None
+    if any(c is None or (c["lb_t"] is not None and c["lb_t"] <= 0) for c in controls):
+        return False
+    return None if any(c["lb_t"] is None for c in controls) else True
+
+
+def domain_evidence(per_cell: dict, methods: list[str], seeds: list[int], margin: float | None) -> dict:
+    """Per WM method or control ``m`` of one domain (``per_cell[(m, seed)]``: ``heldout_final``,
+    ``exploratory``): ``vs_anchors_only`` (:func:`paired_evidence` over ``m``'s fresh seeds), the
+    ``verdict`` at ``margin``, ``exploratory_seeds`` (left out) and, for a method that is not itself
+    a control, ``vs_controls``, ``clears_controls`` (:func:`clears`) and ``gain_counts`` (superior
+    and clears every control: without controls run it does not count). Empty without
+    ``anchors_only``."""
+    if "anchors_only" not in methods:
+        return {}
+
+    def final(m: str) -> dict[int, float | None]:
+        return {s: per_cell[(m, s)]["heldout_final"] for s in seeds}
+
+    out = {}
+    for m in methods:
+        if base_method(m) not in WM_METHODS:
+            continue
+        exploratory = [s for s in seeds if per_cell[(m, s)].get("exploratory")]
+        fresh = [s for s in seeds if s not in exploratory]
+        vs = paired_evidence(final(m), final("anchors_only"), fresh)
+        entry = {
+            "exploratory_seeds": exploratory,
+            "vs_anchors_only": vs,
+            "margin": margin,
+            "verdict": verdict(vs and vs["lb_t"], margin),
+        }
+        if m not in CONTROLS:
+            ctl = {c: paired_evidence(final(m), final(c), fresh) for c in controls_of(m) if c in methods}
+            entry["vs_controls"] = ctl
+            entry["clears_controls"] = clears(list(ctl.values()))
+            entry["gain_counts"] = (
+                None if entry["verdict"] is None
+                else entry["verdict"] == VERDICTS[0] and entry["clears_controls"] is True
+            )  # fmt: skip
+        out[m] = entry
+    return out
+
+
 def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
     """Every figure per cell and per (domain, method), read back from the run directories."""
     from wmrl.grid import _reeval_current, cell_status
 
+    ledger = (_json(out / LEDGER) or {}).get("cells", {})
     domains: dict = {}
     for d in spec.domains:
         dcells = [c for c in cells if c.domain == d.name]
@@ -150,8 +275,11 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
             reeval = _reeval_current(c) if status == "finished" else None
             rows = read_metrics(c.run_dir) if status in ("finished", "trained") else []
             final = _score((reeval or {}).get("eval", {}), score)
-            per_cell[(c.method, c.seed)] = {"status": status} | cell_figures(
-                rows, c.method, score, start, final
+            seen = (ledger.get(c.name) or {}).get("seen_seeds") or []
+            per_cell[(c.method, c.seed)] = (
+                {"status": status}
+                | cell_figures(rows, base_method(c.method), score, start, final)
+                | {"exploratory": _is_tested(c.method) and (c.seed in seen or c.seed in spec.seen_seeds)}
             )
             curves[(c.method, c.seed)] = [
                 (
@@ -164,24 +292,37 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
                 if _finite(r.get(f"eval/{score}"))
             ]
         sizes = {c.reeval_overrides and " ".join(c.reeval_overrides) or "(the preset's)" for c in dcells}
+        margin = domain_margin(d, cfg)
         domains[d.name] = {
             "preset": d.preset,
             "score": score,
             "heldout_size_field": type(cfg.domain).HELDOUT_SIZE,
             "reeval_overrides": sorted(sizes),
-        } | aggregate_domain(per_cell, curves, spec.all_methods, spec.seeds)
-    return {"grid": _shown_path(out), "spec": _plain_spec(spec), "columns": {k: v[0] for k, v in COLUMNS.items()},
+            "margin": margin,
+        } | aggregate_domain(per_cell, curves, spec.all_methods, spec.seeds, margin)
+    fixed = {str(s): min((e["planned_at"] for c in cells if c.seed == s and (e := ledger.get(c.name))
+                          and e.get("planned_at")), default=None) for s in spec.seeds}  # fmt: skip
+    return {"grid": _shown_path(out), "spec": _plain_spec(spec), "seeds_fixed_at": fixed,
+            "columns": {k: v[0] for k, v in COLUMNS.items()},
             "column_notes": {k: v[1] for k, v in COLUMNS.items()}, "domains": domains}  # fmt: skip
 
 
-def aggregate_domain(per_cell: dict, curves: dict, methods: list[str], seeds: list[int]) -> dict:
+def _is_tested(method: str) -> bool:
+    """A method whose figures are a claim (a WM method), not a control or a reference."""
+    return method in WM_METHODS
+
+
+def aggregate_domain(
+    per_cell: dict, curves: dict, methods: list[str], seeds: list[int], margin: float | None = None
+) -> dict:
     """One domain's figures over seeds from its cells' figures.
 
     ``per_cell[(method, seed)]``: ``{"status", **cell_figures(...)}``; ``curves[(method, seed)]``: that
     cell's in-run evaluations (``executions_to_reach``). Returns ``heldout_start`` and
     ``real_final_inrun`` (mean +- s.e. over seeds), ``methods[m]`` = ``{"figures", "per_seed"}`` with
     the paired differences against ``real`` and ``anchors_only`` and the share of ``real``'s gain,
-    and the curves keyed ``"<method>/seed<seed>"``.
+    the curves keyed ``"<method>/seed<seed>"``, and the ``evidence`` (:func:`domain_evidence` at
+    ``margin``).
     """
     real_final = mean_se([v["final_inrun"] for (m, _), v in per_cell.items() if m == "real"])
     target = real_final["mean"] if real_final else None
@@ -190,7 +331,8 @@ def aggregate_domain(per_cell: dict, curves: dict, methods: list[str], seeds: li
     out_methods: dict = {}
     for m in methods:
         by_seed = {s: per_cell[(m, s)] for s in seeds}
-        figs = {k: mean_se([v[k] for v in by_seed.values()]) for k in by_seed[seeds[0]] if k != "status"}
+        figs = {k: mean_se([v[k] for v in by_seed.values()]) for k in by_seed[seeds[0]]
+                if k not in ("status", "exploratory")}  # fmt: skip
         for ref in ("real", "anchors_only"):
             figs[f"diff_vs_{ref}"] = (
                 paired(
@@ -212,6 +354,7 @@ def aggregate_domain(per_cell: dict, curves: dict, methods: list[str], seeds: li
         "heldout_start": mean_se([per_cell[(methods[0], s)]["heldout_start"] for s in seeds]),
         "real_final_inrun": real_final,
         "methods": out_methods,
+        "evidence": domain_evidence(per_cell, methods, seeds, margin),
         "curves": {f"{m}/seed{s}": v for (m, s), v in curves.items()},
     }
 
@@ -280,11 +423,74 @@ def table_rows(report: dict, keys: list[str]) -> tuple[list[str], list[list[str]
     return head, rows
 
 
+EVIDENCE_HEAD = [
+    "domain", "method", "seeds", "Δ vs anchors_only", "95% LB (t)", "95% LB (BCa)", "ahead on",
+    "margin", "verdict", "LB vs placebo", "LB vs λ=0", "clears controls", "gain counts",
+]  # fmt: skip
+EVIDENCE_NOTES = [
+    "Paired over seeds: the method's held-out final minus `anchors_only`'s (the same real executions, "
+    "no WM). **95% LB**: one-sided 95% lower bound of the mean difference (t: scipy's one-sample t "
+    "test; BCa: bootstrap, narrower than t with few seeds).",
+    "**verdict** at the domain's margin: superior (LB > 0), non-inferior (-margin < LB <= 0), "
+    "not shown (LB <= -margin).",
+    "**LB vs placebo / λ=0**: the same bound for the method minus its controls (`<method>_placebo`: "
+    "its WM's scores permuted within each group; `ppi_lambda0`: ppi with λ = 0). **clears controls**: "
+    "every control's bound > 0. **gain counts**: superior and clears its controls.",
+    "**seeds** are the method's fresh seeds; seeds whose results were seen before the method was "
+    "chosen (ledger.json, the spec's seen_seeds) are named and left out. Each verdict is one "
+    "comparison at 95%; no correction for the number of comparisons in the table.",
+]
+
+
+def seed_list(seeds: list[int]) -> str:
+    """``0-3, 6`` for [0, 1, 2, 3, 6]."""
+    out, run = [], []
+    for s in sorted(seeds):
+        if run and s != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+            run = []
+        run.append(s)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+    return ", ".join(out)
+
+
+def evidence_rows(report: dict) -> list[list[str]]:
+    """One row per domain and WM method or control (the evidence table, EVIDENCE_HEAD)."""
+    rows = []
+    for dname, dom in report["domains"].items():
+        for m, e in (dom.get("evidence") or {}).items():
+            vs = e["vs_anchors_only"]
+            ctl = e.get("vs_controls", {})
+            seeds = seed_list(vs["seeds"]) if vs else ABSENT
+            if e["exploratory_seeds"]:
+                seeds += f" ({seed_list(e['exploratory_seeds'])} exploratory, left out)"
+
+            def lb(x: dict | None, key: str = "lb_t") -> str:
+                return fmt_value(x[key]) if x and x.get(key) is not None else ABSENT
+
+            placebo = ctl.get(f"{base_method(m)}_placebo") if m not in CONTROLS else None
+            yes_no = {True: "yes", False: "no", None: ABSENT}
+            rows.append([
+                dname, m, seeds, fmt_cell(vs), lb(vs), lb(vs, "lb_bootstrap"),
+                f"{vs['wins']} of {vs['n']}" if vs else ABSENT,
+                fmt_value(e["margin"]), e["verdict"] or ABSENT, lb(placebo), lb(ctl.get("ppi_lambda0")),
+                "(a control)" if m in CONTROLS else yes_no[e["clears_controls"]] if ctl else "not run",
+                yes_no[e.get("gain_counts")] if m not in CONTROLS else ABSENT,
+            ])  # fmt: skip
+    return rows
+
+
 def markdown(report: dict, command: str | None = None) -> str:
     lines = ["# Comparison report", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
     lines += _preamble(report) + [""]
+    rows = evidence_rows(report)
+    if rows:
+        lines += ["## Evidence against anchors_only", "", "| " + " | ".join(EVIDENCE_HEAD) + " |"]
+        lines += ["|" + "---|" * len(EVIDENCE_HEAD)] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
+        lines += [f"- {x}" for x in EVIDENCE_NOTES] + [""]
     for title, keys in TABLES.items():
         head, rows = table_rows(report, keys)
         lines += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -301,11 +507,28 @@ def markdown(report: dict, command: str | None = None) -> str:
 
 def _preamble(report: dict) -> list[str]:
     out = []
+    fixed = report.get("seeds_fixed_at") or {}
+    seeds = report["spec"]["seeds"]
+    times = sorted({t for t in fixed.values() if t})
+    unknown = [int(s) for s, t in fixed.items() if not t]
+    text = f"- seeds {seed_list(seeds)}"
+    if times:
+        text += f", fixed before their cells ran (ledger.json: {', '.join(times)} UTC)"
+    if unknown:
+        text += f"; seeds {seed_list(unknown)} ran before the ledger was kept (when fixed: unknown)"
+    if report["spec"].get("seen_seeds"):
+        text += f"; seen before this variant was chosen: {seed_list(report['spec']['seen_seeds'])}"
+    out.append(text)
     for dname, dom in report["domains"].items():
         start = fmt_cell(dom["heldout_start"])
         out.append(
             f"- **{dname}** (preset `{dom['preset']}`): score `{dom['score']}`, held-out re-evaluation "
             f"{', '.join(dom['reeval_overrides'])}; starting policy {start}"
+            + (
+                f"; non-inferiority margin {fmt_value(dom['margin'])}"
+                if dom.get("margin") is not None
+                else ""
+            )
         )
     if report.get("grid_wall_s") is not None:
         out.append(
@@ -334,6 +557,17 @@ def html_report(report: dict, png: bytes | None, command: str | None = None) -> 
     if command:
         parts.append(f"<p>Command: <code>{esc(command)}</code></p>")
     parts.append("<ul>" + "".join(f"<li>{_inline_html(x[2:])}</li>" for x in _preamble(report)) + "</ul>")
+    rows = evidence_rows(report)
+    if rows:
+        parts.append(
+            "<h2>Evidence against anchors_only</h2><table><tr>"
+            + "".join(f"<th>{esc(h)}</th>" for h in EVIDENCE_HEAD)
+            + "</tr>"
+        )
+        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows]
+        parts.append(
+            "</table><ul>" + "".join(f"<li>{_inline_html(x)}</li>" for x in EVIDENCE_NOTES) + "</ul>"
+        )
     for title, keys in TABLES.items():
         head, rows = table_rows(report, keys)
         parts.append(
@@ -460,7 +694,7 @@ def merge_reports(reports: list[dict], names: list[str], method_from: dict[str, 
     first, first_name = reports[0], names[0]
 
     def grid_fields(r: dict) -> dict:
-        return {k: v for k, v in r["spec"].items() if k not in ("seeds", "methods", "executor")}
+        return {k: v for k, v in r["spec"].items() if k not in ("seeds", "methods", "executor", "seen_seeds")}
 
     seen: dict[int, str] = {}
     for r, name in zip(reports, names, strict=True):
@@ -497,10 +731,14 @@ def merge_reports(reports: list[dict], names: list[str], method_from: dict[str, 
         sources = [(r, [m for m in r["domains"][dname]["methods"] if m not in method_from]) for r in reports]
         sources += [(r, [m]) for m, (r, _) in method_from.items()]
         for r, taken in sources:
+            seen_before = set(r["spec"].get("seen_seeds", []))  # a report from before the ledger: its spec's
             for m in taken:
                 for s, v in r["domains"][dname]["methods"][m]["per_seed"].items():
                     if int(s) in seen:
-                        per_cell[(m, int(s))] = {k: x for k, x in v.items() if k != "execs_to_real_final"}
+                        per_cell[(m, int(s))] = {k: x for k, x in v.items() if k != "execs_to_real_final"} | {
+                            "exploratory": bool(v.get("exploratory"))
+                            or (_is_tested(m) and int(s) in seen_before)
+                        }
             for key, curve in r["domains"][dname]["curves"].items():
                 m, s = key.split("/seed")
                 if m in taken and int(s) in seen:
@@ -509,8 +747,11 @@ def merge_reports(reports: list[dict], names: list[str], method_from: dict[str, 
         for m in methods:  # a part that ran fewer methods: its seeds count as not run for the others
             for s in seeds:
                 per_cell.setdefault((m, s), {k: None for k in template} | {"status": "not run"})
-        domains[dname] = {f: dom[f] for f in DOMAIN_FIELDS} | aggregate_domain(
-            per_cell, curves, methods, seeds
+        margin = dom["margin"] if dom.get("margin") is not None else _default_margin(dom["preset"])
+        domains[dname] = (
+            {f: dom[f] for f in DOMAIN_FIELDS}
+            | {"margin": margin}
+            | aggregate_domain(per_cell, curves, methods, seeds, margin)
         )
     parts = [{"report": n, "seeds": r["spec"]["seeds"], "grid_wall_s": r.get("grid_wall_s")}
              for r, n in zip(reports, names, strict=True)]  # fmt: skip
@@ -519,16 +760,32 @@ def merge_reports(reports: list[dict], names: list[str], method_from: dict[str, 
         m: {"report": name, "overrides": {d["name"]: d.get("overrides", []) for d in r["spec"]["domains"]}}
         for m, (r, name) in method_from.items()
     }
+    seen_seeds = sorted({s for r, _ in [*zip(reports, names, strict=True), *method_from.values()]
+                         for s in r["spec"].get("seen_seeds", [])})  # fmt: skip
+    fixed = {k: t for r in reports for k, t in (r.get("seeds_fixed_at") or {}).items() if int(k) in seen}
     return {
         "grid": None,
         "merged_from": parts,
         "method_sources": method_sources,
-        "spec": first["spec"] | {"seeds": seeds, "methods": spec_methods},
+        "spec": first["spec"] | {"seeds": seeds, "methods": spec_methods, "seen_seeds": seen_seeds},
+        "seeds_fixed_at": {str(s): fixed.get(str(s)) for s in seeds},
         "columns": first["columns"],
         "column_notes": first["column_notes"],
         "domains": domains,
         "grid_wall_s": None,
     }
+
+
+def _default_margin(preset: str) -> float | None:
+    """The default non-inferiority margin of the preset's domain type (a report from before
+    margins were recorded); None for a type without one."""
+    from wmrl.config import ConfigError, DomainConfig
+
+    try:
+        kind = DomainConfig.get_choice_name(type(load_config(preset).domain))
+    except ConfigError:
+        return None
+    return DEFAULT_MARGINS.get(kind)
 
 
 def _check_same_evaluation(r: dict, name: str, first: dict, first_name: str) -> None:

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from wmrl.anchors import choose_anchor_groups
 from wmrl.config import ConfigError, RunConfig, save_config
+from wmrl.controls import placebo_groups, placebo_prediction
 from wmrl.debias import OnlineDebiaser, centred_residual
 from wmrl.denoise import InverseVarianceDenoiser, normalise_weights, sample_weights
 from wmrl.device import autocast, check_precision, module_device
@@ -123,6 +124,8 @@ class Trainer:
             raise ConfigError(
                 f"ppi.prior_from_log: {type(self.domain).__name__} built no prior_anchor_groups"
             )
+        if self.cfg.wm_placebo:  # the placebo control: the log's WM scores permuted too
+            groups = placebo_groups(groups, self.cfg.seed)
         for r_hat, r_true in groups:
             n = len(r_hat)
             self.tuner.observe(torch.tensor(r_hat), torch.tensor(r_true), torch.zeros(n, dtype=torch.long))
@@ -250,6 +253,8 @@ class Trainer:
                 with timed("wm"), torch.no_grad(), self.autocast():
                     pred = self.domain.world_model.predict(batch)
                 pred = Prediction(pred.mean.float(), None if pred.var is None else pred.var.float())
+                if cfg.wm_placebo:  # the placebo control: scores permuted within each group
+                    pred = placebo_prediction(pred, batch.group_ids, cfg.seed, self.step)
             if future is not None:
                 results = future.result()
                 times["time/execute"] = time.perf_counter() - t0

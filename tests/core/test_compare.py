@@ -53,7 +53,7 @@ def test_grid_writes_runs_index_and_report(grid):
     _, out = grid
     index = json.loads((out / "index.json").read_text())["cells"]
     assert [(c["method"], c["seed"]) for c in index] == [
-        (m, s) for m in ("real", "anchors_only", "ppi") for s in (0, 1)
+        (m, s) for m in ("real", "anchors_only", "ppi", "ppi_placebo", "ppi_lambda0") for s in (0, 1)
     ]
     assert all(c["status"] == "finished" for c in index)
     for c in index:  # each cell is an ordinary run directory, plus its held-out re-evaluation
@@ -78,6 +78,15 @@ def test_grid_writes_runs_index_and_report(grid):
     assert row.split(" | ")[9] == ABSENT  # the sim steps column
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html and "<table>" in html
+    # the evidence: ppi against anchors_only and its two controls, at the toy's margin
+    ev = report["domains"]["toy"]["evidence"]
+    assert set(ev) == {"ppi", "ppi_placebo", "ppi_lambda0"} and ev["ppi"]["margin"] == 0.005
+    assert set(ev["ppi"]["vs_controls"]) == {"ppi_placebo", "ppi_lambda0"}
+    diffs = [toy["ppi"]["per_seed"][s]["heldout_final"] - toy["anchors_only"]["per_seed"][s]["heldout_final"]
+             for s in ("0", "1")]  # fmt: skip
+    assert ev["ppi"]["vs_anchors_only"]["mean"] == pytest.approx(sum(diffs) / 2)
+    assert "## Evidence against anchors_only" in md and "| toy | ppi | 0, 1 |" in md
+    assert "| toy | ppi_placebo | 0, 1 |" in md and "Evidence against anchors_only" in html
 
 
 def test_rerun_keeps_finished_cells_and_refuses_a_changed_config(grid, capsys, tmp_path):
@@ -85,12 +94,12 @@ def test_rerun_keeps_finished_cells_and_refuses_a_changed_config(grid, capsys, t
     metrics = out / "toy/ppi/seed1/metrics.jsonl"
     before = (metrics.stat().st_mtime_ns, metrics.read_bytes())
     assert main(["compare", str(spec), "--out-dir", str(out)]) == 0
-    assert "6 finished, 0 to run" in capsys.readouterr().out
+    assert "10 finished, 0 to run" in capsys.readouterr().out
     assert (metrics.stat().st_mtime_ns, metrics.read_bytes()) == before
     changed = write_spec(tmp_path / "changed.yaml", extra=("--grpo.lr=1.0",))
     assert main(["compare", str(changed), "--out-dir", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "6 cell(s) were run with a different config" in err and "toy/real/seed0: grpo.lr" in err
+    assert "10 cell(s) were run with a different config" in err and "toy/real/seed0: grpo.lr" in err
     assert (metrics.stat().st_mtime_ns, metrics.read_bytes()) == before
 
 
@@ -103,10 +112,34 @@ def test_a_seed_added_on_the_command_line_runs_only_its_cells(grid, tmp_path, ca
     assert (
         main(["compare", str(spec), "--out-dir", str(copy), "--seeds=[0,1,2]", "--executor.type=inline"]) == 0
     )
-    assert "9 cells, 6 finished, 3 to run" in capsys.readouterr().out
+    assert "15 cells, 10 finished, 5 to run" in capsys.readouterr().out
     assert (metrics.read_bytes(), metrics.stat().st_mtime_ns) == before
     report = json.loads((copy / "report.json").read_text())
     assert report["domains"]["toy"]["methods"]["ppi"]["figures"]["heldout_final"]["n"] == 3
+
+
+def test_a_method_added_after_seeing_seeds_is_exploratory_on_them(grid, tmp_path, capsys):
+    """The ledger fixes each cell's seed before it runs; wmrl, added once seeds 0 and 1 had
+    results, rests on the fresh seed 2 alone; a spec's seen_seeds leave ppi's seed 0 out."""
+    spec, out = grid
+    copy = tmp_path / "g"
+    shutil.copytree(out, copy)
+    entry = json.loads((copy / "ledger.json").read_text())["cells"]["toy/ppi/seed0"]
+    assert entry["planned_at"] and entry["seen_seeds"] == []
+    args = ["compare", str(spec), "--out-dir", str(copy), "--seeds=[0,1,2]", "--executor.type=inline"]
+    assert main([*args, "--methods=[real,ppi,wmrl]"]) == 0
+    ledger = json.loads((copy / "ledger.json").read_text())["cells"]
+    assert ledger["toy/ppi/seed0"] == entry and ledger["toy/wmrl/seed2"]["seen_seeds"] == [0, 1]
+    report = json.loads((copy / "report.json").read_text())
+    ev = report["domains"]["toy"]["evidence"]
+    assert ev["wmrl"]["exploratory_seeds"] == [0, 1] and ev["wmrl"]["vs_anchors_only"]["seeds"] == [2]
+    assert ev["ppi"]["exploratory_seeds"] == [] and ev["ppi"]["vs_anchors_only"]["seeds"] == [0, 1, 2]
+    assert ev["wmrl_placebo"]["exploratory_seeds"] == []  # a control is no claim
+    assert "| toy | wmrl | 2 (0, 1 exploratory, left out) |" in (copy / "report.md").read_text()
+    assert main([*args, "--methods=[real,ppi,wmrl]", "--seen_seeds=[0]"]) == 0
+    ev = json.loads((copy / "report.json").read_text())["domains"]["toy"]["evidence"]
+    assert ev["ppi"]["exploratory_seeds"] == [0] and ev["ppi"]["vs_anchors_only"]["seeds"] == [1, 2]
+    assert "seen before this variant was chosen: 0" in (copy / "report.md").read_text()
 
 
 def test_reevaluation_reuses_the_runs_final_evaluation_only_when_its_settings_are_the_runs(grid, tmp_path):
@@ -161,7 +194,7 @@ def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
     ckpt = safe_load(second / "checkpoints/latest.pt")["step"]
     assert 0 < ckpt < 20
     assert main(["compare", str(spec), "--out-dir", str(out)]) == 0
-    assert "1 finished, 5 to run" in capsys.readouterr().out
+    assert "1 finished, 9 to run" in capsys.readouterr().out
     assert ((first / "metrics.jsonl").stat().st_mtime_ns, (first / "metrics.jsonl").read_bytes()) == kept
     rows = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(0, 21))  # step 0: the first evaluation
@@ -267,6 +300,12 @@ def test_the_plot_gains_a_simulator_steps_panel_for_a_domain_with_a_simulator(tm
         ),
         ("methods: [real\ndomains: []\n", "malformed YAML"),
         ("methods: [real]\ndomains: []\n", "domains is empty"),
+        (
+            "methods: [ppi_placebbo]\ndomains: [{name: t, preset: toy}]\n",
+            "or a control (wm_placebo, mix_placebo, debias_placebo, denoise_placebo, wmrl_placebo, "
+            "ppi_placebo, ppi_lambda0); did you mean 'ppi_placebo'?",
+        ),
+        ("methods: [ppi]\ndomains: [{name: t, preset: toy, margin: -0.01}]\n", "margin=-0.01 must be >= 0"),
     ],
 )
 def test_bad_specs_are_one_clear_error(tmp_path, capsys, text, message):
@@ -321,6 +360,10 @@ def test_merged_parts_equal_the_whole_grid(grid, tmp_path, capsys):
             assert got["figures"][k] == (pytest.approx(f) if f is not None else None), (m, k)
     assert merged["domains"]["toy"]["heldout_start"] == pytest.approx(
         whole["domains"]["toy"]["heldout_start"]
+    )
+    assert merged["domains"]["toy"]["evidence"] == whole["domains"]["toy"]["evidence"]
+    assert (
+        merged["seeds_fixed_at"] == whole["seeds_fixed_at"] and None not in whole["seeds_fixed_at"].values()
     )
     md = (tmp_path / "m" / "report.md").read_text()
     assert "merged: seeds 0 from" in md and "| toy | ppi | 2/2 |" in md
