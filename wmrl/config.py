@@ -141,6 +141,28 @@ class AnchorConfig:
         _check(self.min_groups >= 0, f"anchors.min_groups={self.min_groups} must be >= 0")
         _check(self.max_concurrent >= 1, f"anchors.max_concurrent={self.max_concurrent} must be >= 1")
 
+    def count(self, n_groups: int) -> int:
+        """Anchor groups among ``n_groups``: ``max(min_groups, round(fraction * n_groups))``, at most
+        ``n_groups`` (the methods that execute some groups, not all or none)."""
+        return min(n_groups, max(self.min_groups, math.floor(self.fraction * n_groups + 0.5)))
+
+    def check_for(self, method: str, n_groups: int) -> None:
+        """Refuse a count the method cannot use: ``fraction=0`` (it would still execute ``min_groups``
+        groups a step) and 0 groups a step (``ppi`` would train on the WM alone, a biased update)."""
+        _check(
+            self.fraction > 0,
+            f"anchors.fraction=0 with method={method!r}: it would still execute "
+            f"anchors.min_groups={self.min_groups} group(s) per step; set the fraction you mean (one group "
+            f"of grpo.tasks_per_step={n_groups} is {1 / n_groups:.4g}), or use method='wm' for no execution",
+        )
+        _check(
+            self.count(n_groups) >= 1,
+            f"anchors.fraction={self.fraction} of grpo.tasks_per_step={n_groups} rounds to 0 anchor groups "
+            f"per step with anchors.min_groups=0; method={method!r} needs at least one (a step without "
+            "anchors gives no unbiased update): set anchors.min_groups=1 or raise anchors.fraction to "
+            f">= {0.5 / n_groups:.4g}",
+        )
+
 
 @dataclass
 class DebiasConfig:
@@ -376,10 +398,7 @@ class RunConfig:
             f"domain.type={DomainConfig.get_choice_name(type(self.domain))!r} has none",
         )
         if self.method in ("anchors_only", "mix", "debias", "denoise", "wmrl", "ppi"):
-            _check(
-                self.anchors.fraction > 0 or self.anchors.min_groups > 0,
-                f"method={self.method!r} needs anchor groups but anchors.fraction=0 and anchors.min_groups=0",
-            )
+            self.anchors.check_for(self.method, self.grpo.tasks_per_step)
 
     @property
     def uses_wm(self) -> bool:

@@ -30,11 +30,27 @@ predicted frames needs: its gradient points wherever the policy's features of th
 anchor task has a real group (true rewards, ``A``) and an imagined twin (WM scores, ``Â``) whose
 rollout j shares rollout j's sampling noise. The same formula holds per task: real rows get
 ``(N/n) A``, the twin's rows ``λ Â (1 − N/n)``, every other imagined row ``λ Â``.
+
+**Missing values** (:func:`ppi_rows`). Whether a rollout is graded is a property of the rollout:
+full execution would leave it ungraded too, so ``g(t)`` is the gradient of the task's graded rows
+(a group with < 2 of them gives ``g(t) = 0``). The correction subtracts the task's *whole* WM
+gradient ``λ ĝ(t)``: every WM row of an anchor task gets ``λ Â (1 − N/n)``, its paired real rollout
+graded or not; a row whose WM score is missing is left out of ``ĝ`` on every draw alike. The
+loss divides by the tokens of the step's WM stream (every rollout of the N tasks; for twins, the
+imagined groups), a count that no anchor draw changes, so ``E[g_ppi]`` is the full-execution GRPO
+gradient over that same denominator: exactly GRPO's when every rollout is graded, and GRPO's times
+(graded tokens / all tokens) otherwise. ``n = 0`` anchors is refused (λĝ alone is biased).
+
+**Shrinking λ** (:func:`shrink_lambda`, ``cfg.shrink_confidence``): λ's moments come from a finite
+window, so ``λ`` is computed with a one-sided lower confidence bound of ``ρ`` (Fisher z) instead of
+``ρ̂``: ``λ = λ̂ · max(0, ρ_lo) / ρ̂``, which leans on the WM only as far as the window shows it
+correlates with the truth.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -67,9 +83,9 @@ def ppi_advantages(
         true_used: ``[R]`` bool: executed, graded, in a group with >= 2 graded rollouts.
         adv_wm: ``[R]`` advantages from calibrated WM scores (ignored where not ``wm_used``).
         wm_used: ``[R]`` bool: in the WM stream with a usable advantage.
-        corrected: ``[R]`` bool: a WM-stream row of an anchor task whose paired real rollout (the
-            row itself, or the real group's row j for a twin's row j) is ``true_used``.
-        n_tasks, n_anchors: ``N`` and ``n`` (``n >= 1`` whenever a row is executed).
+        corrected: ``[R]`` bool: a WM-stream row of an anchor task (the anchor group's own row, or
+            a twin's row), whether or not its paired real rollout was graded (module docstring).
+        n_tasks, n_anchors: ``N`` and ``n >= 1``.
         lam: ``λ`` in [0, 1], a float or per row ``[R]``.
     Returns:
         advantages ``[R]`` and used ``[R]`` (``true_used | wm_used``).
@@ -77,13 +93,77 @@ def ppi_advantages(
     lam_t = torch.as_tensor(lam, dtype=adv_wm.dtype)
     if not bool(((lam_t >= 0) & (lam_t <= 1)).all()):
         raise ValueError(f"ppi lambda must lie in [0, 1], got {lam}")
-    if n_anchors < 1 and bool(true_used.any()):
-        raise ValueError("ppi_advantages: rows are executed but n_anchors < 1")
-    scale = n_tasks / max(n_anchors, 1)
+    if n_anchors < 1:
+        raise ValueError(
+            f"ppi needs at least one anchor group per step, got n_anchors={n_anchors} of {n_tasks} tasks "
+            "(the WM alone would give a biased update)"
+        )
+    scale = n_tasks / n_anchors
     zero = torch.zeros_like(adv_wm)
     a_wm = torch.where(wm_used, lam_t * adv_wm, zero) * torch.where(corrected, 1.0 - scale, 1.0)
     a_true = torch.where(true_used, scale * adv_true, zero)
     return a_wm + a_true, true_used | wm_used
+
+
+@dataclass
+class PPIRows:
+    """One step's per-row ppi quantities (``[R]`` each), from :func:`ppi_rows`."""
+
+    adv: torch.Tensor  # the prediction-powered advantages
+    used: torch.Tensor  # rows in the loss (true_used | wm_used)
+    counted: torch.Tensor  # rows whose tokens the loss divides by: the WM stream, draw-independent
+    corrected: torch.Tensor  # WM rows of anchor tasks, λÂ(1 − N/n)
+    paired: torch.Tensor  # corrected rows whose paired real rollout is graded: λ's moments
+    pair: torch.Tensor  # the real rollout each row is paired with (itself, or row j of a twin's group)
+    adv_true: torch.Tensor
+    adv_wm: torch.Tensor
+
+
+def ppi_rows(
+    r_true: torch.Tensor,
+    r_wm: torch.Tensor,
+    group_ids: torch.Tensor,
+    group_anchor: torch.Tensor,
+    twin_of: torch.Tensor | None,
+    n_tasks: int,
+    lam: float | torch.Tensor,
+    advantage: str = "grpo",
+    std_eps: float = 1e-4,
+) -> PPIRows:
+    """A step's prediction-powered advantages from its rewards (what the trainer's ``ppi`` runs).
+
+    Args:
+        r_true: ``[R]`` true rewards, NaN off executed rows and on ungraded ones.
+        r_wm: ``[R]`` (calibrated) WM scores, NaN where the WM gave none; a real group with a twin
+            leaves the WM stream to its twin.
+        group_ids: ``[R]`` in ``0 .. n_groups-1``; with twins, group-major rows of equal group size.
+        group_anchor: ``[n_groups]`` bool, the executed groups (the first ``n_tasks`` groups are the
+            tasks', twins are appended after them).
+        twin_of: ``[n_groups]`` long, the real group a twin mirrors (-1 elsewhere), or None.
+        n_tasks: ``N``; ``n = group_anchor.sum() >= 1``.
+        lam: ``λ``, a float or per row ``[R]``.
+    """
+    n_groups, n_rows = group_anchor.numel(), group_ids.numel()
+    twin_of = twin_of if twin_of is not None else torch.full((n_groups,), -1)
+    is_twin = twin_of >= 0
+    has_twin = torch.zeros(n_groups, dtype=torch.bool)
+    has_twin[twin_of[is_twin]] = True
+    rows = torch.arange(n_rows)
+    pair = rows
+    if is_twin.any():
+        size = n_rows // n_groups
+        if not torch.equal(group_ids, rows // size):
+            raise ValueError("twin groups need the group-major row layout with equal group sizes")
+        pair = torch.where(is_twin[group_ids], twin_of[group_ids] * size + rows % size, rows)
+    wm_stream = ~has_twin[group_ids]
+    adv_true, true_used = group_advantages(r_true, group_ids, advantage, std_eps)
+    r_wm = torch.where(wm_stream, r_wm, torch.full_like(r_wm, float("nan")))
+    adv_wm, wm_used = group_advantages(r_wm, group_ids, advantage, std_eps)
+    corrected = (group_anchor | is_twin)[group_ids] & wm_used
+    n_anchors = int(group_anchor.sum())
+    adv, used = ppi_advantages(adv_true, true_used, adv_wm, wm_used, corrected, n_tasks, n_anchors, lam)
+    paired = corrected & true_used[pair]
+    return PPIRows(adv, used, wm_stream, corrected, paired, pair, adv_true, adv_wm)
 
 
 def anchor_moments(
