@@ -227,9 +227,17 @@ class PPIConfig:
     # directions taken as orthonormal) or "gradient" (each anchor group's real and WM gradients, from
     # per-rollout score directions: one extra forward and backward pass per anchor rollout and WM row).
     moments: str = "advantage"
+    # Shrink the tuned lambda toward 0 while rho is uncertain: lambda is taken at the one-sided lower
+    # confidence bound of rho at this level (Fisher z on the window's effective sample size) instead
+    # of its estimate, lambda * max(0, rho_lo) / rho (wmrl.ppi.shrink_lambda); null: the point estimate.
+    shrink_confidence: float | None = 0.9
 
     def __post_init__(self) -> None:
         _one_of("ppi.moments", self.moments, ("advantage", "gradient"))
+        _check(
+            self.shrink_confidence is None or 0.5 <= self.shrink_confidence < 1,
+            f"ppi.shrink_confidence={self.shrink_confidence} must lie in [0.5, 1) (or null: no shrinkage)",
+        )
         _check(
             not (self.prior_from_log and self.moments == "gradient"),
             "ppi.prior_from_log logs no gradients: it needs ppi.moments=advantage",

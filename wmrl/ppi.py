@@ -49,11 +49,13 @@ correlates with the truth.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.stats import norm
 from sklearn.isotonic import IsotonicRegression
 
 from wmrl.config import PPIConfig
@@ -210,6 +212,31 @@ def variance_ratio(cross: float, wm_sq: float, true_sq: float, lam: float, ancho
     return 1.0 - (1.0 - anchor_frac) * (2 * lam * cross - lam**2 * wm_sq) / true_sq
 
 
+def rho_lower_bound(rho: float, n_eff: float, confidence: float) -> float:
+    """One-sided lower confidence bound of a correlation (Fisher z):
+
+        ρ_lo = tanh(atanh(ρ̂) − z / sqrt(n_eff − 3)),     z = Φ⁻¹(confidence)
+
+    ``n_eff``: the sample size of a simple correlation with the same degrees of freedom (a pooled
+    within-group correlation of M rows in K groups: ``M − K + 1``). -1 when ``n_eff <= 3``."""
+    if n_eff <= 3 or not math.isfinite(rho):
+        return -1.0
+    z = math.atanh(min(max(rho, -1 + 1e-12), 1 - 1e-12))
+    return math.tanh(z - norm.ppf(confidence) / math.sqrt(n_eff - 3))
+
+
+def shrink_lambda(lam: float, rho: float, n_eff: float, confidence: float) -> float:
+    """The power-tuned ``λ̂ = c/σ̂² = ρ̂ σ/σ̂`` taken at ``ρ``'s lower confidence bound instead of ``ρ̂``:
+
+        λ = λ̂ · clip(ρ_lo / ρ̂, 0, 1)        (ρ_lo: :func:`rho_lower_bound`; λ = 0 when ρ̂ <= 0)
+
+    So ``λ = 0`` while the window cannot tell ``ρ`` from 0 at ``confidence``, and ``λ → λ̂`` as
+    ``n_eff`` grows; with ``ρ = 0`` a positive ``λ`` is drawn with probability ``1 − confidence``."""
+    if lam <= 0 or not rho > 0:
+        return 0.0
+    return lam * min(1.0, max(0.0, rho_lower_bound(rho, n_eff, confidence) / rho))
+
+
 class PowerTuner:
     """The power-tuned ``λ = clip(c / σ̂², 0, 1)`` from the last ``window_groups`` anchor groups of
     earlier steps, cross-fitted: the groups alternate between two folds, each fold's WM scores are
@@ -310,25 +337,54 @@ class PowerTuner:
         c, h, t = (products.sum(0) / len(self.groups)).tolist()
         return c, h, t
 
+    def n_eff(self) -> float:
+        """The window's effective sample size for ``ρ̂``: ``M − K + 1`` for ``M`` rows in ``K`` groups
+        on advantages (within-group centred), ``K`` on gradients (one gradient per group)."""
+        if self.cfg.moments == "gradient":
+            return float(len(self.groups))
+        return float(sum(len(g[0]) for g in self.groups) - len(self.groups) + 1)
+
+    def _tuned(self, products: torch.Tensor, n_eff: float) -> float:
+        """``clip(c/σ̂², 0, 1)`` from rows' ``[A·Â, Â², A²]`` products ``[M, 3]``, shrunk by
+        :func:`shrink_lambda` when ``cfg.shrink_confidence`` is set."""
+        c, h, t = products.sum(0).tolist()
+        lam = min(1.0, max(0.0, c / h)) if h > 0 else 0.0
+        if self.cfg.shrink_confidence is None:
+            return lam
+        rho = c / math.sqrt(h * t) if h > 0 and t > 0 else float("nan")
+        return shrink_lambda(lam, rho, n_eff, self.cfg.shrink_confidence)
+
+    def shrink_factor(self, calibrate: bool) -> float:
+        """``λ / λ̂`` of the global ``λ``: ``clip(ρ_lo / ρ̂, 0, 1)`` (1 without shrinkage; NaN before
+        the warm-up or with a fixed ``λ``)."""
+        if self.cfg.lam is not None or self.seen < self.cfg.warmup_groups:
+            return float("nan")
+        if self.cfg.shrink_confidence is None:
+            return 1.0
+        c, h, t = self._window_products(calibrate)[0].sum(0).tolist()
+        rho = c / math.sqrt(h * t) if h > 0 and t > 0 else float("nan")
+        return shrink_lambda(1.0, rho, self.n_eff(), self.cfg.shrink_confidence)
+
     def lam(self, calibrate: bool, var: torch.Tensor | None = None) -> torch.Tensor | float:
         """The global ``λ``; with ``var`` (``[R]``, the rows' WM variances) and ``cfg.var_bins > 1``,
-        per-row ``λ`` ``[R]`` from the bin each row's variance falls in."""
+        per-row ``λ`` ``[R]`` from the bin each row's variance falls in (a bin's ``n_eff`` is its
+        share of the window's rows times the window's)."""
         if self.cfg.lam is not None:
             return self.cfg.lam
         if self.seen < self.cfg.warmup_groups:
             return 0.0
         products, w_var = self._window_products(calibrate)
-        c, h, _ = products.sum(0).tolist()
-        lam = min(1.0, max(0.0, c / h)) if h > 0 else 0.0
+        n_eff = self.n_eff()
+        lam = self._tuned(products, n_eff)
         if var is None or self.cfg.var_bins <= 1 or not torch.isfinite(w_var).all():
             return lam
         edges = torch.quantile(w_var, torch.linspace(0, 1, self.cfg.var_bins + 1, dtype=torch.float64)[1:-1])
         bins = torch.bucketize(w_var, edges)
         per_bin = torch.full((self.cfg.var_bins,), lam, dtype=torch.float64)
         for b in range(self.cfg.var_bins):
-            c_b, h_b, _ = products[bins == b].sum(0).tolist()
-            if h_b > 0:
-                per_bin[b] = min(1.0, max(0.0, c_b / h_b))
+            in_bin = bins == b
+            if products[in_bin, 1].sum() > 0:
+                per_bin[b] = self._tuned(products[in_bin], n_eff * float(in_bin.sum()) / len(bins))
         row_var = torch.where(torch.isfinite(var), var.double(), w_var.median())
         return per_bin[torch.bucketize(row_var, edges)].to(var.dtype)
 

@@ -426,7 +426,11 @@ class Trainer:
         gid, pair, adv_true, adv_wm = batch.group_ids, p.pair, p.adv_true, p.adv_wm
 
         lam_mean = float(torch.as_tensor(lam, dtype=torch.float64).mean())
-        out = {"ppi/lambda": lam_mean, "ppi/rho": float("nan")}
+        out = {
+            "ppi/lambda": lam_mean,
+            "ppi/rho": float("nan"),
+            "ppi/shrink": self.tuner.shrink_factor(calibrate),
+        }
         ratio = variance_ratio(*self.tuner.moments(calibrate), lam_mean, n_anchors / n_tasks)
         wm_rows = p.paired.nonzero().squeeze(-1)
         if wm_rows.numel():  # this step's anchors: their correlation, then into the window for later steps
