@@ -207,3 +207,34 @@ def test_no_anchor_group_is_refused_never_a_wm_only_update():
         load_config("toy", ["--method=ppi", "--anchors.min_groups=0", "--anchors.fraction=0.02"])
     assert "0 anchor groups per step" in str(e.value) and "anchors.min_groups=1" in str(e.value)
     assert math.isfinite(load_config("toy", ["--method=wm", "--anchors.min_groups=0"]).anchors.fraction)
+
+
+def test_the_trainer_corrects_an_ungraded_anchor_row_and_counts_every_rollout(tmp_path):
+    """Trainer._ppi (what train_step runs): an anchor row that came back ungraded gets λÂ(1 − N/n),
+    and the loss's denominator counts every rollout of the step."""
+    from wmrl.trainer import Trainer
+
+    cfg = load_config(
+        "toy", [f"--out_dir={tmp_path}", "--method=ppi", "--ppi.lam=0.5", "--compare.methods=[]"]
+    )
+    trainer = Trainer(cfg, cfg.domain.build(cfg))
+    n_tasks, g = cfg.grpo.tasks_per_step, cfg.grpo.group_size
+    gid = torch.arange(n_tasks).repeat_interleave(g)
+    ctx = gid.clone()
+    batch = RolloutBatch(
+        tokens=torch.zeros(n_tasks * g, 1, dtype=torch.long),
+        logprobs=torch.zeros(n_tasks * g, 1),
+        mask=torch.ones(n_tasks * g, 1),
+        group_ids=gid,
+        tasks=list(range(n_tasks)),
+        extras={"context": ctx},
+    )
+    r_hat = torch.rand(n_tasks * g, generator=torch.Generator().manual_seed(0))
+    anchor = torch.zeros(n_tasks, dtype=torch.bool)
+    anchor[:4] = True
+    r_true = torch.where(anchor[gid], r_hat.sqrt(), torch.full_like(r_hat, float("nan")))
+    r_true[1] = float("nan")  # an anchor rollout the grader failed on
+    adv, used, counted, _ = trainer._ppi(batch, r_hat, None, r_hat, r_true, anchor, n_tasks)
+    adv_wm = group_advantages(r_hat, gid, cfg.grpo.advantage, cfg.grpo.std_eps)[0]
+    assert float(adv[1]) == pytest.approx(0.5 * float(adv_wm[1]) * (1 - n_tasks / 4), rel=1e-6)
+    assert bool(used[1]) and bool(counted.all())
