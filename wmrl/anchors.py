@@ -6,8 +6,6 @@ exactly the groups an uninterrupted one would have picked.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from wmrl.config import AnchorConfig
@@ -24,8 +22,7 @@ def n_anchor_groups(n_groups: int, method: str, cfg: AnchorConfig) -> int:
         return n_groups
     if method == "wm":
         return 0
-    k = math.floor(cfg.fraction * n_groups + 0.5)
-    return min(n_groups, max(cfg.min_groups, k))
+    return cfg.count(n_groups)
 
 
 def choose_anchor_groups(n_groups: int, method: str, cfg: AnchorConfig, seed: int, step: int) -> torch.Tensor:

@@ -143,6 +143,28 @@ class AnchorConfig:
         _check(self.min_groups >= 0, f"anchors.min_groups={self.min_groups} must be >= 0")
         _check(self.max_concurrent >= 1, f"anchors.max_concurrent={self.max_concurrent} must be >= 1")
 
+    def count(self, n_groups: int) -> int:
+        """Anchor groups among ``n_groups``: ``max(min_groups, round(fraction * n_groups))``, at most
+        ``n_groups`` (the methods that execute some groups, not all or none)."""
+        return min(n_groups, max(self.min_groups, math.floor(self.fraction * n_groups + 0.5)))
+
+    def check_for(self, method: str, n_groups: int) -> None:
+        """Refuse a count the method cannot use: ``fraction=0`` (it would still execute ``min_groups``
+        groups a step) and 0 groups a step (``ppi`` would train on the WM alone, a biased update)."""
+        _check(
+            self.fraction > 0,
+            f"anchors.fraction=0 with method={method!r}: it would still execute "
+            f"anchors.min_groups={self.min_groups} group(s) per step; set the fraction you mean (one group "
+            f"of grpo.tasks_per_step={n_groups} is {1 / n_groups:.4g}), or use method='wm' for no execution",
+        )
+        _check(
+            self.count(n_groups) >= 1,
+            f"anchors.fraction={self.fraction} of grpo.tasks_per_step={n_groups} rounds to 0 anchor groups "
+            f"per step with anchors.min_groups=0; method={method!r} needs at least one (a step without "
+            "anchors gives no unbiased update): set anchors.min_groups=1 or raise anchors.fraction to "
+            f">= {0.5 / n_groups:.4g}",
+        )
+
 
 @dataclass
 class DebiasConfig:
@@ -207,9 +229,17 @@ class PPIConfig:
     # directions taken as orthonormal) or "gradient" (each anchor group's real and WM gradients, from
     # per-rollout score directions: one extra forward and backward pass per anchor rollout and WM row).
     moments: str = "advantage"
+    # Shrink the tuned lambda toward 0 while rho is uncertain: lambda is taken at the one-sided lower
+    # confidence bound of rho at this level (Fisher z on the window's effective sample size) instead
+    # of its estimate, lambda * max(0, rho_lo) / rho (wmrl.ppi.shrink_lambda); null: the point estimate.
+    shrink_confidence: float | None = 0.9
 
     def __post_init__(self) -> None:
         _one_of("ppi.moments", self.moments, ("advantage", "gradient"))
+        _check(
+            self.shrink_confidence is None or 0.5 <= self.shrink_confidence < 1,
+            f"ppi.shrink_confidence={self.shrink_confidence} must lie in [0.5, 1) (or null: no shrinkage)",
+        )
         _check(
             not (self.prior_from_log and self.moments == "gradient"),
             "ppi.prior_from_log logs no gradients: it needs ppi.moments=advantage",
@@ -386,10 +416,7 @@ class RunConfig:
             f"(use one of {', '.join(WM_METHODS)})",
         )
         if self.method in ("anchors_only", "mix", "debias", "denoise", "wmrl", "ppi"):
-            _check(
-                self.anchors.fraction > 0 or self.anchors.min_groups > 0,
-                f"method={self.method!r} needs anchor groups but anchors.fraction=0 and anchors.min_groups=0",
-            )
+            self.anchors.check_for(self.method, self.grpo.tasks_per_step)
 
     @property
     def uses_wm(self) -> bool:

@@ -65,6 +65,7 @@ def clipped_policy_loss(
     kl_coef: float = 0.0,
     loss_denom: torch.Tensor | None = None,
     token_denom: torch.Tensor | None = None,
+    anchor: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Token-level clipped-ratio objective (PPO, arXiv:1707.06347) with an optional k3 KL term.
 
@@ -83,6 +84,9 @@ def clipped_policy_loss(
             whole batch's aggregation denominator (its real tokens for ``token_mean``, its rollouts
             with a real token for ``seq_mean``) and its real-token count, so that the shares' losses
             and diagnostics sum to the whole batch's. None: this batch's own.
+        anchor: ``[N]`` bool or None: rows of anchor tasks. Given, the diagnostics also count the
+            ratio-clipped tokens and the real tokens of anchor rows and of the others
+            (``clipped_anchor``, ``tokens_anchor``, ``clipped_wm``, ``tokens_wm``: sums, not fractions).
     Returns:
         scalar loss and detached diagnostics (clip fraction, approx KL to the sampler, KL to ref).
     """
@@ -108,6 +112,12 @@ def clipped_policy_loss(
             "approx_kl": ((ratio - 1.0 - log_ratio) * mask).sum() / n,
             "kl_ref": (kl_ref * mask).sum() / n,
         }
+        if anchor is not None:
+            clipped_tokens = ((ratio - 1.0).abs() > clip_eps).to(mask.dtype) * mask
+            for name, rows in (("anchor", anchor), ("wm", ~anchor)):
+                keep = rows.to(mask.dtype).unsqueeze(-1)
+                stats[f"clipped_{name}"] = (clipped_tokens * keep).sum()
+                stats[f"tokens_{name}"] = (mask * keep).sum()
     return loss, stats
 
 
@@ -131,22 +141,46 @@ def aggregate_denom(mask: torch.Tensor, agg: str) -> torch.Tensor:
     return (mask.sum(-1) > 0).sum().clamp(min=1).to(mask.dtype)
 
 
+def group_denoms(
+    mask: torch.Tensor, group_ids: torch.Tensor, counted: torch.Tensor, agg: str
+) -> torch.Tensor:
+    """Each group's share of the loss's denominator, ``[n_groups]``: the real tokens (``token_mean``)
+    or the rollouts with a real token (``seq_mean``) of its ``counted`` rows. A minibatch of groups
+    divides by the sum of its groups' shares (at least 1), what :func:`aggregate_denom` gives for
+    its counted rows. ``mask`` ``[N, T]``, ``group_ids`` and ``counted`` ``[N]``."""
+    per_row = mask.sum(-1) if agg == "token_mean" else (mask.sum(-1) > 0).to(mask.dtype)
+    per_row = torch.where(counted, per_row, torch.zeros_like(per_row))
+    n_groups = int(group_ids.max().item()) + 1 if group_ids.numel() else 0
+    return torch.zeros(n_groups, dtype=mask.dtype, device=mask.device).index_add_(0, group_ids, per_row)
+
+
 def policy_gradient(
     policy: torch.nn.Module,
     batch: RolloutBatch,
     advantages: torch.Tensor,
     used: torch.Tensor,
     cfg: GRPOConfig,
+    counted: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The flattened gradient of the clipped loss at the current parameters (ratio = 1), ``[P]``.
+    """The flattened gradient of the clipped loss at the current parameters (ratio = 1), ``[P]``: the
+    gradient of :func:`grpo_update`'s first step with one minibatch (``counted`` as there).
 
     Used for diagnostics: the direction a method's update takes, compared across reward sources.
     """
     params = [p for p in policy.parameters() if p.requires_grad]
     keep = used.nonzero().squeeze(-1)
     sub = batch.select(keep)
+    denom = group_denoms(batch.mask, batch.group_ids, used if counted is None else counted, cfg.loss_agg)
     logp = policy.log_probs(sub)
-    loss, _ = clipped_policy_loss(logp, logp.detach(), advantages[keep], sub.mask, cfg.clip_eps, cfg.loss_agg)
+    loss, _ = clipped_policy_loss(
+        logp,
+        logp.detach(),
+        advantages[keep],
+        sub.mask,
+        cfg.clip_eps,
+        cfg.loss_agg,
+        loss_denom=denom.sum().clamp(min=1),
+    )
     return _flat_grad(loss, params)
 
 
@@ -193,12 +227,21 @@ def grpo_update(
     accelerator=None,
     model: torch.nn.Module | None = None,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    counted: torch.Tensor | None = None,
+    anchor: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """``cfg.epochs`` passes over the batch in ``cfg.minibatches`` minibatches (split by group), each an
     optimizer step on the clipped loss, with gradient-norm clipping. Returns averaged diagnostics.
 
     ``autocast()`` wraps the policy's and the reference's forward passes (``--precision=bf16``); their
     log-probs are cast to float32 before the loss, and the backward pass runs outside it.
+
+    ``counted`` ``[N]`` bool: the rows whose tokens a minibatch's loss divides by (:func:`group_denoms`;
+    default the ``used`` rows). ``ppi`` counts every rollout of its WM stream, so that no anchor draw
+    changes the denominator. ``anchor`` ``[N]`` bool: rows of anchor tasks; given, the diagnostics
+    add ``clip_frac_anchor`` and ``clip_frac_wm`` (ratio-clipped tokens of those rows and of the
+    others, over every optimizer step) beside ``grad_clipped`` (the share of steps whose gradient norm
+    was clipped), which are always there.
 
     Data-parallel (``accelerator`` given): ``batch`` is the whole step on every rank and ``owned``
     ``[N]`` bool marks this rank's rows. The minibatches are the 1-process ones (same generator);
@@ -208,6 +251,10 @@ def grpo_update(
     keep = used.nonzero().squeeze(-1)
     if keep.numel() == 0:
         return {"loss/optimizer_steps": 0.0}
+    counted = used if counted is None else counted
+    denoms = group_denoms(batch.mask, batch.group_ids, counted, cfg.loss_agg)
+    groups = batch.group_ids[used | counted].unique()  # a counted group may have no used row
+    anchor = None if anchor is None else anchor[keep]
     if accelerator is not None:
         return _grpo_update_dp(
             policy,
@@ -221,19 +268,23 @@ def grpo_update(
             accelerator,
             model,
             autocast,
+            groups,
+            denoms,
+            anchor,
         )
     batch, advantages = batch.select(keep), advantages[keep]
     ref_logp = None
     if reference is not None and cfg.kl_coef > 0:
         with torch.no_grad(), autocast():
             ref_logp = reference.log_probs(batch).float()
-    groups = batch.group_ids.unique()
     sums: dict[str, float] = {}
     n_steps = 0
     for _ in range(cfg.epochs):
         order = groups[torch.randperm(groups.numel(), generator=generator)]
         for chunk in torch.tensor_split(order, min(cfg.minibatches, groups.numel())):
             rows = torch.isin(batch.group_ids, chunk).nonzero().squeeze(-1)
+            if rows.numel() == 0:  # only counted groups without a used row: nothing to step on
+                continue
             mb = batch.select(rows)
             with autocast():
                 logp = policy.log_probs(mb)
@@ -246,6 +297,8 @@ def grpo_update(
                 cfg.loss_agg,
                 None if ref_logp is None else ref_logp[rows],
                 cfg.kl_coef,
+                loss_denom=denoms[chunk].sum().clamp(min=1),
+                anchor=None if anchor is None else anchor[rows],
             )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -254,10 +307,26 @@ def grpo_update(
             optimizer.step()
             for k, v in {"loss": loss.detach(), "grad_norm": grad_norm, **stats}.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
+            sums["grad_clipped"] = sums.get("grad_clipped", 0.0) + _was_clipped(grad_norm, cfg.max_grad_norm)
             n_steps += 1
-    return {f"loss/{k}": v / max(n_steps, 1) for k, v in sums.items()} | {
-        "loss/optimizer_steps": float(n_steps)
-    }
+    return _update_metrics(sums, n_steps)
+
+
+def _was_clipped(grad_norm: torch.Tensor | float, max_norm: float) -> float:
+    """1.0 when gradient-norm clipping shrank this step's gradient, else 0.0."""
+    return float(max_norm > 0 and float(grad_norm) > max_norm)
+
+
+def _update_metrics(sums: dict[str, float], n_steps: int) -> dict[str, float]:
+    """``loss/*`` diagnostics: per-step averages, and the anchor and WM rows' clip fractions over all
+    steps' tokens (NaN when there were none of those rows)."""
+    counts = {k: sums.pop(k) for k in [k for k in sums if k.startswith(("clipped_", "tokens_"))]}
+    out = {f"loss/{k}": v / max(n_steps, 1) for k, v in sums.items()}
+    for name in ("anchor", "wm"):
+        if f"tokens_{name}" in counts:
+            tokens = counts[f"tokens_{name}"]
+            out[f"loss/clip_frac_{name}"] = counts[f"clipped_{name}"] / tokens if tokens > 0 else float("nan")
+    return out | {"loss/optimizer_steps": float(n_steps)}
 
 
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
@@ -279,9 +348,14 @@ def _grpo_update_dp(
     generator: torch.Generator | None,
     accelerator,
     model: torch.nn.Module,
-    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+    groups: torch.Tensor,
+    denoms: torch.Tensor,
+    anchor: torch.Tensor | None,
 ) -> dict[str, float]:
-    """:func:`grpo_update` over the used rows of the whole step, this rank's ``owned`` share."""
+    """:func:`grpo_update` over the used rows of the whole step, this rank's ``owned`` share;
+    ``groups`` the groups split into minibatches, ``denoms`` ``[n_groups]`` the groups' shares of
+    the loss's denominator (:func:`group_denoms`)."""
     world = accelerator.num_processes
     mine_all = owned.nonzero().squeeze(-1)
     ref_logp = None
@@ -290,15 +364,18 @@ def _grpo_update_dp(
         if mine_all.numel():
             with torch.no_grad(), autocast():
                 ref_logp[mine_all] = reference.log_probs(batch.select(mine_all)).to(ref_logp.dtype)
-    groups = batch.group_ids.unique()
     params = [p for p in policy.parameters() if p.requires_grad]
     names = ("loss", "clip_frac", "approx_kl", "kl_ref")
-    sums = dict.fromkeys((*names, "grad_norm"), 0.0)
+    if anchor is not None:
+        names += ("clipped_anchor", "tokens_anchor", "clipped_wm", "tokens_wm")
+    sums = dict.fromkeys((*names, "grad_norm", "grad_clipped"), 0.0)
     n_steps = 0
     for _ in range(cfg.epochs):
         order = groups[torch.randperm(groups.numel(), generator=generator)]
         for chunk in torch.tensor_split(order, min(cfg.minibatches, groups.numel())):
             rows = torch.isin(batch.group_ids, chunk).nonzero().squeeze(-1)
+            if rows.numel() == 0:  # only counted groups without a used row, on every rank alike
+                continue
             mask_all = batch.mask[rows]
             mine = rows[owned[rows]]
             # A rank without rows in this minibatch still takes part in DDP's gradient average: it
@@ -317,8 +394,9 @@ def _grpo_update_dp(
                 cfg.loss_agg,
                 None if ref_logp is None else ref_logp[sel],
                 cfg.kl_coef,
-                loss_denom=aggregate_denom(mask_all, cfg.loss_agg),
+                loss_denom=denoms[chunk.to(denoms.device)].sum().clamp(min=1),
                 token_denom=mask_all.sum().clamp(min=1),
+                anchor=None if anchor is None else anchor[sel],
             )
             if idle:
                 loss, stats = loss * 0.0, {k: v * 0.0 for k, v in stats.items()}
@@ -331,10 +409,9 @@ def _grpo_update_dp(
             for k, v in zip(names, total.tolist(), strict=True):
                 sums[k] += v
             sums["grad_norm"] += float(grad_norm)
+            sums["grad_clipped"] += _was_clipped(grad_norm, cfg.max_grad_norm)
             n_steps += 1
-    return {f"loss/{k}": v / max(n_steps, 1) for k, v in sums.items()} | {
-        "loss/optimizer_steps": float(n_steps)
-    }
+    return _update_metrics(sums, n_steps)
 
 
 def make_optimizer(params: list[torch.nn.Parameter], cfg: GRPOConfig) -> torch.optim.Optimizer:

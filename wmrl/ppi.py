@@ -30,14 +30,32 @@ predicted frames needs: its gradient points wherever the policy's features of th
 anchor task has a real group (true rewards, ``A``) and an imagined twin (WM scores, ``Â``) whose
 rollout j shares rollout j's sampling noise. The same formula holds per task: real rows get
 ``(N/n) A``, the twin's rows ``λ Â (1 − N/n)``, every other imagined row ``λ Â``.
+
+**Missing values** (:func:`ppi_rows`). Whether a rollout is graded is a property of the rollout:
+full execution would leave it ungraded too, so ``g(t)`` is the gradient of the task's graded rows
+(a group with < 2 of them gives ``g(t) = 0``). The correction subtracts the task's *whole* WM
+gradient ``λ ĝ(t)``: every WM row of an anchor task gets ``λ Â (1 − N/n)``, its paired real rollout
+graded or not; a row whose WM score is missing is left out of ``ĝ`` on every draw alike. The
+loss divides by the tokens of the step's WM stream (every rollout of the N tasks; for twins, the
+imagined groups), a count that no anchor draw changes, so ``E[g_ppi]`` is the full-execution GRPO
+gradient over that same denominator: exactly GRPO's when every rollout is graded, and GRPO's times
+(graded tokens / all tokens) otherwise. ``n = 0`` anchors is refused (λĝ alone is biased).
+
+**Shrinking λ** (:func:`shrink_lambda`, ``cfg.shrink_confidence``): λ's moments come from a finite
+window, so ``λ`` is computed with a one-sided lower confidence bound of ``ρ`` (Fisher z) instead of
+``ρ̂``: ``λ = λ̂ · max(0, ρ_lo) / ρ̂``, which leans on the WM only as far as the window shows it
+correlates with the truth.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.stats import norm
 from sklearn.isotonic import IsotonicRegression
 
 from wmrl.config import PPIConfig
@@ -67,9 +85,9 @@ def ppi_advantages(
         true_used: ``[R]`` bool: executed, graded, in a group with >= 2 graded rollouts.
         adv_wm: ``[R]`` advantages from calibrated WM scores (ignored where not ``wm_used``).
         wm_used: ``[R]`` bool: in the WM stream with a usable advantage.
-        corrected: ``[R]`` bool: a WM-stream row of an anchor task whose paired real rollout (the
-            row itself, or the real group's row j for a twin's row j) is ``true_used``.
-        n_tasks, n_anchors: ``N`` and ``n`` (``n >= 1`` whenever a row is executed).
+        corrected: ``[R]`` bool: a WM-stream row of an anchor task (the anchor group's own row, or
+            a twin's row), whether or not its paired real rollout was graded (module docstring).
+        n_tasks, n_anchors: ``N`` and ``n >= 1``.
         lam: ``λ`` in [0, 1], a float or per row ``[R]``.
     Returns:
         advantages ``[R]`` and used ``[R]`` (``true_used | wm_used``).
@@ -77,13 +95,77 @@ def ppi_advantages(
     lam_t = torch.as_tensor(lam, dtype=adv_wm.dtype)
     if not bool(((lam_t >= 0) & (lam_t <= 1)).all()):
         raise ValueError(f"ppi lambda must lie in [0, 1], got {lam}")
-    if n_anchors < 1 and bool(true_used.any()):
-        raise ValueError("ppi_advantages: rows are executed but n_anchors < 1")
-    scale = n_tasks / max(n_anchors, 1)
+    if n_anchors < 1:
+        raise ValueError(
+            f"ppi needs at least one anchor group per step, got n_anchors={n_anchors} of {n_tasks} tasks "
+            "(the WM alone would give a biased update)"
+        )
+    scale = n_tasks / n_anchors
     zero = torch.zeros_like(adv_wm)
     a_wm = torch.where(wm_used, lam_t * adv_wm, zero) * torch.where(corrected, 1.0 - scale, 1.0)
     a_true = torch.where(true_used, scale * adv_true, zero)
     return a_wm + a_true, true_used | wm_used
+
+
+@dataclass
+class PPIRows:
+    """One step's per-row ppi quantities (``[R]`` each), from :func:`ppi_rows`."""
+
+    adv: torch.Tensor  # the prediction-powered advantages
+    used: torch.Tensor  # rows in the loss (true_used | wm_used)
+    counted: torch.Tensor  # rows whose tokens the loss divides by: the WM stream, draw-independent
+    corrected: torch.Tensor  # WM rows of anchor tasks, λÂ(1 − N/n)
+    paired: torch.Tensor  # corrected rows whose paired real rollout is graded: λ's moments
+    pair: torch.Tensor  # the real rollout each row is paired with (itself, or row j of a twin's group)
+    adv_true: torch.Tensor
+    adv_wm: torch.Tensor
+
+
+def ppi_rows(
+    r_true: torch.Tensor,
+    r_wm: torch.Tensor,
+    group_ids: torch.Tensor,
+    group_anchor: torch.Tensor,
+    twin_of: torch.Tensor | None,
+    n_tasks: int,
+    lam: float | torch.Tensor,
+    advantage: str = "grpo",
+    std_eps: float = 1e-4,
+) -> PPIRows:
+    """A step's prediction-powered advantages from its rewards (what the trainer's ``ppi`` runs).
+
+    Args:
+        r_true: ``[R]`` true rewards, NaN off executed rows and on ungraded ones.
+        r_wm: ``[R]`` (calibrated) WM scores, NaN where the WM gave none; a real group with a twin
+            leaves the WM stream to its twin.
+        group_ids: ``[R]`` in ``0 .. n_groups-1``; with twins, group-major rows of equal group size.
+        group_anchor: ``[n_groups]`` bool, the executed groups (the first ``n_tasks`` groups are the
+            tasks', twins are appended after them).
+        twin_of: ``[n_groups]`` long, the real group a twin mirrors (-1 elsewhere), or None.
+        n_tasks: ``N``; ``n = group_anchor.sum() >= 1``.
+        lam: ``λ``, a float or per row ``[R]``.
+    """
+    n_groups, n_rows = group_anchor.numel(), group_ids.numel()
+    twin_of = twin_of if twin_of is not None else torch.full((n_groups,), -1)
+    is_twin = twin_of >= 0
+    has_twin = torch.zeros(n_groups, dtype=torch.bool)
+    has_twin[twin_of[is_twin]] = True
+    rows = torch.arange(n_rows)
+    pair = rows
+    if is_twin.any():
+        size = n_rows // n_groups
+        if not torch.equal(group_ids, rows // size):
+            raise ValueError("twin groups need the group-major row layout with equal group sizes")
+        pair = torch.where(is_twin[group_ids], twin_of[group_ids] * size + rows % size, rows)
+    wm_stream = ~has_twin[group_ids]
+    adv_true, true_used = group_advantages(r_true, group_ids, advantage, std_eps)
+    r_wm = torch.where(wm_stream, r_wm, torch.full_like(r_wm, float("nan")))
+    adv_wm, wm_used = group_advantages(r_wm, group_ids, advantage, std_eps)
+    corrected = (group_anchor | is_twin)[group_ids] & wm_used
+    n_anchors = int(group_anchor.sum())
+    adv, used = ppi_advantages(adv_true, true_used, adv_wm, wm_used, corrected, n_tasks, n_anchors, lam)
+    paired = corrected & true_used[pair]
+    return PPIRows(adv, used, wm_stream, corrected, paired, pair, adv_true, adv_wm)
 
 
 def anchor_moments(
@@ -128,6 +210,31 @@ def variance_ratio(cross: float, wm_sq: float, true_sq: float, lam: float, ancho
     if true_sq <= 0:
         return float("nan")
     return 1.0 - (1.0 - anchor_frac) * (2 * lam * cross - lam**2 * wm_sq) / true_sq
+
+
+def rho_lower_bound(rho: float, n_eff: float, confidence: float) -> float:
+    """One-sided lower confidence bound of a correlation (Fisher z):
+
+        ρ_lo = tanh(atanh(ρ̂) − z / sqrt(n_eff − 3)),     z = Φ⁻¹(confidence)
+
+    ``n_eff``: the sample size of a simple correlation with the same degrees of freedom (a pooled
+    within-group correlation of M rows in K groups: ``M − K + 1``). -1 when ``n_eff <= 3``."""
+    if n_eff <= 3 or not math.isfinite(rho):
+        return -1.0
+    z = math.atanh(min(max(rho, -1 + 1e-12), 1 - 1e-12))
+    return math.tanh(z - norm.ppf(confidence) / math.sqrt(n_eff - 3))
+
+
+def shrink_lambda(lam: float, rho: float, n_eff: float, confidence: float) -> float:
+    """The power-tuned ``λ̂ = c/σ̂² = ρ̂ σ/σ̂`` taken at ``ρ``'s lower confidence bound instead of ``ρ̂``:
+
+        λ = λ̂ · clip(ρ_lo / ρ̂, 0, 1)        (ρ_lo: :func:`rho_lower_bound`; λ = 0 when ρ̂ <= 0)
+
+    So ``λ = 0`` while the window cannot tell ``ρ`` from 0 at ``confidence``, and ``λ → λ̂`` as
+    ``n_eff`` grows; with ``ρ = 0`` a positive ``λ`` is drawn with probability ``1 − confidence``."""
+    if lam <= 0 or not rho > 0:
+        return 0.0
+    return lam * min(1.0, max(0.0, rho_lower_bound(rho, n_eff, confidence) / rho))
 
 
 class PowerTuner:
@@ -230,25 +337,54 @@ class PowerTuner:
         c, h, t = (products.sum(0) / len(self.groups)).tolist()
         return c, h, t
 
+    def n_eff(self) -> float:
+        """The window's effective sample size for ``ρ̂``: ``M − K + 1`` for ``M`` rows in ``K`` groups
+        on advantages (within-group centred), ``K`` on gradients (one gradient per group)."""
+        if self.cfg.moments == "gradient":
+            return float(len(self.groups))
+        return float(sum(len(g[0]) for g in self.groups) - len(self.groups) + 1)
+
+    def _tuned(self, products: torch.Tensor, n_eff: float) -> float:
+        """``clip(c/σ̂², 0, 1)`` from rows' ``[A·Â, Â², A²]`` products ``[M, 3]``, shrunk by
+        :func:`shrink_lambda` when ``cfg.shrink_confidence`` is set."""
+        c, h, t = products.sum(0).tolist()
+        lam = min(1.0, max(0.0, c / h)) if h > 0 else 0.0
+        if self.cfg.shrink_confidence is None:
+            return lam
+        rho = c / math.sqrt(h * t) if h > 0 and t > 0 else float("nan")
+        return shrink_lambda(lam, rho, n_eff, self.cfg.shrink_confidence)
+
+    def shrink_factor(self, calibrate: bool) -> float:
+        """``λ / λ̂`` of the global ``λ``: ``clip(ρ_lo / ρ̂, 0, 1)`` (1 without shrinkage; NaN before
+        the warm-up or with a fixed ``λ``)."""
+        if self.cfg.lam is not None or self.seen < self.cfg.warmup_groups:
+            return float("nan")
+        if self.cfg.shrink_confidence is None:
+            return 1.0
+        c, h, t = self._window_products(calibrate)[0].sum(0).tolist()
+        rho = c / math.sqrt(h * t) if h > 0 and t > 0 else float("nan")
+        return shrink_lambda(1.0, rho, self.n_eff(), self.cfg.shrink_confidence)
+
     def lam(self, calibrate: bool, var: torch.Tensor | None = None) -> torch.Tensor | float:
         """The global ``λ``; with ``var`` (``[R]``, the rows' WM variances) and ``cfg.var_bins > 1``,
-        per-row ``λ`` ``[R]`` from the bin each row's variance falls in."""
+        per-row ``λ`` ``[R]`` from the bin each row's variance falls in (a bin's ``n_eff`` is its
+        share of the window's rows times the window's)."""
         if self.cfg.lam is not None:
             return self.cfg.lam
         if self.seen < self.cfg.warmup_groups:
             return 0.0
         products, w_var = self._window_products(calibrate)
-        c, h, _ = products.sum(0).tolist()
-        lam = min(1.0, max(0.0, c / h)) if h > 0 else 0.0
+        n_eff = self.n_eff()
+        lam = self._tuned(products, n_eff)
         if var is None or self.cfg.var_bins <= 1 or not torch.isfinite(w_var).all():
             return lam
         edges = torch.quantile(w_var, torch.linspace(0, 1, self.cfg.var_bins + 1, dtype=torch.float64)[1:-1])
         bins = torch.bucketize(w_var, edges)
         per_bin = torch.full((self.cfg.var_bins,), lam, dtype=torch.float64)
         for b in range(self.cfg.var_bins):
-            c_b, h_b, _ = products[bins == b].sum(0).tolist()
-            if h_b > 0:
-                per_bin[b] = min(1.0, max(0.0, c_b / h_b))
+            in_bin = bins == b
+            if products[in_bin, 1].sum() > 0:
+                per_bin[b] = self._tuned(products[in_bin], n_eff * float(in_bin.sum()) / len(bins))
         row_var = torch.where(torch.isfinite(var), var.double(), w_var.median())
         return per_bin[torch.bucketize(row_var, edges)].to(var.dtype)
 

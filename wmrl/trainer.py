@@ -33,7 +33,7 @@ from wmrl.distributed import gather_batches, gather_rewards, group_owner, task_s
 from wmrl.domain import Domain, Prediction, RolloutBatch
 from wmrl.executors import Executor, make_executor
 from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_gradient, score_directions
-from wmrl.ppi import PowerTuner, anchor_moments, gradient_row_products, ppi_advantages, variance_ratio
+from wmrl.ppi import PowerTuner, anchor_moments, gradient_row_products, ppi_rows, variance_ratio
 from wmrl.tracking import (
     MetricsLogger,
     load_checkpoint,
@@ -220,6 +220,7 @@ class Trainer:
         group_anchor[: len(tasks)] = anchor_groups
         is_anchor = group_anchor[batch.group_ids]
         anchor_rows = is_anchor.nonzero().squeeze(-1)
+        anchor_task = group_anchor | (batch.twin_of >= 0) if batch.twin_of is not None else group_anchor
 
         # Real execution (anchor rows; data-parallel: this rank's) runs in a thread while the WM
         # scores the batch here.
@@ -278,8 +279,11 @@ class Trainer:
             )
             rewards = torch.where(is_anchor, r_true, r_wm)
 
+        counted = None  # the rows the loss divides by (None: the used ones)
         if method == "ppi":
-            adv, used, ppi_metrics = self._ppi(batch, r_hat, pred.var, r_wm, r_true, group_anchor, len(tasks))
+            adv, used, counted, ppi_metrics = self._ppi(
+                batch, r_hat, pred.var, r_wm, r_true, group_anchor, len(tasks)
+            )
             metrics.update(ppi_metrics)
         else:
             adv, used = self._weighted_advantages(batch, rewards, is_anchor, pred)
@@ -316,6 +320,8 @@ class Trainer:
                         accelerator=self.acc,
                         model=self.model,
                         autocast=self.autocast,
+                        counted=None if counted is None else counted.to(dev),
+                        anchor=anchor_task[batch.group_ids].to(dev),
                     )
                 )
             if refine_wm:
@@ -406,42 +412,32 @@ class Trainer:
         r_true: torch.Tensor,
         group_anchor: torch.Tensor,
         n_tasks: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
         """Prediction-powered advantages (wmrl/ppi.py) with the λ pooled from earlier steps, then
-        this step's anchor moments folded into the tuner for the steps after it.
+        this step's anchor moments folded into the tuner for the steps after it. Returns the
+        advantages, the rows in the loss, the rows its denominator counts (:func:`ppi_rows`) and metrics.
 
         ``r_hat`` ``[R]``: raw WM scores, ``var`` their reported variances or None; ``r_cal`` ``[R]``: the same under the calibration fitted
         before this step; ``r_true`` ``[R]``
         true rewards (NaN off executed rows); ``group_anchor`` ``[n_groups]`` the executed groups.
         """
         g = self.cfg.grpo
-        gid, n_rows = batch.group_ids, batch.n_rollouts
-        twin_of = batch.twin_of if batch.twin_of is not None else torch.full((batch.n_groups,), -1)
-        is_twin = twin_of >= 0
-        has_twin = torch.zeros(batch.n_groups, dtype=torch.bool)
-        has_twin[twin_of[is_twin]] = True
-        rows = torch.arange(n_rows)
-        pair = rows  # the real rollout each WM row is paired with: itself, or row j of a twin's group
-        if is_twin.any():
-            size = n_rows // batch.n_groups
-            if not torch.equal(gid, rows // size):
-                raise ValueError("twin groups need the group-major row layout with equal group sizes")
-            pair = torch.where(is_twin[gid], twin_of[gid] * size + rows % size, rows)
-        wm_stream = ~has_twin[gid]  # a real group with a twin leaves the WM stream to its twin
-        adv_true, true_used = group_advantages(r_true, gid, g.advantage, g.std_eps)
-        r_wm = torch.where(wm_stream, r_cal, torch.full_like(r_cal, float("nan")))
-        adv_wm, wm_used = group_advantages(r_wm, gid, g.advantage, g.std_eps)
-        corrected = (group_anchor | is_twin)[gid] & wm_used & true_used[pair]
         calibrate = self.cfg.uses_calibration and self.debiaser.fitted
         lam = self.tuner.lam(calibrate, var)
         n_anchors = int(group_anchor.sum())
-        adv, used = ppi_advantages(adv_true, true_used, adv_wm, wm_used, corrected, n_tasks, n_anchors, lam)
-        adv = adv * (batch.n_groups / n_tasks)  # twin groups add rows that the token mean divides by
+        p = ppi_rows(
+            r_true, r_cal, batch.group_ids, group_anchor, batch.twin_of, n_tasks, lam, g.advantage, g.std_eps
+        )
+        gid, pair, adv_true, adv_wm = batch.group_ids, p.pair, p.adv_true, p.adv_wm
 
         lam_mean = float(torch.as_tensor(lam, dtype=torch.float64).mean())
-        out = {"ppi/lambda": lam_mean, "ppi/rho": float("nan")}
+        out = {
+            "ppi/lambda": lam_mean,
+            "ppi/rho": float("nan"),
+            "ppi/shrink": self.tuner.shrink_factor(calibrate),
+        }
         ratio = variance_ratio(*self.tuner.moments(calibrate), lam_mean, n_anchors / n_tasks)
-        wm_rows = corrected.nonzero().squeeze(-1)
+        wm_rows = p.paired.nonzero().squeeze(-1)
         if wm_rows.numel():  # this step's anchors: their correlation, then into the window for later steps
             anchor_gid = torch.unique(gid[wm_rows], return_inverse=True)[1]
             cross, wm_sq, true_sq = anchor_moments(adv_true[pair[wm_rows]], adv_wm[wm_rows], anchor_gid)
@@ -459,7 +455,7 @@ class Trainer:
             )
         out["ppi/var_ratio"] = ratio
         out["ppi/eff_groups"] = n_anchors / ratio if ratio > 0 else float("nan")
-        return adv, used, out
+        return p.adv, p.used, p.counted, out
 
     def _execute(self, jobs):
         assert self.executor is not None, "the executor is created in the main thread (train_step)"
