@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 from wmrl.config import (
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             print(parser.run_parser.format_help())
             argv = ["config", args.preset, *overrides]
     args, overrides = parser.parse_known_args(argv)
+    previous_term = signal.signal(signal.SIGTERM, _stop_at_once)  # as Ctrl-C, outside training too
     try:
         if args.command == "presets":
             for name, path in presets().items():
@@ -170,11 +172,51 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 _export(args)
             except (OSError, ValueError) as e:  # e.g. offline push, a run whose domain cannot export
-                raise ConfigError(f"{type(e).__name__}: {e}") from e
+                raise ConfigError(f"export failed: {e}") from e
+    except KeyboardInterrupt as e:  # SIGINT or SIGTERM: wmrl.tracking.RunInterrupted from training
+        signum = getattr(e, "signum", signal.SIGINT)
+        if hasattr(e, "describe"):
+            print(f"wmrl: {e.describe(_resume_command(args, argv))}", file=sys.stderr)
+        else:  # outside the training loop (building the domain, writing a report)
+            print(
+                f"wmrl: stopped by {signal.Signals(signum).name} outside a training step; "
+                f"`{_resume_command(args, argv)}` continues from the last checkpoint (from step 0 "
+                "where none was saved)",
+                file=sys.stderr,
+            )
+        return 128 + signum
     except (ConfigError, RuntimeError, FileNotFoundError) as e:
         print(f"wmrl: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
     return 0
+
+
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM outside the training loop: stop as on Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__()
+        self.signum = signum
+
+
+def _stop_at_once(signum: int, frame) -> None:
+    raise _Stopped(signum)
+
+
+def _resume_command(args: argparse.Namespace, argv: list[str]) -> str:
+    """The command that continues what ``argv`` started: ``wmrl run --resume DIR`` for a run or a
+    comparison, the same command for anything else (a grid continues where it stopped)."""
+    import shlex
+
+    if args.command == "run":
+        out_dir = args.resume or args.out_dir
+        if out_dir is None and args.preset:
+            out_dir = os.path.join("runs", os.path.splitext(os.path.basename(args.preset))[0])
+        if out_dir is not None:
+            return f"wmrl run --resume {shlex.quote(out_dir)}"
+    return shlex.join(["wmrl", *argv])
 
 
 class _StderrLines(logging.Handler):

@@ -264,7 +264,14 @@ class TrackingConfig:
     checkpoint_every: int = 10
     # Evaluate on the held-out split every this many steps (0: only at the end).
     eval_every: int = 0
+    # Progress bars and stage messages (training, and the domain's build: sandbox start, execution
+    # log, demos, SFT, WM pretraining, evaluation) on stderr; false silences them all.
     progress: bool = True
+    # Stop the run (checkpoint saved, exit status 2) after this many steps in a row whose every anchor
+    # rollout came back ungraded (exec/ungraded == exec/step > 0): real execution is failing, not the
+    # policy. One such step can be a transient (a worker restarting, a timeout under load); a cause
+    # that persists fails every step. 0: never stop (each such step still warns).
+    max_ungraded_steps: int = 3
     # Log rollout media to wandb every this many steps (0: never): the domain's rollout_media (VLA:
     # real simulator frames beside the WM's imagined frames of the same actions, as a GIF; research:
     # a table of edits with predicted and true scores; toy: a table of actions). Not with wandb disabled.
@@ -274,6 +281,10 @@ class TrackingConfig:
         _one_of("tracking.wandb", self.wandb, ("offline", "online", "disabled"))
         _check(self.checkpoint_every >= 1, f"tracking.checkpoint_every={self.checkpoint_every} must be >= 1")
         _check(self.media_every >= 0, f"tracking.media_every={self.media_every} must be >= 0")
+        _check(
+            self.max_ungraded_steps >= 0,
+            f"tracking.max_ungraded_steps={self.max_ungraded_steps} must be >= 0",
+        )
 
 
 @dataclass
