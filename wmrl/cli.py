@@ -8,7 +8,7 @@ wmrl merge-reports A B --method-from ppi=C --out-dir DIR       # ... with ppi's 
 wmrl config PRESET [overrides]     # every field with its value and comment (also: wmrl run PRESET --help)
 wmrl tasks DOMAIN
 wmrl presets
-wmrl export RUN_DIR --out DIR [--adapter] [--push-to-hub REPO [--private] [--dry-run]]
+wmrl export RUN_DIR --out-dir DIR [--adapter] [--push-to-hub REPO [--private] [--dry-run]]
 
 Every bad input ends in one line on stderr, ``wmrl: error: ...``, exit status 2, and nothing
 written before is touched.
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Export RUN_DIR's last checkpoint to DIR (see wmrl/export.py for what each domain writes).",
     )
     export.add_argument("run_dir", metavar="RUN_DIR")
-    export.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory")
+    export.add_argument("--out-dir", required=True, metavar="DIR", help="a new or empty directory")
     export.add_argument(
         "--adapter",
         action="store_true",
@@ -339,13 +339,15 @@ def _export(args: argparse.Namespace) -> None:
     for flag in ("dry_run", "private"):
         if getattr(args, flag) and not args.push_to_hub:
             raise ConfigError(f"--{flag.replace('_', '-')} goes with --push-to-hub REPO")
-    manifest = export_run(args.run_dir, args.out, adapter=args.adapter)
-    print(f"exported {manifest['domain']} run ({manifest['method']}, step {manifest['step']}) to {args.out}")
+    manifest = export_run(args.run_dir, args.out_dir, adapter=args.adapter)
+    print(
+        f"exported {manifest['domain']} run ({manifest['method']}, step {manifest['step']}) to {args.out_dir}"
+    )
     print(f"  policy: {manifest['policy']['format']}")
     if manifest.get("world_model"):
         print(f"  world model: {manifest['world_model']['format']}")
     if args.push_to_hub:
-        ops = push_to_hub(args.out, args.push_to_hub, private=args.private or None, dry_run=args.dry_run)
+        ops = push_to_hub(args.out_dir, args.push_to_hub, private=args.private or None, dry_run=args.dry_run)
         verb = "would upload" if args.dry_run else "uploaded"
         print(f"{verb} {len(ops)} files to {args.push_to_hub}:")
         for op in ops:

@@ -441,7 +441,7 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
         try:
             content = yaml.safe_load(path.read_text())
         except yaml.YAMLError as e:
-            raise ConfigError(f"malformed YAML in {path}: {e}") from None
+            raise ConfigError(malformed_yaml(path, e)) from None
         if content is not None and not isinstance(content, dict):
             raise ConfigError(f"{path} must hold a mapping of config fields, got {type(content).__name__}")
     try:
@@ -456,6 +456,22 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
         raise ConfigError(_unknown_flags_message(list(overrides or []), content, str(e))) from None
     except SystemExit as e:  # argparse exits on unknown flags even with exit_on_error=False
         raise ConfigError(f"invalid command-line overrides {overrides}: see the message above") from e
+
+
+def malformed_yaml(path: Path, e: Exception) -> str:
+    """PyYAML's several-line report as one line: where, what, and the construct it was in. A line
+    holding ``=[`` (a list-valued override inside a YAML list) gets the fix: quote it."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is None or problem is None:
+        return f"malformed YAML in {path}: {' '.join(str(e).split())}"
+    where = f"malformed YAML in {path}, line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and start is not None:
+        where += f" ({context} at line {start.line + 1})"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    if mark.line < len(lines) and "=[" in lines[mark.line]:
+        where += '; quote an override whose value is a list: "--domain.tasks=[a,b]"'
+    return where
 
 
 def _root_config_error(e: BaseException | None) -> ConfigError | None:
