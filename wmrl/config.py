@@ -12,6 +12,7 @@ core never imports a domain package until that domain is asked for.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -445,7 +446,10 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
         if content is not None and not isinstance(content, dict):
             raise ConfigError(f"{path} must hold a mapping of config fields, got {type(content).__name__}")
     try:
-        return draccus.parse(RunConfig, config_path=path, args=list(overrides or []), exit_on_error=False)
+        with _without_obsolete_fields(path, content) as parsed_path:
+            return draccus.parse(
+                RunConfig, config_path=parsed_path, args=list(overrides or []), exit_on_error=False
+            )
     except (draccus.ParsingError, argparse.ArgumentError, ValueError, TypeError, KeyError) as e:
         cause = _root_config_error(e)
         if cause is not None:
@@ -456,6 +460,26 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
         raise ConfigError(_unknown_flags_message(list(overrides or []), content, str(e))) from None
     except SystemExit as e:  # argparse exits on unknown flags even with exit_on_error=False
         raise ConfigError(f"invalid command-line overrides {overrides}: see the message above") from e
+
+
+@contextlib.contextmanager
+def _without_obsolete_fields(path: Path | None, content: dict | None):
+    """``path``, or a copy of it without the fields that no longer exist, so that the
+    ``config.yaml`` of an older run still loads: ``domain.progress`` (now ``tracking.progress``,
+    the one switch for every progress bar)."""
+    domain = (content or {}).get("domain")
+    if path is None or not (isinstance(domain, dict) and "progress" in domain):
+        yield path
+        return
+    import tempfile
+
+    import yaml
+
+    domain.pop("progress")
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / path.name
+        copy.write_text(yaml.safe_dump(content, sort_keys=False))
+        yield copy
 
 
 def malformed_yaml(path: Path, e: Exception) -> str:

@@ -14,12 +14,14 @@ checkpoint of that step; a second signal stops it at once, keeping the last chec
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import os
 import random
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,45 @@ from wmrl.config import RunConfig, config_fingerprint, to_dict
 
 CHECKPOINT = "checkpoints/latest.pt"
 log = logging.getLogger("wmrl")
+
+
+def say(message: str, enabled: bool = True) -> None:
+    """One progress line on stderr (through tqdm, so an open bar stays intact); ``enabled`` is
+    ``tracking.progress``."""
+    if enabled:
+        from tqdm.auto import tqdm
+
+        tqdm.write(message, file=sys.stderr)
+
+
+@contextlib.contextmanager
+def stage(description: str, enabled: bool = True, refresh_s: float = 1.0):
+    """A long stage of a run (sandbox start, execution log, demos, SFT, WM pretraining,
+    evaluation) shown on stderr while it runs: ``description [elapsed]``, counting every
+    ``refresh_s`` on a terminal (elsewhere one line when it starts and one when it ends, so logs
+    stay short). ``enabled`` is ``tracking.progress``."""
+    if not enabled:
+        yield
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=None, desc=description, bar_format="{desc} [{elapsed}]", file=sys.stderr)
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(refresh_s):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, daemon=True) if sys.stderr.isatty() else None
+    if ticker is not None:
+        ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        if ticker is not None:
+            ticker.join()
+        bar.close()
 
 
 class RunDirError(RuntimeError):

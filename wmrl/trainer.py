@@ -65,7 +65,9 @@ def _one_line(error: str) -> str:
 @contextmanager
 def _quiet_dataset_bars():
     """Silence the datasets library's "Map" bars while training (a domain that writes a dataset,
-    e.g. the VLA anchors' LeRobot dataset, would draw one per write below the training bar)."""
+    e.g. the VLA anchors' LeRobot dataset, would draw one per write below the training bar). If
+    datasets is first imported during training, its bars stay off for the rest of the process
+    (the environment variable it reads at import has the last word)."""
     datasets = sys.modules.get("datasets")
     was = os.environ.get("HF_DATASETS_DISABLE_PROGRESS_BARS")
     os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when datasets is first imported
@@ -574,12 +576,12 @@ class Trainer:
         try:
             with stop, _quiet_dataset_bars():
                 if self.step == 0 and cfg.tracking.eval_every > 0:
-                    self._log(0, self.evaluate())
+                    self._log(0, self._evaluate_shown(bar))
                 while self.step < cfg.grpo.steps:
                     metrics = self.train_step()
                     every = cfg.tracking.eval_every
                     if (every > 0 and self.step % every == 0) or self.step == cfg.grpo.steps:
-                        metrics.update(self.evaluate())
+                        metrics.update(self._evaluate_shown(bar))
                     self._log(self.step, metrics)
                     self._log_media()
                     last = metrics
@@ -617,6 +619,15 @@ class Trainer:
         if self.acc is not None:
             self.acc.wait_for_everyone()  # the main process's last checkpoint is written
         return last
+
+    def _evaluate_shown(self, bar) -> dict[str, float]:
+        """:meth:`evaluate`, the training bar saying so while it runs (minutes for a VLA)."""
+        desc = getattr(bar, "desc", "")  # a disabled bar has none
+        bar.set_description_str(f"{desc} (evaluating)")
+        try:
+            return self.evaluate()
+        finally:
+            bar.set_description_str(desc, refresh=False)
 
     def _agreed(self, local: bool) -> bool:
         """``local`` from any rank of a data-parallel run (so every rank stops at the same step)."""
