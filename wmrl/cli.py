@@ -149,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             print(parser.run_parser.format_help())
             argv = ["config", args.preset, *overrides]
     args, overrides = parser.parse_known_args(argv)
-    previous_term = signal.signal(signal.SIGTERM, _stop_at_once)  # as Ctrl-C, outside training too
+    previous_term = signal.getsignal(signal.SIGTERM)
+    if args.command == "run":  # SIGTERM as Ctrl-C outside training too (a grid keeps its own handling)
+        signal.signal(signal.SIGTERM, _stop_at_once)
     try:
         if args.command == "presets":
             for name, path in presets().items():

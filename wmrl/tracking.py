@@ -110,7 +110,8 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 class StopSignals:
-    """While entered (in the main thread): the first SIGINT or SIGTERM only records itself in
+    """While entered (in the main thread; for each of SIGINT and SIGTERM that has a Python
+    handler, see ``__enter__``): the first SIGINT or SIGTERM only records itself in
     ``signum`` (the run stops at the end of its step, saving it); a second one raises
     KeyboardInterrupt at once. The previous handlers come back on exit."""
 
@@ -124,7 +125,10 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for s in self.SIGNALS:
-                if signal.getsignal(s) is not signal.SIG_IGN:  # e.g. nohup: left ignored
+                # only a signal the process handles in Python (Ctrl-C's KeyboardInterrupt; SIGTERM
+                # under `wmrl run`): one left ignored (nohup) or at its default action (a grid's
+                # worker, which SIGTERM must end) keeps it
+                if signal.getsignal(s) not in (signal.SIG_IGN, signal.SIG_DFL, None):
                     self._previous[s] = signal.signal(s, self._handle)
         return self
 
