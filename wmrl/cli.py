@@ -139,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _quiet_dataset_bars()
     _log_warnings_as_lines()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -219,6 +220,16 @@ def _resume_command(args: argparse.Namespace, argv: list[str]) -> str:
         if out_dir is not None:
             return f"wmrl run --resume {shlex.quote(out_dir)}"
     return shlex.join(["wmrl", *argv])
+
+
+def _quiet_dataset_bars() -> None:
+    """The datasets library's "Map" bars off for the whole command (wmrl's own bars show each
+    stage): set before datasets is imported, its environment variable outlasts lerobot's
+    ``SuppressProgressBars``, whose exit turns the bars back on. ``=0`` keeps them."""
+    import warnings
+
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", message="Cannot enable progress bars", category=UserWarning)
 
 
 class _StderrLines(logging.Handler):

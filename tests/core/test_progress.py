@@ -1,6 +1,7 @@
 """Progress (issue 28, item 9): one switch, ``tracking.progress``, for the training bar and every
 long stage of a build; the datasets library's "Map" bars stay out of the training bar."""
 
+import os
 from dataclasses import dataclass
 
 from wmrl.cli import main
@@ -65,3 +66,24 @@ def test_an_older_config_with_domain_progress_still_loads(tmp_path):
     old = tmp_path / "config.yaml"
     old.write_text("method: wmrl\ndomain: {type: toy, n_actions: 4, progress: false}\n")
     assert load_config(old) == load_config(None, ["--domain.type=toy", "--domain.n_actions=4"])
+
+
+def test_the_cli_keeps_map_bars_off_even_after_lerobot_turns_them_back_on():
+    """lerobot's ``SuppressProgressBars`` calls datasets' ``enable_progress_bar()`` on exit, which
+    would bring "Map" bars back under the training bar of a VLA run recording its anchors; the CLI
+    sets datasets' environment switch first, which that call cannot override (and no warning)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from wmrl.cli import main; main(['presets'])\n"
+        "from lerobot.utils.utils import SuppressProgressBars\n"
+        "import datasets\n"
+        "with SuppressProgressBars():\n"
+        "    pass\n"
+        "datasets.Dataset.from_dict({'a': [1, 2]}).map(lambda row: row)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HF_DATASETS_DISABLE_PROGRESS_BARS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Map" not in done.stderr and "arning" not in done.stderr, done.stderr
