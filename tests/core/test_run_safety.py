@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -211,3 +212,33 @@ def test_max_ungraded_steps_0_trains_on_with_a_warning_per_step(tmp_path, capfd)
     assert main(argv) == 0
     warnings = capfd.readouterr().err.strip().splitlines()
     assert len(warnings) == 3 and all("came back ungraded" in w for w in warnings)
+
+
+@DomainConfig.register_subclass("toy_interrupted_build")
+@dataclass
+class InterruptedBuildToyConfig(ToyConfig):
+    """The toy domain whose build is interrupted by Ctrl-C the first time (as a user stopping a
+    minute-long sandbox start or SFT), then builds normally."""
+
+    def build(self, run):
+        marker = Path(run.out_dir).parent / "interrupted-once"
+        if not marker.exists():
+            marker.write_text("")
+            os.kill(os.getpid(), signal.SIGINT)  # the default handler: KeyboardInterrupt here
+        return super().build(run)
+
+
+def test_ctrl_c_while_the_domain_builds_is_one_line_and_the_folder_resumes_from_step_0(tmp_path, capfd):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("domain: {type: toy_interrupted_build}\nmethod: wmrl\n")
+    run = tmp_path / "run"
+    capfd.readouterr()
+    assert main(_args(str(preset), run)) == 130
+    err = capfd.readouterr().err
+    assert err.strip().splitlines() == [
+        f"wmrl: stopped by SIGINT outside a training step; `wmrl run --resume {run}` continues from "
+        "the last checkpoint (from step 0 where none was saved)"
+    ]
+    assert (run / "config.yaml").exists() and not (run / CHECKPOINT).exists()
+    assert main(["run", "--resume", str(run)]) == 0
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, STEPS + 1))
