@@ -89,7 +89,6 @@ def make_wm(kind: str, seed: int, tokenizer, args) -> tuple[Any, str]:
         wm_input=wm_input,
         wm_members=args.members,
         wm_pretrain_steps=args.steps,
-        progress=False,
         tiny_hidden=128,
         tiny_layers=2,
     )

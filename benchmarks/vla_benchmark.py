@@ -53,7 +53,7 @@ def throughput(
     over = ["--out_dir=/tmp/wmrl-vla-throughput", "--domain.imagine_input=latent"]
     over += [f"--domain.cache_dir={cache_dir}"] if cache_dir else []
     cfg = load_config(preset, over)
-    cfg.domain.progress = False
+    cfg.tracking.progress = False
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     domain = cfg.domain.build(cfg)  # distills the latent adapter (fit figures below)
@@ -178,10 +178,9 @@ def sft_eval(preset: str, episodes: int, extra: list[str], temperatures=(0.0, 1.
     from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes
 
     cfg = load_config(preset, extra).domain
-    cfg.progress = False
     path = Path(cfg.cache_dir) / f"sft-{_key(_policy_fields(cfg))}.json"
     cached = path.exists()
-    policy = prepare_policy(cfg, prepare_demos(cfg))
+    policy = prepare_policy(cfg, prepare_demos(cfg, progress=False), progress=False)
     hist = json.loads(path.read_text())
     out: dict = {"checkpoint": str(path.with_suffix(".pt")), "cached": cached, "sft_seconds": hist["seconds"],
                  "episodes_per_task": episodes, "train_token_accuracy": hist["accuracy"][-1]}  # fmt: skip

@@ -29,7 +29,7 @@ def measure(preset: str, n_tasks: int, extra: list[str]) -> dict:
     from world_models.vla_dynamics import _auc
 
     cfg = load_config(preset, [f"--out_dir={tempfile.mkdtemp(prefix='wmrl-grounded-')}", *extra])
-    cfg.domain.progress = False
+    cfg.tracking.progress = False
     domain = cfg.domain.build(cfg)
     wm = domain.world_model.model
     if wm.grounded is None:

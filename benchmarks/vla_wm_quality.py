@@ -121,7 +121,7 @@ def measure(preset: str, groups: int, out: Path, extra: list[str]) -> dict:
     from world_models.vla_dynamics import _auc, calibration_stats, fit_variance_calibration
 
     cfg = load_config(preset, [f"--out_dir={tempfile.mkdtemp(prefix='wmrl-wm-quality-')}", *extra])
-    cfg.domain.progress = False
+    cfg.tracking.progress = False
     domain = cfg.domain.build(cfg)
     g = cfg.grpo.group_size
     wm = domain.world_model

@@ -8,7 +8,7 @@ wmrl merge-reports A B --method-from ppi=C --out-dir DIR       # ... with ppi's 
 wmrl config PRESET [overrides]     # every field with its value and comment (also: wmrl run PRESET --help)
 wmrl tasks DOMAIN
 wmrl presets
-wmrl export RUN_DIR --out DIR [--adapter] [--push-to-hub REPO [--private] [--dry-run]]
+wmrl export RUN_DIR --out-dir DIR [--adapter] [--push-to-hub REPO [--private] [--dry-run]]
 
 Every bad input ends in one line on stderr, ``wmrl: error: ...``, exit status 2, and nothing
 written before is touched.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 from wmrl.config import (
@@ -118,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Export RUN_DIR's last checkpoint to DIR (see wmrl/export.py for what each domain writes).",
     )
     export.add_argument("run_dir", metavar="RUN_DIR")
-    export.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory")
+    export.add_argument("--out-dir", required=True, metavar="DIR", help="a new or empty directory")
     export.add_argument(
         "--adapter",
         action="store_true",
@@ -138,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _quiet_dataset_bars()
     _log_warnings_as_lines()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -148,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             print(parser.run_parser.format_help())
             argv = ["config", args.preset, *overrides]
     args, overrides = parser.parse_known_args(argv)
+    previous_term = signal.getsignal(signal.SIGTERM)
+    if args.command == "run":  # SIGTERM as Ctrl-C outside training too (a grid keeps its own handling)
+        signal.signal(signal.SIGTERM, _stop_at_once)
     try:
         if args.command == "presets":
             for name, path in presets().items():
@@ -170,11 +175,61 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 _export(args)
             except (OSError, ValueError) as e:  # e.g. offline push, a run whose domain cannot export
-                raise ConfigError(f"{type(e).__name__}: {e}") from e
+                raise ConfigError(f"export failed: {e}") from e
+    except KeyboardInterrupt as e:  # SIGINT or SIGTERM: wmrl.tracking.RunInterrupted from training
+        signum = getattr(e, "signum", signal.SIGINT)
+        if hasattr(e, "describe"):
+            print(f"wmrl: {e.describe(_resume_command(args, argv))}", file=sys.stderr)
+        else:  # outside the training loop (building the domain, writing a report)
+            print(
+                f"wmrl: stopped by {signal.Signals(signum).name} outside a training step; "
+                f"`{_resume_command(args, argv)}` continues from the last checkpoint (from step 0 "
+                "where none was saved)",
+                file=sys.stderr,
+            )
+        return 128 + signum
     except (ConfigError, RuntimeError, FileNotFoundError) as e:
         print(f"wmrl: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
     return 0
+
+
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM outside the training loop: stop as on Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__()
+        self.signum = signum
+
+
+def _stop_at_once(signum: int, frame) -> None:
+    raise _Stopped(signum)
+
+
+def _resume_command(args: argparse.Namespace, argv: list[str]) -> str:
+    """The command that continues what ``argv`` started: ``wmrl run --resume DIR`` for a run or a
+    comparison, the same command for anything else (a grid continues where it stopped)."""
+    import shlex
+
+    if args.command == "run":
+        out_dir = args.resume or args.out_dir
+        if out_dir is None and args.preset:
+            out_dir = os.path.join("runs", os.path.splitext(os.path.basename(args.preset))[0])
+        if out_dir is not None:
+            return f"wmrl run --resume {shlex.quote(out_dir)}"
+    return shlex.join(["wmrl", *argv])
+
+
+def _quiet_dataset_bars() -> None:
+    """The datasets library's "Map" bars off for the whole command (wmrl's own bars show each
+    stage): set before datasets is imported, its environment variable outlasts lerobot's
+    ``SuppressProgressBars``, whose exit turns the bars back on. ``=0`` keeps them."""
+    import warnings
+
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", message="Cannot enable progress bars", category=UserWarning)
 
 
 class _StderrLines(logging.Handler):
@@ -297,13 +352,15 @@ def _export(args: argparse.Namespace) -> None:
     for flag in ("dry_run", "private"):
         if getattr(args, flag) and not args.push_to_hub:
             raise ConfigError(f"--{flag.replace('_', '-')} goes with --push-to-hub REPO")
-    manifest = export_run(args.run_dir, args.out, adapter=args.adapter)
-    print(f"exported {manifest['domain']} run ({manifest['method']}, step {manifest['step']}) to {args.out}")
+    manifest = export_run(args.run_dir, args.out_dir, adapter=args.adapter)
+    print(
+        f"exported {manifest['domain']} run ({manifest['method']}, step {manifest['step']}) to {args.out_dir}"
+    )
     print(f"  policy: {manifest['policy']['format']}")
     if manifest.get("world_model"):
         print(f"  world model: {manifest['world_model']['format']}")
     if args.push_to_hub:
-        ops = push_to_hub(args.out, args.push_to_hub, private=args.private or None, dry_run=args.dry_run)
+        ops = push_to_hub(args.out_dir, args.push_to_hub, private=args.private or None, dry_run=args.dry_run)
         verb = "would upload" if args.dry_run else "uploaded"
         print(f"{verb} {len(ops)} files to {args.push_to_hub}:")
         for op in ops:

@@ -12,6 +12,7 @@ core never imports a domain package until that domain is asked for.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -296,7 +297,14 @@ class TrackingConfig:
     checkpoint_every: int = 10
     # Evaluate on the held-out split every this many steps (0: only at the end).
     eval_every: int = 0
+    # Progress bars and stage messages (training, and the domain's build: sandbox start, execution
+    # log, demos, SFT, WM pretraining, evaluation) on stderr; false silences them all.
     progress: bool = True
+    # Stop the run (checkpoint saved, exit status 2) after this many steps in a row whose every anchor
+    # rollout came back ungraded (exec/ungraded == exec/step > 0): real execution is failing, not the
+    # policy. One such step can be a transient (a worker restarting, a timeout under load); a cause
+    # that persists fails every step. 0: never stop (each such step still warns).
+    max_ungraded_steps: int = 3
     # Log rollout media to wandb every this many steps (0: never): the domain's rollout_media (VLA:
     # real simulator frames beside the WM's imagined frames of the same actions, as a GIF; research:
     # a table of edits with predicted and true scores; toy: a table of actions). Not with wandb disabled.
@@ -306,6 +314,10 @@ class TrackingConfig:
         _one_of("tracking.wandb", self.wandb, ("offline", "online", "disabled"))
         _check(self.checkpoint_every >= 1, f"tracking.checkpoint_every={self.checkpoint_every} must be >= 1")
         _check(self.media_every >= 0, f"tracking.media_every={self.media_every} must be >= 0")
+        _check(
+            self.max_ungraded_steps >= 0,
+            f"tracking.max_ungraded_steps={self.max_ungraded_steps} must be >= 0",
+        )
 
 
 @dataclass
@@ -467,11 +479,14 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
         try:
             content = yaml.safe_load(path.read_text())
         except yaml.YAMLError as e:
-            raise ConfigError(f"malformed YAML in {path}: {e}") from None
+            raise ConfigError(malformed_yaml(path, e)) from None
         if content is not None and not isinstance(content, dict):
             raise ConfigError(f"{path} must hold a mapping of config fields, got {type(content).__name__}")
     try:
-        return draccus.parse(RunConfig, config_path=path, args=list(overrides or []), exit_on_error=False)
+        with _without_obsolete_fields(path, content) as parsed_path:
+            return draccus.parse(
+                RunConfig, config_path=parsed_path, args=list(overrides or []), exit_on_error=False
+            )
     except (draccus.ParsingError, argparse.ArgumentError, ValueError, TypeError, KeyError) as e:
         cause = _root_config_error(e)
         if cause is not None:
@@ -482,6 +497,42 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
         raise ConfigError(_unknown_flags_message(list(overrides or []), content, str(e))) from None
     except SystemExit as e:  # argparse exits on unknown flags even with exit_on_error=False
         raise ConfigError(f"invalid command-line overrides {overrides}: see the message above") from e
+
+
+@contextlib.contextmanager
+def _without_obsolete_fields(path: Path | None, content: dict | None):
+    """``path``, or a copy of it without the fields that no longer exist, so that the
+    ``config.yaml`` of an older run still loads: ``domain.progress`` (now ``tracking.progress``,
+    the one switch for every progress bar)."""
+    domain = (content or {}).get("domain")
+    if path is None or not (isinstance(domain, dict) and "progress" in domain):
+        yield path
+        return
+    import tempfile
+
+    import yaml
+
+    domain.pop("progress")
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / path.name
+        copy.write_text(yaml.safe_dump(content, sort_keys=False))
+        yield copy
+
+
+def malformed_yaml(path: Path, e: Exception) -> str:
+    """PyYAML's several-line report as one line: where, what, and the construct it was in. A line
+    holding ``=[`` (a list-valued override inside a YAML list) gets the fix: quote it."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is None or problem is None:
+        return f"malformed YAML in {path}: {' '.join(str(e).split())}"
+    where = f"malformed YAML in {path}, line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and start is not None:
+        where += f" ({context} at line {start.line + 1})"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    if mark.line < len(lines) and "=[" in lines[mark.line]:
+        where += '; quote an override whose value is a list: "--domain.tasks=[a,b]"'
+    return where
 
 
 def _root_config_error(e: BaseException | None) -> ConfigError | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import signal
 import threading
 import time
 import traceback
@@ -52,8 +53,12 @@ def _noop() -> float:
 
 
 def _initialize(initializer) -> float:
-    """Run a worker's initializer; a failure is logged, not fatal (the worker's jobs then meet the
-    same failure and report it)."""
+    """Start a worker: Ctrl-C is the trainer's (which finishes its step, jobs included, then stops),
+    so a worker ignores SIGINT; then the initializer, whose failure is logged, not fatal (the
+    worker's jobs then meet the same failure and report it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if initializer is None:
+        return 0.0
     try:
         initializer()
     except Exception:  # noqa: BLE001 - a worker must stay able to report its jobs' errors
@@ -129,8 +134,8 @@ class ProcessPoolExecutor(Executor):
                 context=multiprocessing.get_context(start_method),
                 # pebble starts a job's timeout when a worker takes it, i.e. after this (a worker
                 # replaced after a timeout runs it again)
-                initializer=_initialize if initializer else None,
-                initargs=(initializer,) if initializer else (),
+                initializer=_initialize,
+                initargs=(initializer,),
             )
         except Exception as e:
             raise ExecutorError(

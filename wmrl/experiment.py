@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import tempfile
 from pathlib import Path
@@ -12,12 +13,15 @@ from statistics import mean
 from wmrl.config import WM_METHODS, ConfigError, RunConfig, load_config, save_config, to_dict
 from wmrl.tracking import CHECKPOINT, RunDirError, _diff, prepare_run_dir, read_metrics
 
+log = logging.getLogger("wmrl")
+
 
 def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
     """Build the domain and train one run in ``cfg.out_dir``; returns the last step's metrics.
 
-    The run directory is checked before anything is built: a fresh run needs an unused, writable
-    directory; a resumed one a checkpoint and steps left to train."""
+    The run directory is checked before anything is built: a fresh run needs a writable directory
+    holding no checkpoint; a resumed one steps left to train, and starts from step 0 where it
+    stopped before its first checkpoint."""
     from wmrl.device import check_precision, resolve_device
     from wmrl.distributed import make_accelerator, wants_distributed
     from wmrl.trainer import Trainer
@@ -30,13 +34,24 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
         build_cfg = copy.copy(cfg)
         build_cfg.device = str(acc.device)
     out = Path(cfg.out_dir)
+    restart = False  # resumed, but it stopped before its first checkpoint: trained from step 0
     if resume:
         _check_resumable(out, cfg)
-    elif main:
+        restart = not (out / CHECKPOINT).exists()
+        resume = not restart
+    if not resume and main:
         if comparison_runs(out):
             raise RunDirError(f"{out} holds a comparison ({_runs_brief(out)}); choose another --out-dir")
         writable_dir(out)
-        prepare_run_dir(out, resume=False)
+        moved = prepare_run_dir(out, resume=False, cfg=cfg)
+        save_config(cfg, out / "config.yaml")  # before the build: a run stopped in it can be resumed
+        if restart or moved:
+            log.warning(
+                "%s holds no checkpoint (its run stopped before the first one): training %s from step 0%s",
+                out,
+                "it" if restart else "the new run",
+                f"; moved {moved}" if moved else "",
+            )
     if acc is not None:
         acc.wait_for_everyone()
     if acc is None:
@@ -90,7 +105,7 @@ def _check_resumable(out: Path, cfg: RunConfig) -> None:
             f"{out} already finished its grpo.steps={cfg.grpo.steps} steps (summary.json); nothing to "
             "resume. To train further, start a new run (--out-dir) from a preset"
         )
-    if not (out / CHECKPOINT).exists():
+    if not (out / CHECKPOINT).exists() and not (out / "config.yaml").exists():
         raise RunDirError(f"cannot resume {out}: it holds no checkpoint ({CHECKPOINT})")
 
 
@@ -133,6 +148,7 @@ _BOOKKEEPING = (
     "tracking.progress",
     "tracking.wandb",
     "tracking.media_every",
+    "tracking.max_ungraded_steps",
 )
 
 

@@ -1,4 +1,4 @@
-"""`wmrl export RUN_DIR --out DIR`: a finished run's models as folders users load with their own tools.
+"""`wmrl export RUN_DIR --out-dir DIR`: a finished run's models as folders users load with their own tools.
 
 The core knows no domain: it reads the run's ``config.yaml`` and last checkpoint (``weights_only``),
 hands them to the domain config's ``export`` hook (see :class:`Exporter`), and writes what every
@@ -66,12 +66,19 @@ class Exporter(Protocol):
 def export_run(run_dir: str | Path, out: str | Path, adapter: bool = False) -> dict[str, Any]:
     """Export the run in ``run_dir`` to ``out`` (a new or empty directory); returns the manifest."""
     run_dir, out = Path(run_dir), Path(out)
+    runs = runs_under(run_dir)
+    if not (run_dir / CHECKPOINT).exists() and runs:
+        listed = ", ".join(str(r.relative_to(run_dir)) for r in runs[:4]) + (", ..." if len(runs) > 4 else "")
+        raise ConfigError(
+            f"{run_dir} is the root of a comparison ({len(runs)} runs: {listed}); export one of its "
+            f"runs, e.g. wmrl export {runs[0]} --out-dir {out}"
+        )
     if not (run_dir / "config.yaml").exists():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.yaml)")
     if not (run_dir / CHECKPOINT).exists():
         raise FileNotFoundError(f"{run_dir} holds no checkpoint ({CHECKPOINT}): nothing to export")
     if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"--out {out} is not empty; export into a new directory")
+        raise ConfigError(f"--out-dir {out} is not empty; export into a new directory")
     cfg = load_config(run_dir / "config.yaml", [f"--out_dir={run_dir}"])
     domain = DomainConfig.get_choice_name(type(cfg.domain))
     hook = getattr(cfg.domain, "export", None)
@@ -93,6 +100,13 @@ def export_run(run_dir: str | Path, out: str | Path, adapter: bool = False) -> d
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
     (out / CARD).write_text(model_card(manifest, (run_dir / "config.yaml").read_text()))
     return manifest
+
+
+def runs_under(root: Path) -> list[Path]:
+    """The run directories (holding a checkpoint) of a comparison (``root/<method>/seed<k>``) or a
+    grid (``root/<domain>/<method>/seed<k>``) rooted at ``root``."""
+    found = [*root.glob(f"*/seed*/{CHECKPOINT}"), *root.glob(f"*/*/seed*/{CHECKPOINT}")]
+    return sorted(p.parent.parent for p in found)
 
 
 def training_facts(cfg: RunConfig) -> dict[str, Any]:

@@ -64,6 +64,7 @@ from wmrl.config import (
     _one_of,
     did_you_mean,
     load_config,
+    malformed_yaml,
     presets,
 )
 from wmrl.experiment import _config_diffs, _result_fields, comparison_runs, with_control, writable_dir
@@ -101,7 +102,8 @@ class DomainEntry:
     name: str = ""
     # Preset name (configs/) or YAML path the domain's cells start from.
     preset: str = ""
-    # Config overrides for every cell of this domain (e.g. a step budget: --grpo.steps=30).
+    # Config overrides for every cell of this domain (e.g. a step budget: --grpo.steps=30). Quote
+    # one whose value is a list inside [...]: ["--domain.train_tasks=[a,b]", --grpo.steps=30].
     overrides: list[str] = field(default_factory=list)
     # Held-out episodes or samples per task for this domain's re-evaluation (None: the grid's).
     reeval_episodes: int | None = None
@@ -205,7 +207,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
     try:
         content = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"malformed YAML in {path}: {e}") from None
+        raise ConfigError(malformed_yaml(path, e)) from None
     if not isinstance(content, dict):
         raise ConfigError(
             f"{path} must hold a mapping (methods, seeds, domains, ...), got {type(content).__name__}"
@@ -685,7 +687,10 @@ def _describe(ex: GridExecutorConfig) -> str:
 
 
 def _brief(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
+    """A cell's failure in one line: a ConfigError's or RunDirError's message as it is (it names the
+    field and the fix), anything else (a bug) after its class name."""
+    text = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+    return (text if isinstance(e, ConfigError | RunDirError) else f"{type(e).__name__}: {text}")[:300]
 
 
 def _write_index(out: Path, cells: list[Cell]) -> None:

@@ -4,18 +4,30 @@ A run directory holds ``config.yaml``, ``metrics.jsonl`` (one flat, namespaced d
 ``checkpoints/latest.pt`` and, when the run ends, ``summary.json``. Nothing already written is ever
 overwritten by a new run: starting a run in a directory that holds one is an error, and resuming
 moves metric rows newer than the checkpoint to ``metrics.orphaned.jsonl`` instead of deleting them.
+A directory whose run stopped before its first checkpoint holds nothing to resume: a new run (or
+``--resume``, from step 0) reuses it, moving its metric rows to ``metrics.orphaned.jsonl`` and a
+config that differs from the new one to ``config.orphaned.yaml``.
+
+SIGINT and SIGTERM (:class:`StopSignals`) stop a run at the end of the step in progress, with a
+checkpoint of that step; a second signal stops it at once, keeping the last checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
 import random
+import signal
+import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import draccus
 import numpy as np
 import torch
 
@@ -25,8 +37,112 @@ CHECKPOINT = "checkpoints/latest.pt"
 log = logging.getLogger("wmrl")
 
 
+def say(message: str, enabled: bool = True) -> None:
+    """One progress line on stderr (through tqdm, so an open bar stays intact); ``enabled`` is
+    ``tracking.progress``."""
+    if enabled:
+        from tqdm.auto import tqdm
+
+        tqdm.write(message, file=sys.stderr)
+
+
+@contextlib.contextmanager
+def stage(description: str, enabled: bool = True, refresh_s: float = 1.0):
+    """A long stage of a run (sandbox start, execution log, demos, SFT, WM pretraining,
+    evaluation) shown on stderr while it runs: ``description [elapsed]``, counting every
+    ``refresh_s`` on a terminal (elsewhere one line when it starts and one when it ends, so logs
+    stay short). ``enabled`` is ``tracking.progress``."""
+    if not enabled:
+        yield
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=None, desc=description, bar_format="{desc} [{elapsed}]", file=sys.stderr)
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(refresh_s):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, daemon=True) if sys.stderr.isatty() else None
+    if ticker is not None:
+        ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        if ticker is not None:
+            ticker.join()
+        bar.close()
+
+
 class RunDirError(RuntimeError):
     """A run directory that cannot be used as asked (exists, missing, or does not match the config)."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by SIGINT or SIGTERM (a KeyboardInterrupt, so no ``except Exception`` on the
+    way out takes it for a failure). ``saved_step``: the step of the checkpoint it holds now
+    (0: none, a resume starts it from step 0); ``at_boundary``: it stopped between steps (the
+    checkpoint is of its last finished step), not at once mid-step (a second signal)."""
+
+    def __init__(self, signum: int, run_dir: Path, step: int, saved_step: int, at_boundary: bool):
+        self.signum, self.run_dir, self.step = signum, run_dir, step
+        self.saved_step, self.at_boundary = saved_step, at_boundary
+        super().__init__(self.describe())
+
+    def describe(self, resume: str | None = None) -> str:
+        """One line: what stopped the run, what it saved, how to continue it (``resume``: the
+        command to give; default ``wmrl run --resume RUN_DIR``)."""
+        name = signal.Signals(self.signum).name
+        resume = resume or f"wmrl run --resume {self.run_dir}"
+        if self.at_boundary:
+            done = f"stopped by {name} after step {self.step}, checkpoint of step {self.saved_step} saved"
+        else:
+            done = f"stopped at once by a second {name} during step {self.step + 1}"
+            done += (
+                f", its last checkpoint is of step {self.saved_step}"
+                if self.saved_step
+                else ", before its first checkpoint"
+            )
+        start = "" if self.saved_step else " (from step 0: no step was saved)"
+        return f"{done}; continue it with `{resume}`{start}"
+
+
+class StopSignals:
+    """While entered (in the main thread; for each of SIGINT and SIGTERM that has a Python
+    handler, see ``__enter__``): the first SIGINT or SIGTERM only records itself in
+    ``signum`` (the run stops at the end of its step, saving it); a second one raises
+    KeyboardInterrupt at once. The previous handlers come back on exit."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, on_first=None):
+        self.signum: int | None = None
+        self._on_first = on_first  # called from the handler on the first signal (e.g. a bar notice)
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                # only a signal the process handles in Python (Ctrl-C's KeyboardInterrupt; SIGTERM
+                # under `wmrl run`): one left ignored (nohup) or at its default action (a grid's
+                # worker, which SIGTERM must end) keeps it
+                if signal.getsignal(s) not in (signal.SIG_IGN, signal.SIG_DFL, None):
+                    self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        if self._on_first is not None:
+            self._on_first(signum)
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
 
 
 @dataclass
@@ -172,17 +288,41 @@ def _read_rows(path: Path) -> tuple[list[dict], str | None]:
     return rows, None
 
 
-def prepare_run_dir(run_dir: Path, resume: bool) -> None:
-    """Create a fresh run directory, or check that a resumable one exists."""
+def prepare_run_dir(run_dir: Path, resume: bool, cfg: RunConfig | None = None) -> str:
+    """Create a fresh run directory, or check that a resumable one exists.
+
+    A fresh run may reuse a directory whose run stopped before its first checkpoint: its metric rows
+    move to ``metrics.orphaned.jsonl`` and its ``config.yaml``, where it differs from ``cfg``'s, to
+    ``config.orphaned.yaml`` (nothing written is deleted). Returns what moved ("" if nothing)."""
     if resume:
         if not (run_dir / CHECKPOINT).exists():
             raise RunDirError(f"cannot resume {run_dir}: it holds no checkpoint ({CHECKPOINT})")
-        return
-    if (run_dir / "metrics.jsonl").exists() or (run_dir / CHECKPOINT).exists():
+        return ""
+    if (run_dir / CHECKPOINT).exists():
         raise RunDirError(
             f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose another --out-dir"
         )
+    moved = []
+    if (run_dir / "metrics.jsonl").exists():
+        n = trim_metrics_after(run_dir, -1)
+        (run_dir / "metrics.jsonl").unlink()
+        if n:
+            moved.append(f"its {n} metric rows to metrics.orphaned.jsonl")
+    saved = run_dir / "config.yaml"
+    if cfg is not None and saved.exists() and saved.read_text() != config_text(cfg):
+        os.replace(saved, run_dir / "config.orphaned.yaml")
+        moved.append("its other config to config.orphaned.yaml")
+    if (run_dir / ".wandb_id").exists():  # a new wandb run: the old one's offline files stay
+        os.replace(run_dir / ".wandb_id", run_dir / ".wandb_id.orphaned")
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    return " and ".join(moved)
+
+
+def config_text(cfg: RunConfig) -> str:
+    """What ``save_config`` writes for ``cfg``."""
+    buf = io.StringIO()
+    draccus.dump(cfg, buf)
+    return buf.getvalue()
 
 
 def trim_metrics_after(run_dir: Path, step: int) -> int:

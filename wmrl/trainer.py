@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
+import re
+import signal
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -36,12 +40,50 @@ from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_g
 from wmrl.ppi import PowerTuner, anchor_moments, gradient_row_products, ppi_rows, variance_ratio
 from wmrl.tracking import (
     MetricsLogger,
+    RunInterrupted,
+    StopSignals,
     load_checkpoint,
     prepare_run_dir,
     save_checkpoint,
     set_rng_state,
     trim_metrics_after,
 )
+
+log = logging.getLogger("wmrl")
+
+
+class UngradedRun(RuntimeError):
+    """Every anchor rollout of ``tracking.max_ungraded_steps`` steps in a row came back ungraded."""
+
+
+def _one_line(error: str) -> str:
+    """A job's error as one short line, without the exception's class name."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    text = re.sub(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b:?\s*", "", lines[-1] if lines else error)
+    return text[:300]
+
+
+@contextmanager
+def _quiet_dataset_bars():
+    """Silence the datasets library's "Map" bars while training (a domain that writes a dataset,
+    e.g. the VLA anchors' LeRobot dataset, would draw one per write below the training bar). If
+    datasets is first imported during training, its bars stay off for the rest of the process
+    (the environment variable it reads at import has the last word)."""
+    datasets = sys.modules.get("datasets")
+    was = os.environ.get("HF_DATASETS_DISABLE_PROGRESS_BARS")
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when datasets is first imported
+    enabled = datasets is not None and datasets.is_progress_bar_enabled()
+    if enabled:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was is None:
+            os.environ.pop("HF_DATASETS_DISABLE_PROGRESS_BARS", None)
+        else:
+            os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = was
+        if enabled:
+            datasets.enable_progress_bars()
 
 
 def _nanmean(x: torch.Tensor) -> float:
@@ -94,6 +136,9 @@ class Trainer:
         self.real_executions = 0
         self.generated_tasks = 0  # tasks this process generated rollouts for (its share, data-parallel)
         self.elapsed = 0.0  # training wall-clock so far, seconds (carried across resumes)
+        self.saved_step = 0  # the step of the checkpoint on disk (0: none)
+        self.ungraded_streak = 0  # steps in a row whose every anchor came back ungraded
+        self.exec_error: str | None = None  # the first failed job's error of the last execution
         self.executor: Executor | None = None
         self.owns_executor = False  # False while the executor is the domain's (its close is the domain's)
         if resume:
@@ -155,11 +200,14 @@ class Trainer:
         }
 
     def save(self) -> Path:
-        return save_checkpoint(self.run_dir, self.cfg, self.state_dict())
+        path = save_checkpoint(self.run_dir, self.cfg, self.state_dict())
+        self.saved_step = self.step
+        return path
 
     def _restore(self) -> None:
         state = load_checkpoint(self.run_dir, self.cfg)
         self.step, self.real_executions = state["step"], state["real_executions"]
+        self.saved_step = self.step
         self.elapsed = state.get("elapsed", 0.0)
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -459,7 +507,10 @@ class Trainer:
 
     def _execute(self, jobs):
         assert self.executor is not None, "the executor is created in the main thread (train_step)"
-        return self.executor.run(jobs)
+        results = self.executor.run(jobs)
+        failed = [r for r in results if not r.ok]
+        self.exec_error = _one_line(failed[0].error or failed[0].status) if failed else None
+        return results
 
     def _correct(
         self, batch: RolloutBatch, r_hat: torch.Tensor, r_true: torch.Tensor, anchor_rows: torch.Tensor
@@ -503,6 +554,12 @@ class Trainer:
             return {f"eval/{k}": v for k, v in self.domain.evaluate("eval").items()}
 
     def train(self) -> dict[str, float]:
+        """Train to ``grpo.steps``; returns the last step's metrics.
+
+        SIGINT/SIGTERM stop the run at the end of the step in progress with a checkpoint of it (a
+        second signal stops it at once, keeping the last checkpoint): :class:`RunInterrupted`.
+        ``tracking.max_ungraded_steps`` steps in a row with every anchor ungraded stop it with a
+        checkpoint: :class:`UngradedRun`."""
         cfg = self.cfg
         bar = tqdm(
             total=cfg.grpo.steps,
@@ -511,29 +568,49 @@ class Trainer:
             disable=not (cfg.tracking.progress and self.is_main),
             dynamic_ncols=True,
         )
+
+        def notice(signum: int) -> None:  # the first signal: the bar says what happens next
+            bar.set_description_str(f"stopping after step {self.step + 1} (again: stop now)", refresh=False)
+
         last: dict[str, float] = {}
+        stop = StopSignals(on_first=notice)
         try:
-            if self.step == 0 and cfg.tracking.eval_every > 0:
-                self._log(0, self.evaluate())
-            while self.step < cfg.grpo.steps:
-                metrics = self.train_step()
-                every = cfg.tracking.eval_every
-                if (every > 0 and self.step % every == 0) or self.step == cfg.grpo.steps:
-                    metrics.update(self.evaluate())
-                self._log(self.step, metrics)
-                self._log_media()
-                last = metrics
-                if self.is_main and (
-                    self.step % cfg.tracking.checkpoint_every == 0 or self.step == cfg.grpo.steps
-                ):
-                    self.save()
-                bar.update(1)
-                shown = {"r": f"{metrics['reward/mean']:.3f}"}
-                if "ppi/lambda" in metrics:
-                    shown |= {"lam": f"{metrics['ppi/lambda']:.2f}", "rho": f"{metrics['ppi/rho']:.2f}"}
-                else:
-                    shown["w"] = f"{metrics['denoise/w']:.2f}"
-                bar.set_postfix(shown | {"real": int(metrics["exec/real_total"])}, refresh=False)
+            with stop, _quiet_dataset_bars():
+                if self.step == 0 and cfg.tracking.eval_every > 0:
+                    self._log(0, self._evaluate_shown(bar))
+                while self.step < cfg.grpo.steps:
+                    metrics = self.train_step()
+                    every = cfg.tracking.eval_every
+                    if (every > 0 and self.step % every == 0) or self.step == cfg.grpo.steps:
+                        metrics.update(self._evaluate_shown(bar))
+                    self._log(self.step, metrics)
+                    self._log_media()
+                    last = metrics
+                    due = self.step % cfg.tracking.checkpoint_every == 0 or self.step == cfg.grpo.steps
+                    ungraded = self._check_graded(metrics)
+                    interrupted = self._agreed(stop.signum is not None)
+                    if self.is_main and (due or ungraded or interrupted):
+                        self.save()
+                    if ungraded:
+                        raise UngradedRun(ungraded)
+                    if interrupted:
+                        raise RunInterrupted(
+                            stop.signum or signal.SIGTERM, self.run_dir, self.step, self.saved_step, True
+                        )
+                    bar.update(1)
+                    shown = {"r": f"{metrics['reward/mean']:.3f}"}
+                    if "ppi/lambda" in metrics:
+                        shown |= {"lam": f"{metrics['ppi/lambda']:.2f}", "rho": f"{metrics['ppi/rho']:.2f}"}
+                    else:
+                        shown["w"] = f"{metrics['denoise/w']:.2f}"
+                    bar.set_postfix(shown | {"real": int(metrics["exec/real_total"])}, refresh=False)
+        except RunInterrupted:
+            raise
+        except KeyboardInterrupt:  # a second signal (or Ctrl-C outside the handler): stop at once
+            if self.executor is not None:
+                self.executor.cancel()
+            signum = stop.signum or signal.SIGINT
+            raise RunInterrupted(signum, self.run_dir, self.step, self.saved_step, False) from None
         finally:
             bar.close()
             if self.logger is not None:
@@ -543,6 +620,49 @@ class Trainer:
         if self.acc is not None:
             self.acc.wait_for_everyone()  # the main process's last checkpoint is written
         return last
+
+    def _evaluate_shown(self, bar) -> dict[str, float]:
+        """:meth:`evaluate`, the training bar saying so while it runs (minutes for a VLA)."""
+        desc = getattr(bar, "desc", "")  # a disabled bar has none
+        bar.set_description_str(f"{desc} (evaluating)")
+        try:
+            return self.evaluate()
+        finally:
+            bar.set_description_str(desc, refresh=False)
+
+    def _agreed(self, local: bool) -> bool:
+        """``local`` from any rank of a data-parallel run (so every rank stops at the same step)."""
+        if self.acc is None or self.world == 1:
+            return local
+        flag = torch.tensor([float(local)], device=self.acc.device)
+        return bool(self.acc.reduce(flag, reduction="sum").item() > 0)
+
+    def _check_graded(self, metrics: dict[str, float]) -> str | None:
+        """Count steps in a row whose every anchor rollout came back ungraded (``exec/ungraded ==
+        exec/step > 0``, the same on every rank); warn at each, and return the message that stops
+        the run once ``tracking.max_ungraded_steps`` of them come in a row (None: go on)."""
+        n_exec, n_ungraded = metrics.get("exec/step", 0.0), metrics.get("exec/ungraded", 0.0)
+        if not (n_exec > 0 and n_ungraded == n_exec):
+            self.ungraded_streak = 0
+            return None
+        self.ungraded_streak += 1
+        limit = self.cfg.tracking.max_ungraded_steps
+        cause = f"first error: {self.exec_error}" if self.exec_error else "no error was reported"
+        what = (
+            f"step {self.step}: all {int(n_exec)} anchor rollouts came back ungraded "
+            f"(exec/ungraded = exec/step; {cause})"
+        )
+        if limit == 0 or self.ungraded_streak < limit:
+            if self.is_main:
+                then = f"the run stops after {limit} such steps in a row" if limit else "training on"
+                log.warning("%s; %s (tracking.max_ungraded_steps=%d)", what, then, limit)
+            return None
+        return (
+            f"{what}, {self.ungraded_streak} steps in a row: real execution is failing, not the policy "
+            f"(likely a task whose baseline fails here, or a broken sandbox or executor); checkpoint of "
+            f"step {self.step} saved in {self.run_dir}: fix the cause, then `wmrl run --resume "
+            f"{self.run_dir}` (--tracking.max_ungraded_steps=0 trains on regardless)"
+        )
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
         if self.logger is not None:  # the main process only

@@ -132,7 +132,6 @@ class ResearchConfig(DomainConfig):
     # Held-out evaluation: samples per held-out task (fixed seed, so evaluations are comparable).
     eval_samples_per_task: int = 8
     eval_seed: int = 1234
-    progress: bool = True
 
     def __post_init__(self) -> None:
         self._check_tasks()  # here, before anything is built

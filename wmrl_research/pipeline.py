@@ -13,16 +13,19 @@ import json
 import logging
 import random
 import re
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from tqdm.auto import tqdm
 
 from wmrl.device import module_device, resolve_device
 from wmrl.distributed import writes_run_dir
 from wmrl.executors import make_executor
+from wmrl.tracking import say, stage
 from wmrl_research.agent import (
     ResearchPolicy,
     add_lora,
@@ -67,9 +70,13 @@ def _key(d: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def _say(cfg: ResearchConfig, msg: str) -> None:
-    if cfg.progress:
-        print(f"[research] {msg}", flush=True)
+def _say(run: RunConfig, msg: str) -> None:
+    say(f"[research] {msg}", run.tracking.progress)
+
+
+def _stage(run: RunConfig, msg: str):
+    """A long build stage with its elapsed time on stderr (``tracking.progress``)."""
+    return stage(f"[research] {msg}", run.tracking.progress)
 
 
 def select_tasks(cfg: ResearchConfig) -> tuple[list[Any], list[Any]]:
@@ -222,26 +229,26 @@ def build_policy(
     info: dict[str, Any] = {"params": policy.n_params(), "trainable_params": policy.n_params(True)}
     if cfg.sft_steps > 0:
         t0 = time.perf_counter()
-        _say(
-            cfg,
+        what = (
             f"SFT: {cfg.sft_steps} steps on {len(sft_tasks)} tasks"
             + (f" + {cfg.sft_synthetic:.0%} synthetic" if cfg.sft_synthetic else "")
-            + f" ({info['trainable_params']} trainable params)",
+            + f" ({info['trainable_params']} trainable params)"
         )
-        losses = run_sft(
-            policy,
-            sft_tasks,
-            SFTConfig(
-                cfg.sft_steps,
-                cfg.sft_batch_size,
-                cfg.sft_lr,
-                seed=run.seed,
-                prompt_style=cfg.prompt_style,
-                synthetic_fraction=cfg.sft_synthetic,
-                randomise_fraction=cfg.sft_randomise,
-            ),
-            accelerator,
-        )
+        with _stage(run, what):
+            losses = run_sft(
+                policy,
+                sft_tasks,
+                SFTConfig(
+                    cfg.sft_steps,
+                    cfg.sft_batch_size,
+                    cfg.sft_lr,
+                    seed=run.seed,
+                    prompt_style=cfg.prompt_style,
+                    synthetic_fraction=cfg.sft_synthetic,
+                    randomise_fraction=cfg.sft_randomise,
+                ),
+                accelerator,
+            )
         info.update(
             {
                 "sft_seconds": time.perf_counter() - t0,
@@ -254,9 +261,10 @@ def build_policy(
         return policy, json.loads(info_path.read_text())
     gen = torch.Generator().manual_seed(run.seed + 7)
     info["temperature"] = policy.temperature  # of the validity samples below
-    info["validity_train"] = edit_validity(policy, train, 8, gen, cfg.edit_mode, cfg.prompt_style)
-    info["validity_heldout"] = edit_validity(policy, heldout, 8, gen, cfg.edit_mode, cfg.prompt_style)
-    _say(cfg, f"SFT edits apply: train {info['validity_train']['apply_fraction']:.2f}, "
+    with _stage(run, "SFT: sampling edits to measure how many apply"):
+        info["validity_train"] = edit_validity(policy, train, 8, gen, cfg.edit_mode, cfg.prompt_style)
+        info["validity_heldout"] = edit_validity(policy, heldout, 8, gen, cfg.edit_mode, cfg.prompt_style)
+    _say(run, f"SFT edits apply: train {info['validity_train']['apply_fraction']:.2f}, "
          f"held-out {info['validity_heldout']['apply_fraction']:.2f}")  # fmt: skip
     torch.save({k: v.cpu() for k, v in policy.state_dict().items()}, path)
     info_path.write_text(json.dumps(info, indent=2))
@@ -352,10 +360,14 @@ def build_execution_log(
     )
     gen = torch.Generator().manual_seed(run.seed + 11)
     t0 = time.perf_counter()
-    batch = domain.rollouts(train, cfg.log_samples_per_task, gen)
+    with _stage(run, f"execution log: sampling {cfg.log_samples_per_task} edits per train task"):
+        batch = domain.rollouts(train, cfg.log_samples_per_task, gen)
     rows = [i for i, p in enumerate(batch.payload) if p.applied]
-    _say(cfg, f"execution log: executing {len(rows)} applied edits + {len(train)} baselines")
-    rewards = domain.execute(batch, rows)
+    what = (
+        f"execution log: executing {len(rows)} applied edits + {len(train)} baselines (sandbox start first)"
+    )
+    with _stage(run, what):
+        rewards = domain.execute(batch, rows)
     examples = [
         to_example(batch.tasks[i // cfg.log_samples_per_task], batch.payload[i].source, r, "log")
         for i, r in zip(rows, rewards.tolist(), strict=True)
@@ -366,7 +378,7 @@ def build_execution_log(
     ]  # normalised baseline is 0
     tmp.append(examples)
     tmp.path.rename(path)
-    _say(cfg, f"execution log: {len(examples)} records in {time.perf_counter() - t0:.1f}s")
+    _say(run, f"execution log: {len(examples)} records in {time.perf_counter() - t0:.1f}s")
     return elog
 
 
@@ -412,7 +424,9 @@ def random_log_path(cfg: ResearchConfig, train: list[Any]) -> Path:
     return Path(cfg.cache_dir) / f"random_log-{key}.jsonl"
 
 
-def build_random_log(cfg: ResearchConfig, train: list[Any], executor, path: Path) -> ExecutionLog:
+def build_random_log(
+    cfg: ResearchConfig, train: list[Any], executor, path: Path, progress: bool = True
+) -> ExecutionLog:
     """Execute ``log_random_per_task`` random knob-space edits of each train task's baseline
     (:func:`random_edit_sources`) through ``executor`` and write them to the JSONL log at ``path``
     (``source = "random"``). Built once: an existing file is returned as it is. Ungraded executions
@@ -430,11 +444,12 @@ def build_random_log(cfg: ResearchConfig, train: list[Any], executor, path: Path
         for src in random_edit_sources(t, cfg.log_random_per_task, rng):
             jobs.append(Job(fn=reward, args=(t.id, src, cfg.sandbox_timeout_s)))
             owners.append((t, src))
-    _say(
-        cfg, f"random log: executing {len(jobs)} random knob edits ({cfg.log_random_per_task} per train task)"
-    )
     t0 = time.perf_counter()
-    results = executor.run(jobs)
+    what = (
+        f"[research] random log: executing {len(jobs)} random knob edits ({cfg.log_random_per_task} per task)"
+    )
+    with stage(what, progress):
+        results = executor.run(jobs)
     examples = [
         to_example(t, src, r.reward, "random")
         for (t, src), r in zip(owners, results, strict=True)
@@ -448,7 +463,7 @@ def build_random_log(cfg: ResearchConfig, train: list[Any], executor, path: Path
             "per_task": cfg.log_random_per_task, "seed": cfg.log_random_seed}  # fmt: skip
     path.with_suffix(".json").write_text(json.dumps(info, indent=2))
     tmp.path.rename(path)
-    _say(cfg, f"random log: {len(examples)} records in {seconds:.1f}s")
+    say(f"[research] random log: {len(examples)} records in {seconds:.1f}s", progress)
     return elog
 
 
@@ -491,8 +506,9 @@ def pretrain_world_model(
     hold = [examples[i] for i in order[:n_hold]]
     fit = [examples[i] for i in order[n_hold:]]
     t0 = time.perf_counter()
-    _say(cfg, f"WM ({cfg.world_model}): pretraining {cfg.wm_pretrain_steps} steps on {len(fit)} executions")
-    stats = wm.fit(fit, cfg.wm_pretrain_steps)
+    what = f"WM ({cfg.world_model}): pretraining {cfg.wm_pretrain_steps} steps on {len(fit)} executions"
+    with _stage(run, what):
+        stats = wm.fit(fit, cfg.wm_pretrain_steps)
     info: dict[str, Any] = {
         "fit_seconds": time.perf_counter() - t0,
         **stats,
@@ -505,7 +521,7 @@ def pretrain_world_model(
         info["predict_per_s"] = len(hold) / (time.perf_counter() - t1)
         y = torch.tensor([e.reward for e in hold])
         info["holdout"] = outcome_metrics(mean, var, y)
-        _say(cfg, f"WM held-out: {json.dumps({k: round(v, 3) for k, v in info['holdout'].items()})}")
+        _say(run, f"WM held-out: {json.dumps({k: round(v, 3) for k, v in info['holdout'].items()})}")
         if hasattr(wm, "calibrate_variance"):
             # Fitted and measured on the same holdout: an in-sample check of the variance scale.
             info["var_scale"] = wm.calibrate_variance(hold)
@@ -552,8 +568,8 @@ def prior_anchor_groups(
     random.Random(run.seed + 5).shuffle(order)
     fold_of = {i: k % folds for k, i in enumerate(order)}
     r_hat = [float("nan")] * len(samples)
-    _say(cfg, f"ppi prior: {folds} out-of-fold WM fits on {len(samples)} SFT-sample executions")
-    for f in range(folds):
+    what = f"[research] ppi prior: out-of-fold WM fits on {len(samples)} SFT-sample executions"
+    for f in tqdm(range(folds), desc=what, file=sys.stderr, disable=not run.tracking.progress):
         held = [i for i in range(len(samples)) if fold_of[i] == f]
         if not held:
             continue
@@ -654,7 +670,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     policy, sft_info = build_policy(cfg, run, train, heldout, cache)
     log_path, random_path = log_paths(cfg, run, train)
     elog = build_execution_log(cfg, run, policy, train, executor, log_path)
-    rlog = build_random_log(cfg, train, executor, random_path)
+    rlog = build_random_log(cfg, train, executor, random_path, run.tracking.progress)
     sft_examples, random_examples = elog.load(), rlog.load()
     examples = sft_examples + random_examples
     wm = build_world_model(cfg, run, policy.tokenizer, module_device(policy))
@@ -690,8 +706,8 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     if eval_path.exists():
         sft_eval = json.loads(eval_path.read_text())
     else:
-        _say(cfg, "evaluating the SFT policy on held-out tasks")
-        sft_eval = domain.evaluate("eval")
+        with _stage(run, f"evaluating the SFT policy on {len(heldout)} held-out tasks"):
+            sft_eval = domain.evaluate("eval")
         eval_path.write_text(json.dumps(sft_eval, indent=2))
     domain.reference_scores = {
         "sft_score_mean": sft_eval["score_mean"],

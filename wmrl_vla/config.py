@@ -133,7 +133,6 @@ class VLAConfig(DomainConfig):
     # (benchmarks/vla_eval_memory.py).
     eval_lockstep: int = 64
     n_videos: int = 2
-    progress: bool = True
 
     def __post_init__(self) -> None:
         if not self.tasks:

@@ -19,6 +19,7 @@ import torch
 
 from wmrl.device import DeviceError, resolve_device
 from wmrl.distributed import writes_run_dir
+from wmrl.tracking import stage
 from wmrl_vla.domain import VLADomain, VLAWorldModel
 from wmrl_vla.policy import SmallVLA, SmallVLAConfig
 from wmrl_vla.sft import SFTConfig, sft
@@ -72,8 +73,9 @@ def _dims(tasks: list[str]) -> tuple[int, int]:
     return dims.pop()
 
 
-def prepare_demos(cfg: VLAConfig) -> list[dict]:
-    """Record (once) and load the expert demonstrations, as LeRobot episodes."""
+def prepare_demos(cfg: VLAConfig, progress: bool = True) -> list[dict]:
+    """Record (once) and load the expert demonstrations, as LeRobot episodes (``progress``: the
+    recording's elapsed time on stderr, ``tracking.progress``)."""
     from wmrl_vla.data import load_episodes, record_demos
 
     root = Path(cfg.cache_dir) / f"demos-{_key(_demo_fields(cfg))}"
@@ -83,16 +85,18 @@ def prepare_demos(cfg: VLAConfig) -> list[dict]:
 
             shutil.rmtree(root)  # an interrupted recording
         t0 = time.perf_counter()
-        record_demos(
-            cfg.tasks,
-            cfg.demos_per_task,
-            root,
-            DEMO_REPO,
-            cfg.image_size,
-            cfg.demo_seed,
-            max_steps=cfg.max_steps,
-            split=cfg.demo_split,
-        )
+        what = f"[vla] recording {cfg.demos_per_task} expert demos for each of {len(cfg.tasks)} tasks"
+        with stage(what, progress):
+            record_demos(
+                cfg.tasks,
+                cfg.demos_per_task,
+                root,
+                DEMO_REPO,
+                cfg.image_size,
+                cfg.demo_seed,
+                max_steps=cfg.max_steps,
+                split=cfg.demo_split,
+            )
         (root / "wmrl_done").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
     return load_episodes(root, DEMO_REPO)
 
@@ -111,7 +115,13 @@ def _policy_fields(cfg: VLAConfig) -> dict[str, Any]:
     return fields
 
 
-def prepare_policy(cfg: VLAConfig, demos: list[dict], device: torch.device | str = "cpu", accelerator=None):
+def prepare_policy(
+    cfg: VLAConfig,
+    demos: list[dict],
+    device: torch.device | str = "cpu",
+    accelerator=None,
+    progress: bool = True,
+):
     """The SFT policy on ``device`` (trained there once, then cached). With an ``accelerator`` (every
     process of a data-parallel run calls this; small VLA only) behaviour cloning runs data-parallel
     (:func:`wmrl_vla.sft.sft`) and the main process alone writes the cache."""
@@ -154,7 +164,7 @@ def prepare_policy(cfg: VLAConfig, demos: list[dict], device: torch.device | str
             shift=cfg.sft_shift,
             aux_goal=cfg.sft_aux_goal,
         ),  # fmt: skip
-        progress=cfg.progress,
+        progress=progress,
         accelerator=accelerator,
     )
     relabelled: list[dict] = []
@@ -168,7 +178,7 @@ def prepare_policy(cfg: VLAConfig, demos: list[dict], device: torch.device | str
             list(demos) + relabelled,
             SFTConfig(epochs=cfg.dagger_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr / 2,
                       seed=cfg.demo_seed + 1 + r, aux_goal=cfg.sft_aux_goal if cfg.locator else 0.0),
-            progress=cfg.progress,
+            progress=progress,
             accelerator=accelerator,
         )  # fmt: skip
         hist.setdefault("dagger_accuracy", []).append(h["accuracy"][-1])
@@ -190,8 +200,8 @@ def sft_data_parallel(cfg: VLAConfig, run: RunConfig, accelerator) -> None:
     if cfg.policy != "small_vla":
         return
     with accelerator.main_process_first():  # the demos are recorded once
-        records = prepare_demos(cfg)
-    prepare_policy(cfg, records, resolve_device(run.device), accelerator)
+        records = prepare_demos(cfg, run.tracking.progress)
+    prepare_policy(cfg, records, resolve_device(run.device), accelerator, run.tracking.progress)
 
 
 DAGGER_SEED0 = 900_000
@@ -365,7 +375,7 @@ def _rollout_fields(cfg: VLAConfig) -> dict[str, Any]:
             "temperature": cfg.temperature}  # fmt: skip
 
 
-def prepare_policy_rollouts(cfg: VLAConfig, policy) -> list[dict]:
+def prepare_policy_rollouts(cfg: VLAConfig, policy, progress: bool = True) -> list[dict]:
     """Real rollouts of the SFT policy (successes *and* failures) for world-model pretraining, recorded
     once as a LeRobot dataset. Expert demos alone never fail, so a WM trained on them alone cannot
     tell a failing trajectory from a succeeding one."""
@@ -386,7 +396,8 @@ def prepare_policy_rollouts(cfg: VLAConfig, policy) -> list[dict]:
         actor = policy_actor(policy, cfg.temperature, torch.Generator().manual_seed(cfg.demo_seed))
         specs = [(t, ROLLOUT_SEED0 + k) for t in cfg.tasks for k in range(n)]
         t0 = time.perf_counter()
-        ro = run_episodes(actor, specs, pool, "train")
+        with stage(f"[vla] {len(specs)} rollouts of the SFT policy for WM pretraining", progress):
+            ro = run_episodes(actor, specs, pool, "train")
         pool.close()
         append_episodes(
             root, ROLLOUT_REPO, [to_frames(r) for r in ro], [r.task_id for r in ro], [r.seed for r in ro]
@@ -415,7 +426,7 @@ def wm_config(cfg: VLAConfig) -> VLADynamicsConfig:
 
 
 def prepare_world_model(
-    cfg: VLAConfig, episodes: list[dict], device: torch.device | str = "cpu"
+    cfg: VLAConfig, episodes: list[dict], device: torch.device | str = "cpu", progress: bool = True
 ) -> tuple[VLADynamics, dict[str, float]]:
     """Pretrain (once) the world model on demos + SFT-policy rollouts, on ``device``; quality on
     held-out episodes."""
@@ -443,7 +454,7 @@ def prepare_world_model(
     model = VLADynamics(wm_config(cfg)).to(device)
     t0 = time.perf_counter()
     train_dynamics(model, train, cfg.wm_train_steps, cfg.wm_batch_size, cfg.wm_horizon, cfg.wm_lr,
-                   seed=cfg.demo_seed, progress=cfg.progress, state_horizon=cfg.wm_state_horizon)  # fmt: skip
+                   seed=cfg.demo_seed, progress=progress, state_horizon=cfg.wm_state_horizon)  # fmt: skip
     seconds = time.perf_counter() - t0
     quality = evaluate_dynamics(model, held, horizon=min(16, cfg.wm_horizon * 2))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -457,13 +468,14 @@ def prepare_world_model(
 def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
     torch.set_num_threads(run.torch_threads)
     device = resolve_device(run.device)  # policy, SFT, world model, imagination and evaluation run there
-    records = prepare_demos(cfg)
-    policy = prepare_policy(cfg, records, device)
+    show = run.tracking.progress
+    records = prepare_demos(cfg, show)
+    policy = prepare_policy(cfg, records, device, progress=show)
     # the named object's position of every episode (from its task's reset), for a grounded WM
     episodes = episodes_from_records(label_goals(records, split=cfg.demo_split)) + episodes_from_records(
-        label_goals(prepare_policy_rollouts(cfg, policy), split="train")
+        label_goals(prepare_policy_rollouts(cfg, policy, show), split="train")
     )
-    model, quality = prepare_world_model(cfg, episodes, device)
+    model, quality = prepare_world_model(cfg, episodes, device, show)
     out = Path(run.out_dir)
     main = writes_run_dir()  # data-parallel: one writer of the run directory's files
     if quality and main:
@@ -502,7 +514,8 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         latent_refresh_steps=cfg.latent_refresh_steps,
     )
     if cfg.imagine_input == "latent":
-        domain.fit_latent_adapter(steps=cfg.latent_adapter_steps)
+        with stage(f"[vla] fitting the latent adapter ({cfg.latent_adapter_steps} steps)", show):
+            domain.fit_latent_adapter(steps=cfg.latent_adapter_steps)
     if cfg.policy != "small_vla":  # --precision=bf16 (wmrl.device.check_precision)
         domain.bf16_unsupported = f"domain.policy={cfg.policy} (a lerobot policy) is run in float32 only"
     return domain
