@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import difflib
 import math
@@ -499,24 +500,49 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
         raise ConfigError(f"invalid command-line overrides {overrides}: see the message above") from e
 
 
+# A run folder or checkpoint saved before a field existed holds no value for it: the value that
+# reproduces how such runs trained (a field added since whose default changes training, such as
+# ppi's lambda shrinkage, is then named in the resume's mismatch message, not switched on silently).
+FIELDS_ADDED: dict[str, Any] = {"wm_placebo": False, "ppi.shrink_confidence": None}
+# Fields that no longer exist, dropped from an older run's files: domain.progress is now
+# tracking.progress, the one switch for every progress bar.
+FIELDS_REMOVED = ("domain.progress",)
+
+
+def upgrade_saved(d: dict, fill_added: bool = True) -> dict:
+    """A copy of a saved config (or checkpoint fingerprint) as plain data with ``FIELDS_REMOVED``
+    dropped and, with ``fill_added``, ``FIELDS_ADDED`` filled where absent, so that it compares
+    with a config of today. (A preset is only cleaned: a field it leaves out takes its default.)"""
+    d = copy.deepcopy(d)
+    for name in FIELDS_REMOVED:
+        section, _, leaf = name.rpartition(".")
+        parent = d.get(section) if section else d
+        if isinstance(parent, dict):
+            parent.pop(leaf, None)
+    for name, value in FIELDS_ADDED.items() if fill_added else ():
+        section, _, leaf = name.rpartition(".")
+        parent = d.get(section) if section else d
+        if isinstance(parent, dict):
+            parent.setdefault(leaf, value)
+    return d
+
+
 @contextlib.contextmanager
 def _without_obsolete_fields(path: Path | None, content: dict | None):
-    """``path``, or a copy of it without the fields that no longer exist, so that the
-    ``config.yaml`` of an older run still loads: ``domain.progress`` (now ``tracking.progress``,
-    the one switch for every progress bar)."""
-    domain = (content or {}).get("domain")
-    if path is None or not (isinstance(domain, dict) and "progress" in domain):
+    """``path``, or a copy of it without ``FIELDS_REMOVED``, so that the ``config.yaml`` of an older
+    run still loads."""
+    cleaned = upgrade_saved(content, fill_added=False) if isinstance(content, dict) else content
+    if path is None or cleaned == content:
         yield path
         return
     import tempfile
 
     import yaml
 
-    domain.pop("progress")
     with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / path.name
-        copy.write_text(yaml.safe_dump(content, sort_keys=False))
-        yield copy
+        copy_path = Path(tmp) / path.name
+        copy_path.write_text(yaml.safe_dump(cleaned, sort_keys=False))
+        yield copy_path
 
 
 def malformed_yaml(path: Path, e: Exception) -> str:

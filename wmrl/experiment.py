@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from statistics import mean
 
-from wmrl.config import WM_METHODS, ConfigError, RunConfig, load_config, save_config, to_dict
+from wmrl.config import WM_METHODS, ConfigError, RunConfig, load_config, save_config, to_dict, upgrade_saved
 from wmrl.tracking import CHECKPOINT, RunDirError, _diff, prepare_run_dir, read_metrics
 
 log = logging.getLogger("wmrl")
@@ -165,7 +165,7 @@ def _config_diffs(path: Path, want: RunConfig, extra_ignore: tuple[str, ...] = (
     ``path`` differs from ``want``."""
     import yaml
 
-    got = _result_fields(yaml.safe_load(path.read_text()) or {})
+    got = _result_fields(upgrade_saved(yaml.safe_load(path.read_text()) or {}))
     return [
         f"{k}: {a!r} there vs {b!r} now"
         for k, a, b in _diff(got, _result_fields(want))

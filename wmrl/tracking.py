@@ -31,7 +31,7 @@ import draccus
 import numpy as np
 import torch
 
-from wmrl.config import RunConfig, config_fingerprint, to_dict
+from wmrl.config import RunConfig, config_fingerprint, to_dict, upgrade_saved
 
 CHECKPOINT = "checkpoints/latest.pt"
 log = logging.getLogger("wmrl")
@@ -412,14 +412,21 @@ def load_checkpoint(run_dir: Path, cfg: RunConfig) -> dict:
         state = safe_load(path)
     except Exception as e:
         raise RunDirError(f"cannot read checkpoint {path}: {e}") from e
-    want, got = config_fingerprint(cfg), state.get("fingerprint", {})
+    want, got = config_fingerprint(cfg), upgrade_saved(state.get("fingerprint", {}))
     if want != got:
         diffs = _diff(got, want)
         raise RunDirError(
             f"checkpoint {path} does not match the config: "
             + "; ".join(f"{k}: checkpoint {a!r} vs config {b!r}" for k, a, b in diffs[:8])
+            + "; to continue it as it ran, resume with "
+            + " ".join(f"--{k}={_flag_value(a)}" for k, a, _ in diffs[:8])
         )
     return state
+
+
+def _flag_value(value: Any) -> str:
+    """A saved value as a command-line override writes it (``null`` for None)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _diff(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:

@@ -100,6 +100,28 @@ def test_checkpoint_that_does_not_match_the_config_is_refused(tmp_path):
         train_run(_cfg(tmp_path / "empty"), resume=True)
 
 
+def test_a_checkpoint_saved_before_a_field_existed_resumes_as_it_ran(tmp_path):
+    """A checkpoint from before ``wm_placebo`` and ``ppi.shrink_confidence`` existed, and holding
+    the removed ``domain.progress``: the field whose default keeps training as it was is taken as
+    such; the one whose default changes training is named with the override that resumes it."""
+    train_run(_cfg(tmp_path, "--method=ppi", "--grpo.steps=2"))
+    path = tmp_path / CHECKPOINT
+    state = torch.load(path, weights_only=False)
+    fingerprint = state["fingerprint"]
+    del fingerprint["wm_placebo"], fingerprint["ppi"]["shrink_confidence"]
+    fingerprint["domain"]["progress"] = True
+    torch.save(state, path)
+    cfg = _cfg(tmp_path, "--method=ppi", "--grpo.steps=3")
+    with pytest.raises(RunDirError) as err:
+        Trainer(cfg, cfg.domain.build(cfg), resume=True)
+    message = str(err.value)
+    assert "ppi.shrink_confidence: checkpoint None vs config 0.9" in message
+    assert message.endswith("resume with --ppi.shrink_confidence=null")
+    assert "wm_placebo" not in message and "progress" not in message
+    cfg = _cfg(tmp_path, "--method=ppi", "--grpo.steps=3", "--ppi.shrink_confidence=null")
+    assert Trainer(cfg, cfg.domain.build(cfg), resume=True).step == 2
+
+
 def _wandb_records(run, timeout: float = 120.0) -> dict[str, list]:
     """The records of an offline wandb run's ``.wandb`` file by type, once its ``exit`` record (the
     last one) is there: wandb's service writes the file in the background."""
