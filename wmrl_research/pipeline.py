@@ -625,7 +625,7 @@ class TaskGradingError(RuntimeError):
     """A task none of whose rollouts could be graded (its baseline or reference fails)."""
 
 
-def check_tasks_grade(cfg: ResearchConfig, tasks: list[Any], executor, timeout_s: float) -> None:
+def check_tasks_grade(run: RunConfig, tasks: list[Any], executor) -> None:
     """Measure each task's baseline and reference on this data build (``grading.calibrate``, cached
     after the first time) through ``executor``, before anything is trained: a task whose baseline
     or reference fails would leave every one of its rollouts ungraded, so the run stops here with
@@ -633,7 +633,8 @@ def check_tasks_grade(cfg: ResearchConfig, tasks: list[Any], executor, timeout_s
     from wmrl.domain import Job
     from wmrl_research.grading import calibrate
 
-    _say(cfg, f"measuring the baseline and reference of {len(tasks)} tasks on this data build")
+    timeout_s = run.executor.timeout_s
+    _say(run, f"measuring the baseline and reference of {len(tasks)} tasks on this data build")
     results = executor.run([Job(fn=calibrate, args=(t.id,)) for t in tasks])
     for task, r in zip(tasks, results, strict=True):
         if r.status == "timeout":
@@ -660,7 +661,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     all_tasks = list_tasks()
     executor = make_executor(run.executor, run.anchors.max_concurrent, ResearchDomain.worker_initializer)
     try:
-        check_tasks_grade(cfg, train + heldout, executor, run.executor.timeout_s)
+        check_tasks_grade(run, train + heldout, executor)
     except BaseException:
         executor.close()
         raise
