@@ -157,7 +157,7 @@ def test_a_failing_baseline_fails_measure_and_stops_a_run_before_training(
     argv = ["run", "research-debug", "--out-dir", str(tmp_path / "run"), f"--domain.cache_dir={cache}"]
     argv += [f"--domain.task_dirs=[{my_tasks}]", "--domain.train_tasks=[broken-base]"]
     assert wmrl_main([*argv, "--domain.heldout_tasks=[sunspots_forecast]"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the build's progress lines
     assert err == (
         "wmrl: error: task broken-base: its baseline solution failed on this data build: exit code 1: "
         "KeyError: 'realinv' (`python -m wmrl_research.tasks measure broken-base` runs its baseline and "
