@@ -1,5 +1,5 @@
 """The placebo world model: a control that runs a WM method's own code path on scores that carry no
-information about which rollout of a group is better (DESIGN.md section 7).
+information about which rollout of a group is better (docs/design.md section 7).
 
 Each step the WM's predictions (score and reported variance, as a pair) are permuted within each
 group by a generator seeded from ``(run seed, step)`` alone, so a resumed run draws the same

@@ -154,7 +154,7 @@ class Job:
 
 @runtime_checkable
 class Domain(Protocol):
-    """What a domain adapter implements. See DESIGN.md section 3."""
+    """What a domain adapter implements. See docs/design.md section 3."""
 
     policy: torch.nn.Module
     world_model: WorldModel

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from wmrl.config import RunConfig
 
 CARD = "README.md"
-# The model card's one-line account of each method (wmrl.config.METHODS; DESIGN.md section 6).
+# The model card's one-line account of each method (wmrl.config.METHODS; docs/design.md sections 2 and 6).
 METHOD_NOTES = {
     "real": "standard GRPO: every rollout group executed for real",
     "anchors_only": "GRPO on the anchor groups alone (the WM methods' real executions, no world model)",

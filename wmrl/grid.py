@@ -14,7 +14,7 @@ the command line as ``--executor.type=ray --seeds=[0,1]``). ``wmrl compare SPEC 
    directory, kept while the run and the re-evaluation settings are unchanged; where those settings
    are the run's own, its final in-run evaluation is reused, not repeated);
 4. writes ``report.md``, ``report.html`` and ``report.json`` (wmrl/report.py), whose evidence
-   table holds every WM method to the evidence standard (DESIGN.md section 7): its paired
+   table holds every WM method to the evidence standard (docs/design.md section 7): its paired
    difference to ``anchors_only`` with a one-sided 95% lower bound, a non-inferiority verdict at the
    domain's margin, and whether it clears its controls.
 

@@ -1,6 +1,6 @@
 """Prediction-powered advantages: a WM correction that is unbiased for any world model.
 
-PPI++ (Angelopoulos, Duchi & Zrnic, arXiv:2311.01453) applied to the policy gradient (DESIGN.md
+PPI++ (Angelopoulos, Duchi & Zrnic, arXiv:2311.01453) applied to the policy gradient (docs/design.md
 section 6). A step samples ``N`` tasks; a uniform random ``n`` of them are anchors (executed). With
 ``g(t)`` a task's full-execution gradient and ``ĝ(t)`` the one from (calibrated) WM scores,
 

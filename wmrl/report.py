@@ -8,7 +8,7 @@ steps), executions to reach ``real``'s final score, wall-clock and its split, an
 diagnostics. A figure that a domain or method does not produce is absent (``None`` in JSON, ``—`` in
 the tables), never zero.
 
-**Evidence** (DESIGN.md section 7; ``evidence`` per domain in JSON, the first table of the report):
+**Evidence** (docs/design.md section 7; ``evidence`` per domain in JSON, the first table of the report):
 per WM method and control, the paired difference of held-out scores to ``anchors_only`` over the
 seeds, with a one-sided 95% lower bound (:func:`lower_bound_t`, scipy's one-sample t test on the
 paired differences; a BCa bootstrap bound beside it), a non-inferiority verdict at the domain's

@@ -1,4 +1,4 @@
-"""The WMRL training step (DESIGN.md section 2) over any Domain. The trainer only orchestrates: the
+"""The WMRL training step (docs/design.md section 2) over any Domain. The trainer only orchestrates: the
 math lives in learner/debias/denoise, the domain knows its tasks, policy and world model.
 
 One step::

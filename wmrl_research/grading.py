@@ -4,7 +4,7 @@ The grader runs *outside* the sandbox: the solution only writes ``predictions.np
 loads it (no pickles), checks its shape and values, and computes the task's metric against labels
 the sandbox never mounts. Anything the solution prints (a "score: 1.0" line, say) is ignored.
 
-Failure semantics (DESIGN.md section 2): a solution that crashes, times out, is killed or writes
+Failure semantics (docs/design.md section 2): a solution that crashes, times out, is killed or writes
 invalid predictions is *graded* and earns :data:`FAILURE_SCORE`; a failure of the grader or the
 sandbox itself *raises*, so the core's executors mark the rollout ungraded.
 

@@ -1,4 +1,4 @@
-"""The evidence standard of a comparison (DESIGN.md section 7): the lower bounds, the verdicts at a
+"""The evidence standard of a comparison (docs/design.md section 7): the lower bounds, the verdicts at a
 margin, the controls (placebo WM, ppi with λ = 0) and the seeds left out as exploratory."""
 
 import math

@@ -1,4 +1,4 @@
-"""The theory check on a shortened run: the orderings DESIGN.md section 5 expects, with margins."""
+"""The theory check on a shortened run: the orderings docs/design.md section 5 expects, with margins."""
 
 import json
 
