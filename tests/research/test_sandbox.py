@@ -820,7 +820,9 @@ os.write(1023, {forged!r})
     assert "PEAK RESET" not in r.stdout and "clear_refs 30" in r.stdout, r.stdout + r.stderr  # EROFS
     assert r.status == ("ok" if forged == b'{"code": 0}\n' else "error"), r.message
     assert r.cpu_s >= 1.1 > plain.cpu_s, (r.cpu_s, plain.cpu_s)
-    assert r.maxrss_mb >= plain.maxrss_mb + 300, (r.maxrss_mb, plain.maxrss_mb)
+    # the 300 MiB block is charged (its peak, not the job's forged figure), give or take the few MiB
+    # of pages a plain job touches too
+    assert r.maxrss_mb >= max(300, plain.maxrss_mb + 250), (r.maxrss_mb, plain.maxrss_mb)
 
 
 def test_a_child_reaped_by_the_kernel_is_measured_too():
@@ -853,7 +855,7 @@ np.save("predictions.npy", np.zeros(len(X), dtype=np.int64))
     else:
         assert r.cpu_s < 0.9, r.cpu_s
     if support["memory"] is not None:
-        assert r.maxrss_mb >= plain.maxrss_mb + 300, (r.maxrss_mb, plain.maxrss_mb)
+        assert r.maxrss_mb >= max(300, plain.maxrss_mb + 250), (r.maxrss_mb, plain.maxrss_mb)
 
 
 # --- kernel surface: no user namespaces ------------------------------------------------------------
