@@ -111,7 +111,8 @@ def test_knob_edits_are_the_surrogates_and_state_round_trips(embedder):
     again.load_state_dict_full(wm.state_dict_full())
     probe = [_text("0.01", "GELU", 3, False), *texts]
     assert all(
-        torch.equal(a, b) for a, b in zip(wm.predict([TASK] * 4, probe), again.predict([TASK] * 4, probe))
+        torch.equal(a, b)
+        for a, b in zip(wm.predict([TASK] * 4, probe), again.predict([TASK] * 4, probe), strict=True)
     )
 
 
