@@ -50,6 +50,8 @@ def run(kind: str, examples: list, folds: list[list[int]], args) -> list[dict[st
     rows = []
     for f in range(args.folds):
         wm = make_wm(kind, args.seed + f, args.cache_dir)
+        if kind == "code" and args.code_max_features is not None:
+            wm.max_features = args.code_max_features
         train_idx = [i for g, fold in enumerate(folds) if g != f for i in fold]
         fit_s = train_wm(wm, [examples[i] for i in train_idx], 0, args.seed + f)
         r = evaluate(wm, examples, folds[f], args, random.Random(args.seed * 1000 + f))
@@ -73,6 +75,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--groups", type=int, default=25)
     ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--sets", nargs="+", default=["code_edits", "knob_edits"])
+    ap.add_argument("--code-max-features", type=float, default=None,
+                    help="the code WM's extra-trees max_features (default: the model's)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
@@ -101,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
         results["logs"][name] = {"path": str(path), "records": len(logs[name]),
                                  **(json.loads(info.read_text()) if info.exists() else {})}  # fmt: skip
     for name, examples in logs.items():
+        if name not in args.sets:
+            continue
         folds = _folds(examples, args.folds, args.seed)
         results["sets"][name] = {}
         for kind in args.kinds:
