@@ -97,7 +97,7 @@ def register_task(env: LeRobotEnvConfig) -> str:
             env.episode_length,
             _description(env.task_name),
             "sims.metaworld_tasks:MetaWorldExpert",
-            kwargs={"task": env.task_name, "max_steps": env.episode_length},
+            kwargs={"task": env.task_name, "episode_length": env.episode_length},
             expert_kwargs={"env_name": env.task_name},
         ),
     )
@@ -160,20 +160,23 @@ def lerobot_metaworld_env(task: str, image_size: int, max_steps: int):
 class LeRobotMetaWorldTask:
     """lerobot's MetaWorld env behind WMRL's task interface. See the module docstring."""
 
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 80}  # lerobot's MetaworldEnv's
+
     def __init__(
         self,
         task: str,
         image_size: int = 64,
         seed: int | None = None,
-        max_steps: int = 200,
+        episode_length: int = 200,
+        max_steps: int | None = None,
         split: str = "all",
         render: bool = True,
         terminate_on_success: bool = True,
         **_: Any,
     ) -> None:
-        self.lerobot_env = lerobot_metaworld_env(task, image_size, max_steps)
+        self.max_steps = int(max_steps or episode_length)  # domain.max_steps overrides the env's
+        self.lerobot_env = lerobot_metaworld_env(task, image_size, self.max_steps)
         self.task_id = f"{TASK_PREFIX}{task}"
-        self.max_steps = int(max_steps)
         self.split = split  # one instruction per task: held-out evaluation is by seed only
         self._default_seed = seed
         self._t = 0
@@ -208,7 +211,12 @@ class LeRobotMetaWorldTask:
         self._success = self._success or bool(info["is_success"])
         progress = 1.0 if self._success else float(np.clip(r / 10.0, 0.0, 1.0))
         trunc = self._t >= self.max_steps
-        out = {"instruction": self.instruction, "success": self._success, "progress": progress, "step": self._t}
+        out = {
+            "instruction": self.instruction,
+            "success": self._success,
+            "progress": progress,
+            "step": self._t,
+        }
         return self._obs(o), progress, bool(term), bool(trunc and not term), out
 
     def close(self) -> None:
@@ -232,10 +240,10 @@ def evaluate_with_lerobot(
     ``policy_dir`` in this env: lerobot loads the policy and its processors, steps the env, counts
     successes. Returns its ``aggregated`` dict (``pc_success``, ...) and ``per_episode``."""
     import torch
-    from lerobot.envs.factory import make_env_pre_post_processors
-    from lerobot.envs.configs import MetaworldEnv as MetaworldEnvConfig
-    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
     from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.envs.configs import MetaworldEnv as MetaworldEnvConfig
+    from lerobot.envs.factory import make_env_pre_post_processors
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
     from lerobot.scripts.lerobot_eval import eval_policy
 
     cfg = PreTrainedConfig.from_pretrained(policy_dir)

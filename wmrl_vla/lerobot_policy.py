@@ -25,7 +25,6 @@ without a choice of their own; they fail with one line naming what is missing.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -42,8 +41,9 @@ class PolicyPathError(ValueError):
     """A policy folder that cannot be post-trained (missing files, unsupported type)."""
 
 
-def policy_type(path: str | Path) -> str:
-    """The ``type`` in a lerobot policy folder's ``config.json`` (or a hub id's, through lerobot)."""
+def policy_config(path: str | Path):
+    """The ``PreTrainedConfig`` of a lerobot policy folder's ``config.json`` (or a hub id's)."""
+    import lerobot.policies  # noqa: F401  (registers every policy type's config)
     from lerobot.configs.policies import PreTrainedConfig
 
     p = Path(path)
@@ -54,7 +54,11 @@ def policy_type(path: str | Path) -> str:
         )
     if not p.exists() and str(path).count("/") != 1:
         raise PolicyPathError(f"domain.policy_path={path} is neither a folder nor a hub id (user/name)")
-    return PreTrainedConfig.from_pretrained(str(path)).type
+    try:
+        return PreTrainedConfig.from_pretrained(str(path))
+    except (OSError, ValueError) as e:  # offline, unknown repo, unreadable config
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PolicyPathError(f"domain.policy_path={path} could not be read: {first}") from None
 
 
 def check_supported(kind: str, path: str | Path) -> None:
@@ -73,14 +77,18 @@ class PretrainedLeRobotPolicy(GaussianActionHead):
     takes them) and states ``[B, S]`` (the env's ``agent_pos``)."""
 
     def __init__(
-        self, path: str | Path, init_log_std: float = -1.0, min_log_std: float = -4.0, max_log_std: float = 1.0
+        self,
+        path: str | Path,
+        init_log_std: float = -1.0,
+        min_log_std: float = -4.0,
+        max_log_std: float = 1.0,
     ) -> None:
         super().__init__()
         from types import SimpleNamespace
 
         from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 
-        kind = policy_type(path)
+        kind = policy_config(path).type
         check_supported(kind, path)
         self.path = str(path)
         self.policy_cls = get_policy_class(kind)
@@ -103,7 +111,9 @@ class PretrainedLeRobotPolicy(GaussianActionHead):
             )
         self.state_key = "observation.state"
         action_dim = c.action_feature.shape[0]
-        self.cfg = SimpleNamespace(min_log_std=min_log_std, max_log_std=max_log_std, init_log_std=init_log_std)
+        self.cfg = SimpleNamespace(
+            action_dim=action_dim, min_log_std=min_log_std, max_log_std=max_log_std, init_log_std=init_log_std
+        )
         self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
         self.tokenizer = InstructionTokenizer()  # the domain tokenises instructions; ACT ignores them
         self.train()
@@ -159,12 +169,78 @@ class PretrainedLeRobotPolicy(GaussianActionHead):
         self.lerobot_policy.save_pretrained(out)
         self.preprocessor.save_pretrained(out)
         self.postprocessor.save_pretrained(out)
-        src = Path(self.path)
-        for name in ("train_config.json",):  # provenance of the policy as lerobot trained it
-            if (src / name).is_file():
-                shutil.copy(src / name, out / name)
         save_file({"log_std": self.log_std.detach().clone().contiguous()}, str(out / HEAD_FILE))
         (out / "wmrl_bridge.json").write_text(
             json.dumps({"type": type(self).__name__, "source_policy_path": self.path}, indent=2)
         )
         return sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+
+
+def check_policy_path(path: str | Path, image_size: int) -> None:
+    """A policy folder WMRL can post-train at ``image_size``: a supported type whose inputs are one
+    camera image of that square size and one state. Raises :class:`PolicyPathError` (one line)."""
+    cfg = policy_config(path)
+    check_supported(cfg.type, path)
+    images = {k: tuple(f.shape) for k, f in cfg.image_features.items()}
+    if len(images) != 1 or cfg.robot_state_feature is None:
+        raise PolicyPathError(
+            f"domain.policy_path={path}: WMRL feeds one camera image and one state; the policy's "
+            f"inputs are {sorted(cfg.input_features)}"
+        )
+    (shape,) = images.values()
+    if shape != (3, image_size, image_size):
+        raise PolicyPathError(
+            f"domain.policy_path={path} was trained on images of shape {list(shape)}; set "
+            f"domain.image_size={shape[-1]} so the env renders what it saw"
+        )
+
+
+def train_act(
+    dataset_root: str | Path,
+    repo_id: str,
+    out_dir: str | Path,
+    steps: int,
+    batch_size: int = 8,
+    seed: int = 0,
+    **act_fields,
+) -> Path:
+    """Train an ACT with lerobot's own training loop (``lerobot.scripts.lerobot_train.train``) on a
+    local LeRobotDataset, as ``lerobot-train`` would; returns its last ``pretrained_model`` folder.
+
+    The inputs are the dataset's ``observation.image`` and ``observation.state`` (a WMRL recording
+    also holds ``observation.final``, a bookkeeping flag that is no input); ``act_fields`` override
+    ACT's config (``dim_model``, ``chunk_size``, ...). No hub: ``pretrained_backbone_weights=None``."""
+    from lerobot.configs.default import DatasetConfig, WandBConfig
+    from lerobot.configs.train import TrainPipelineConfig
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.datasets import LeRobotDatasetMetadata
+    from lerobot.policies.act.configuration_act import ACTConfig
+    from lerobot.scripts.lerobot_train import train
+
+    meta = LeRobotDatasetMetadata(repo_id, root=dataset_root)
+    img, state = meta.features["observation.image"]["shape"], meta.features["observation.state"]["shape"]
+    c, h, w = (img[2], img[0], img[1]) if img[-1] == 3 else tuple(img)
+    policy = ACTConfig(
+        input_features={
+            "observation.image": PolicyFeature(type=FeatureType.VISUAL, shape=(c, h, w)),
+            "observation.state": PolicyFeature(type=FeatureType.STATE, shape=tuple(state)),
+        },
+        pretrained_backbone_weights=None,
+        device="cpu",
+        push_to_hub=False,
+        **act_fields,
+    )
+    cfg = TrainPipelineConfig(
+        dataset=DatasetConfig(repo_id=repo_id, root=str(dataset_root)),
+        policy=policy,
+        output_dir=Path(out_dir),
+        steps=steps,
+        batch_size=batch_size,
+        num_workers=0,
+        save_freq=steps,
+        log_freq=max(1, steps // 4),
+        seed=seed,
+        wandb=WandBConfig(enable=False),
+    )
+    train(cfg)
+    return Path(out_dir) / "checkpoints" / "last" / "pretrained_model"

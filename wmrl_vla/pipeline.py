@@ -105,6 +105,8 @@ def _policy_fields(cfg: VLAConfig) -> dict[str, Any]:
         fields.update({k: getattr(cfg, k) for k in ("sft_shift", "sft_aux_goal") if getattr(cfg, k)})
         if not cfg.locator:
             fields["locator"] = False
+    if cfg.policy_path is not None:  # a lerobot policy folder, post-trained as is: no SFT fields
+        return {**_demo_fields(cfg), "policy_path": str(cfg.policy_path), "arch": POLICY_ARCH}
     if cfg.dagger_rounds > 0 and cfg.policy == "small_vla":
         fields.update(dagger_rounds=cfg.dagger_rounds, dagger_episodes_per_task=cfg.dagger_episodes_per_task,
                       dagger_epochs=cfg.dagger_epochs)  # fmt: skip
@@ -118,6 +120,10 @@ def prepare_policy(cfg: VLAConfig, demos: list[dict], device: torch.device | str
     device = torch.device(device)
     fields = _policy_fields(cfg)
     path = Path(cfg.cache_dir) / f"sft-{_key(fields)}.pt"
+    if cfg.policy_path is not None:
+        from wmrl_vla.lerobot_policy import PretrainedLeRobotPolicy
+
+        return PretrainedLeRobotPolicy(cfg.policy_path).to(device)
     if cfg.policy == "lerobot_act":
         return _prepare_act(cfg, demos, path, fields, device)
     if cfg.policy == "lerobot_smolvla":
