@@ -61,6 +61,9 @@ class VLAConfig(DomainConfig):
     # An env lerobot knows, as lerobot spells it (--domain.env.type=metaworld
     # --domain.env.task=reach-v3); it replaces domain.tasks. See wmrl_vla.lerobot_env.
     env: LeRobotEnvConfig = field(default_factory=LeRobotEnvConfig)
+    # The user's LeRobotDataset folder (recorded in that env): the world model pretrains on it (plus
+    # the policy's rollouts) instead of demos recorded by a scripted expert.
+    dataset_root: str | None = None
     n_bins: int = 21
     d_model: int = 64
     n_layers: int = 2
@@ -159,6 +162,13 @@ class VLAConfig(DomainConfig):
             try:
                 check_policy_path(self.policy_path, self.image_size)
             except PolicyPathError as e:
+                raise ConfigError(str(e)) from None
+        if self.dataset_root is not None:
+            from wmrl_vla.lerobot_env import check_dataset
+
+            try:
+                check_dataset(self.dataset_root)
+            except ValueError as e:
                 raise ConfigError(str(e)) from None
         if not self.tasks:
             raise ConfigError("domain.tasks is empty; list task ids (see `wmrl tasks vla`)")

@@ -21,7 +21,9 @@ lerobot in this env through :func:`lerobot_vector_env` (see :func:`evaluate_with
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -260,3 +262,32 @@ def evaluate_with_lerobot(
     finally:
         venv.close()
     return info
+
+
+#: The columns WMRL's world model reads from a LeRobotDataset besides images, states and actions:
+#: per-frame shaped reward and success (what it learns to predict), the extra final-observation row
+#: flag, and each episode's env seed.
+WM_COLUMNS = ("observation.image", "observation.state", "action", "next.reward", "next.success",
+              "observation.final", "env.seed")  # fmt: skip
+
+
+def check_dataset(root: str | Path) -> None:
+    """A LeRobotDataset folder the world model can pretrain on; one line naming what is missing."""
+    info = Path(root) / "meta" / "info.json"
+    if not info.is_file():
+        raise ValueError(f"domain.dataset_root={root} is not a LeRobotDataset folder (no meta/info.json)")
+    features = json.loads(info.read_text())["features"]
+    missing = [c for c in WM_COLUMNS if c not in features]
+    if missing:
+        raise ValueError(
+            f"domain.dataset_root={root} lacks {', '.join(missing)}: the world model learns rewards and "
+            "successes from them; record the dataset with them (wmrl_vla.data.record_demos does)"
+        )
+
+
+def load_dataset(root: str | Path) -> list[dict[str, Any]]:
+    """The user's LeRobotDataset as WMRL episodes (:func:`wmrl_vla.data.load_episodes`)."""
+    from wmrl_vla.data import load_episodes
+
+    check_dataset(root)
+    return load_episodes(root, f"local/{Path(root).name}")

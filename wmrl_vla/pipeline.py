@@ -50,6 +50,9 @@ def _key(d: dict[str, Any]) -> str:
 
 
 def _demo_fields(cfg: VLAConfig) -> dict[str, Any]:
+    if cfg.dataset_root is not None:
+        return {"tasks": list(cfg.tasks), "image_size": cfg.image_size, "dataset_root": str(cfg.dataset_root),
+                "max_steps": cfg.max_steps}  # fmt: skip
     return {
         "tasks": list(cfg.tasks),
         "image_size": cfg.image_size,
@@ -73,7 +76,12 @@ def _dims(tasks: list[str]) -> tuple[int, int]:
 
 
 def prepare_demos(cfg: VLAConfig) -> list[dict]:
-    """Record (once) and load the expert demonstrations, as LeRobot episodes."""
+    """Record (once) and load the expert demonstrations, as LeRobot episodes (or the user's
+    dataset, ``domain.dataset_root``)."""
+    if cfg.dataset_root is not None:
+        from wmrl_vla.lerobot_env import load_dataset
+
+        return load_dataset(cfg.dataset_root)
     from wmrl_vla.data import load_episodes, record_demos
 
     root = Path(cfg.cache_dir) / f"demos-{_key(_demo_fields(cfg))}"

@@ -6,6 +6,7 @@ tiny ACT trained on it by lerobot's own training loop, saved as its ``pretrained
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -146,3 +147,53 @@ def test_exported_folder_lerobot_evaluates_with_wmrls_success(user_act, tmp_path
         )
         want = policy.step_mean(images, states)
     assert torch.allclose(got, want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("method", ["real", "ppi"])
+def test_wmrl_run_post_trains_the_users_act_and_exports_it_for_lerobot(user_act, tmp_path, method):
+    """`wmrl run` on the user's folder, env and dataset, then `wmrl export`: the run moved ACT's
+    weights and the Gaussian's log_std, its world model pretrained on the user's dataset, and the
+    exported folder acts, through lerobot's loaders, as the run's final policy."""
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+    from wmrl.config import load_config
+    from wmrl.export import export_run
+    from wmrl.trainer import Trainer
+    from wmrl_vla.data import load_episodes
+    from wmrl_vla.lerobot_policy import PretrainedLeRobotPolicy
+
+    folder, root, images, states = user_act
+    cfg = load_config(
+        "vla-debug",
+        [f"--out_dir={tmp_path / 'run'}", f"--method={method}", "--domain.env.type=metaworld",
+         f"--domain.env.task={TASK}", f"--domain.env.episode_length={STEPS}", "--domain.max_steps=null",
+         f"--domain.image_size={SIZE}", f"--domain.policy_path={folder}", f"--domain.dataset_root={root / 'data'}",
+         f"--domain.cache_dir={tmp_path / 'cache'}", "--domain.wm_policy_rollouts_per_task=1",
+         "--domain.eval_episodes_per_task=1", "--domain.record_anchors=false", "--grpo.steps=1",
+         "--grpo.tasks_per_step=2", "--grpo.group_size=2", "--grpo.lr=0.01",
+         *(["--domain.twin_anchors=true"] if method == "ppi" else [])],
+    )  # fmt: skip
+    domain = cfg.domain.build(cfg)
+    try:
+        user = load_episodes(root / "data", "user/reach")
+        np.testing.assert_array_equal(domain.world_model.episodes[0]["actions"], user[0]["action"])
+        last = Trainer(cfg, domain).train()
+        assert last["exec/real_total"] > 0
+        source = PretrainedLeRobotPolicy(folder)
+        final = domain.policy.eval()
+        assert not torch.equal(final.log_std, source.log_std)
+        moved = [not torch.equal(a, b) for a, b in zip(source.parameters(), final.parameters(), strict=True)]
+        assert sum(moved) > len(moved) // 2
+        export_run(tmp_path / "run", tmp_path / "out")
+        lr = get_policy_class("act").from_pretrained(str(tmp_path / "out")).eval()
+        pre, post = make_pre_post_processors(lr.config, pretrained_path=str(tmp_path / "out"))
+        with torch.no_grad():
+            got = post(
+                lr.select_action(
+                    pre({"observation.image": images.float() / 255, "observation.state": states})
+                )
+            )
+            want = final.step_mean(images, states)
+        assert torch.allclose(got, want, atol=1e-6, rtol=0)
+    finally:
+        domain.close()
