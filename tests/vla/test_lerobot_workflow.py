@@ -28,7 +28,7 @@ def user_act(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("lerobot_user")
     task_id = register_task(LeRobotEnvConfig(type="metaworld", task=TASK, episode_length=STEPS))
-    ds = record_demos([task_id], 3, root / "data", "user/reach", image_size=SIZE, max_steps=STEPS)
+    ds = record_demos([task_id], 3, root / "data", "user/reach", image_size=SIZE, seed=100, max_steps=STEPS)
     folder = train_act(root / "data", "user/reach", root / "train", steps=4, **TINY_ACT)
     frames = [ds[i] for i in range(0, ds.num_frames, 20)]
     images = torch.stack([(f["observation.image"] * 255).round().to(torch.uint8) for f in frames])
