@@ -45,8 +45,8 @@ class LeRobotEnvConfig:
         """One line naming what is wrong (raised as the config's error by the caller)."""
         if self.type not in ENV_TYPES:
             raise ValueError(
-                f"domain.env.type={self.type!r}: WMRL runs lerobot's {', '.join(ENV_TYPES)} env "
-                "(LIBERO and the others need assets or a display this build does not set up)"
+                f"domain.env.type={self.type!r}: WMRL runs lerobot's {', '.join(ENV_TYPES)} env so far; "
+                "other lerobot envs are not wired in yet (LIBERO downloads its assets at import)"
             )
         names = metaworld_task_names()
         if self.task_name not in names:

@@ -107,6 +107,8 @@ def test_policy_folders_wmrl_cannot_post_train_fail_with_one_line(user_act, tmp_
         "domain.env.task='reach-v9' is not a lerobot MetaWorld task; close: reach-v3"
         in capsys.readouterr().err
     )
+    assert cli_main([*base[:4], "--domain.env.type=libero", "--domain.env.task=libero_10"]) == 2
+    assert "domain.env.type='libero': WMRL runs lerobot's metaworld env so far" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
