@@ -244,3 +244,13 @@ def train_act(
     )
     train(cfg)
     return Path(out_dir) / "checkpoints" / "last" / "pretrained_model"
+
+
+def folder_stamp(path: str | Path) -> str | None:
+    """Size and modification time of every file under a local folder (None for a hub id): part of
+    the cache keys of what is built from it, so retraining into the same folder rebuilds them."""
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    files = sorted(f for f in p.rglob("*") if f.is_file())
+    return ";".join(f"{f.relative_to(p)}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)

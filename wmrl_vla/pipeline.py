@@ -51,8 +51,10 @@ def _key(d: dict[str, Any]) -> str:
 
 def _demo_fields(cfg: VLAConfig) -> dict[str, Any]:
     if cfg.dataset_root is not None:
+        from wmrl_vla.lerobot_policy import folder_stamp
+
         return {"tasks": list(cfg.tasks), "image_size": cfg.image_size, "dataset_root": str(cfg.dataset_root),
-                "max_steps": cfg.max_steps}  # fmt: skip
+                "dataset_stamp": folder_stamp(cfg.dataset_root), "max_steps": cfg.max_steps}  # fmt: skip
     return {
         "tasks": list(cfg.tasks),
         "image_size": cfg.image_size,
@@ -106,6 +108,11 @@ def prepare_demos(cfg: VLAConfig) -> list[dict]:
 
 
 def _policy_fields(cfg: VLAConfig) -> dict[str, Any]:
+    if cfg.policy_path is not None:  # a lerobot policy folder, post-trained as is: no SFT fields
+        from wmrl_vla.lerobot_policy import folder_stamp
+
+        return {**_demo_fields(cfg), "policy_path": str(cfg.policy_path),
+                "policy_stamp": folder_stamp(cfg.policy_path), "arch": POLICY_ARCH}  # fmt: skip
     fields = {**_demo_fields(cfg), "policy": cfg.policy, "n_bins": cfg.n_bins, "d_model": cfg.d_model,
               "n_layers": cfg.n_layers, "sft_epochs": cfg.sft_epochs, "sft_batch_size": cfg.sft_batch_size,
               "sft_lr": cfg.sft_lr, "arch": POLICY_ARCH}  # fmt: skip
@@ -113,8 +120,6 @@ def _policy_fields(cfg: VLAConfig) -> dict[str, Any]:
         fields.update({k: getattr(cfg, k) for k in ("sft_shift", "sft_aux_goal") if getattr(cfg, k)})
         if not cfg.locator:
             fields["locator"] = False
-    if cfg.policy_path is not None:  # a lerobot policy folder, post-trained as is: no SFT fields
-        return {**_demo_fields(cfg), "policy_path": str(cfg.policy_path), "arch": POLICY_ARCH}
     if cfg.dagger_rounds > 0 and cfg.policy == "small_vla":
         fields.update(dagger_rounds=cfg.dagger_rounds, dagger_episodes_per_task=cfg.dagger_episodes_per_task,
                       dagger_epochs=cfg.dagger_epochs)  # fmt: skip

@@ -199,3 +199,24 @@ def test_wmrl_run_post_trains_the_users_act_and_exports_it_for_lerobot(user_act,
         assert torch.allclose(got, want, atol=1e-6, rtol=0)
     finally:
         domain.close()
+
+
+def test_retraining_into_the_same_folder_changes_the_cache_keys(tmp_path):
+    """The SFT-free policy, its rollouts and the WM are cached by the policy folder's and the
+    dataset's contents (size, mtime), not their paths alone."""
+    import os
+
+    from wmrl_vla.pipeline import _key, _policy_fields
+
+    for name in ("policy", "data"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"0" * 8)
+    cfg = SimpleNamespace(tasks=["lerobot/metaworld-reach-v3"], image_size=32, max_steps=None,
+                          policy_path=str(tmp_path / "policy"), dataset_root=str(tmp_path / "data"))  # fmt: skip
+    keys = [_key(_policy_fields(cfg))]
+    for name in ("policy", "data"):
+        f = tmp_path / name / "model.safetensors"
+        f.write_bytes(b"1" * 8)
+        os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 1_000_000))
+        keys.append(_key(_policy_fields(cfg)))
+    assert len(set(keys)) == 3
