@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from wmrl.config import RunConfig
     from wmrl.domain import Domain
 
-WORLD_MODELS = ("surrogate", "surrogate_hgb", "encoder", "lm")
+WORLD_MODELS = ("surrogate", "surrogate_hgb", "code", "encoder", "lm")
 # What an unset (null) task list means.
 DEFAULT_TASKS = {
     "train_tasks": "every train task, heavy ones included",
@@ -97,7 +97,9 @@ class ResearchConfig(DomainConfig):
     temperature: float = 1.0
     # Outcome world model: "surrogate" (knob values parsed from the knobs block -> per-task extra-trees
     # ensemble, world_models/knob_surrogate.py; ranks edits best, benchmarks/research_wm.py),
-    # "surrogate_hgb" (the same features -> gradient boosting, bootstrap variance), "encoder"
+    # "surrogate_hgb" (the same features -> gradient boosting, bootstrap variance), "code" (reads
+    # free-form code edits: frozen MiniLM + token codes -> pooled extra trees, knob edits to the
+    # surrogate; world_models/code_outcome.py, benchmarks/research_wm_code.py), "encoder"
     # (transformer-encoder ensemble over the text) or "lm" (causal LM answering
     # `runs: ..; valid: ..; quality: q`, sampled wm_lm_samples times).
     world_model: str = "surrogate"

@@ -306,6 +306,10 @@ def build_world_model(
         return KnobSurrogateOutcomeModel(
             surrogate_tasks(list_tasks()), estimator=estimator, members=cfg.wm_members, seed=run.seed
         )
+    if cfg.world_model == "code":
+        from world_models.code_outcome import CodeOutcomeModel, MiniLMEmbedder
+
+        return CodeOutcomeModel(surrogate_tasks(list_tasks()), MiniLMEmbedder(cfg.cache_dir), seed=run.seed)
     if tokenizer is None:
         raise ValueError(f"world_model={cfg.world_model!r} needs the policy's tokenizer")
     if cfg.world_model == "encoder":

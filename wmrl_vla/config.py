@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from wmrl.config import ConfigError, DomainConfig, did_you_mean
+from wmrl_vla.lerobot_env import LeRobotEnvConfig
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -53,6 +54,16 @@ class VLAConfig(DomainConfig):
     # instruction fed in, same Gaussian head: see wmrl_vla.smolvla_bridge). d_model and n_layers size
     # each (SmolVLA: its text tower's width and depth, at least 2 layers).
     policy: str = "small_vla"
+    # A policy trained with lerobot (its `pretrained_model` folder, or a hub id): post-trained as is
+    # (no SFT; domain.policy is not used), its inputs through its own saved processors. ACT only; see
+    # wmrl_vla.lerobot_policy.
+    policy_path: str | None = None
+    # An env lerobot knows, as lerobot spells it (--domain.env.type=metaworld
+    # --domain.env.task=reach-v3); it replaces domain.tasks. See wmrl_vla.lerobot_env.
+    env: LeRobotEnvConfig = field(default_factory=LeRobotEnvConfig)
+    # The user's LeRobotDataset folder (recorded in that env): the world model pretrains on it (plus
+    # the policy's rollouts) instead of demos recorded by a scripted expert.
+    dataset_root: str | None = None
     n_bins: int = 21
     d_model: int = 64
     n_layers: int = 2
@@ -135,6 +146,29 @@ class VLAConfig(DomainConfig):
     n_videos: int = 2
 
     def __post_init__(self) -> None:
+        if isinstance(self.env, dict):  # from a YAML preset
+            self.env = LeRobotEnvConfig(**self.env)
+        if self.env.type is not None:
+            from wmrl_vla.lerobot_env import register_task
+
+            try:
+                self.tasks = [register_task(self.env)]
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        if self.policy_path is not None:
+            from wmrl_vla.lerobot_policy import PolicyPathError, check_policy_path
+
+            try:
+                check_policy_path(self.policy_path, self.image_size)
+            except PolicyPathError as e:
+                raise ConfigError(str(e)) from None
+        if self.dataset_root is not None:
+            from wmrl_vla.lerobot_env import check_dataset
+
+            try:
+                check_dataset(self.dataset_root)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         if not self.tasks:
             raise ConfigError("domain.tasks is empty; list task ids (see `wmrl tasks vla`)")
         from sims.registry import TASKS, all_task_ids, close_names, unknown_task_message

@@ -31,6 +31,10 @@ def build_policy(cfg: VLAConfig):
     """The run's policy architecture, untrained (the same constructor arguments as the pipeline's)."""
     from wmrl_vla.pipeline import _dims
 
+    if cfg.policy_path is not None:
+        from wmrl_vla.lerobot_policy import PretrainedLeRobotPolicy
+
+        return PretrainedLeRobotPolicy(cfg.policy_path)
     state_dim, action_dim = _dims(cfg.tasks)
     if cfg.policy == "small_vla":
         from wmrl_vla.policy import SmallVLA, SmallVLAConfig
@@ -81,6 +85,36 @@ def _save_gaussian_head(policy, out: Path) -> list[str]:
     return ["gaussian_head.safetensors", "wmrl_bridge.json"]
 
 
+def _export_pretrained(cfg: VLAConfig, policy, out: Path) -> tuple[dict[str, Any], list[str]]:
+    """A post-trained lerobot policy folder (:meth:`PretrainedLeRobotPolicy.save_pretrained`)."""
+    files = policy.save_pretrained(out)
+    kind = policy.lerobot_policy.config.type
+    env = cfg.env
+    evaluate = (
+        f"lerobot-eval --policy.path=DIR --env.type={env.type} --env.task={env.task_name}"
+        if env.type is not None
+        else "lerobot-eval --policy.path=DIR --env.type=... --env.task=..."
+    )
+    info = {
+        "format": "lerobot policy folder (config.json + model.safetensors + its processors)",
+        "library": "lerobot",
+        "class": f"lerobot.policies.{kind} ({type(policy.lerobot_policy).__name__})",
+        "files": files,
+        "load": f"{evaluate}\n"
+        "# or: from lerobot.policies.factory import get_policy_class, make_pre_post_processors\n"
+        f"policy = get_policy_class('{kind}').from_pretrained(DIR)\n"
+        "pre, post = make_pre_post_processors(policy.config, pretrained_path=DIR)",
+    }
+    notes = [
+        f"Post-trained by WMRL from the lerobot policy {policy.path}: its network is the mean of a "
+        "diagonal Gaussian (learnable `log_std` in `gaussian_head.safetensors`, ignored by lerobot); "
+        "inputs go through the policy's own saved processors. `n_action_steps` is 1: WMRL queried the "
+        "policy at every step and executed the first action of each chunk, and so does lerobot with "
+        "this folder."
+    ]
+    return info, notes
+
+
 def export_vla(
     cfg: VLAConfig, run: RunConfig, state: dict, out: Path, adapter: bool = False
 ) -> dict[str, Any]:
@@ -90,7 +124,9 @@ def export_vla(
     policy.load_state_dict(state["policy"], strict=True)
     policy.eval()
     notes: list[str] = []
-    if cfg.policy == "small_vla":
+    if cfg.policy_path is not None:
+        info, notes = _export_pretrained(cfg, policy, out)
+    elif cfg.policy == "small_vla":
         policy.save_pretrained(out)
         info = {
             "format": "safetensors + config.json (huggingface_hub PyTorchModelHubMixin)",
@@ -156,13 +192,13 @@ def export_vla(
         + "  # [K, N, T]",
     }
     return {
-        "policy": {"type": cfg.policy, **info},
+        "policy": {"type": cfg.policy if cfg.policy_path is None else "lerobot_pretrained", **info},
         "world_model": world_model,
         "tags": [
             "robotics",
             "vision-language-action",
             "mujoco",
-            *(["lerobot"] if cfg.policy != "small_vla" else []),
+            *(["lerobot"] if cfg.policy != "small_vla" or cfg.policy_path is not None else []),
         ],
         "notes": notes,
         "tasks": list(cfg.tasks),

@@ -51,6 +51,11 @@ def _key(d: dict[str, Any]) -> str:
 
 
 def _demo_fields(cfg: VLAConfig) -> dict[str, Any]:
+    if cfg.dataset_root is not None:
+        from wmrl_vla.lerobot_policy import folder_stamp
+
+        return {"tasks": list(cfg.tasks), "image_size": cfg.image_size, "dataset_root": str(cfg.dataset_root),
+                "dataset_stamp": folder_stamp(cfg.dataset_root), "max_steps": cfg.max_steps}  # fmt: skip
     return {
         "tasks": list(cfg.tasks),
         "image_size": cfg.image_size,
@@ -74,8 +79,13 @@ def _dims(tasks: list[str]) -> tuple[int, int]:
 
 
 def prepare_demos(cfg: VLAConfig, progress: bool = True) -> list[dict]:
-    """Record (once) and load the expert demonstrations, as LeRobot episodes (``progress``: the
-    recording's elapsed time on stderr, ``tracking.progress``)."""
+    """Record (once) and load the expert demonstrations, as LeRobot episodes, or load the user's
+    dataset (``domain.dataset_root``); ``progress``: the recording's elapsed time on stderr
+    (``tracking.progress``)."""
+    if cfg.dataset_root is not None:
+        from wmrl_vla.lerobot_env import load_dataset
+
+        return load_dataset(cfg.dataset_root)
     from wmrl_vla.data import load_episodes, record_demos
 
     root = Path(cfg.cache_dir) / f"demos-{_key(_demo_fields(cfg))}"
@@ -102,6 +112,11 @@ def prepare_demos(cfg: VLAConfig, progress: bool = True) -> list[dict]:
 
 
 def _policy_fields(cfg: VLAConfig) -> dict[str, Any]:
+    if cfg.policy_path is not None:  # a lerobot policy folder, post-trained as is: no SFT fields
+        from wmrl_vla.lerobot_policy import folder_stamp
+
+        return {**_demo_fields(cfg), "policy_path": str(cfg.policy_path),
+                "policy_stamp": folder_stamp(cfg.policy_path), "arch": POLICY_ARCH}  # fmt: skip
     fields = {**_demo_fields(cfg), "policy": cfg.policy, "n_bins": cfg.n_bins, "d_model": cfg.d_model,
               "n_layers": cfg.n_layers, "sft_epochs": cfg.sft_epochs, "sft_batch_size": cfg.sft_batch_size,
               "sft_lr": cfg.sft_lr, "arch": POLICY_ARCH}  # fmt: skip
@@ -128,6 +143,10 @@ def prepare_policy(
     device = torch.device(device)
     fields = _policy_fields(cfg)
     path = Path(cfg.cache_dir) / f"sft-{_key(fields)}.pt"
+    if cfg.policy_path is not None:
+        from wmrl_vla.lerobot_policy import PretrainedLeRobotPolicy
+
+        return PretrainedLeRobotPolicy(cfg.policy_path).to(device)
     if cfg.policy == "lerobot_act":
         return _prepare_act(cfg, demos, path, fields, device)
     if cfg.policy == "lerobot_smolvla":

@@ -24,20 +24,24 @@ from world_models.knob_surrogate import KnobSurrogateOutcomeModel
 from world_models.outcome import EncoderOutcomeModel
 
 
-def test_the_field_selects_the_kind_and_unknown_kinds_list_the_known_ones():
+def test_the_field_selects_the_kind_and_unknown_kinds_list_the_known_ones(tmp_path):
     assert ResearchConfig().world_model == "surrogate" and WORLD_MODELS[0] == "surrogate"
     run = RunConfig(seed=0)
     sur = build_world_model(ResearchConfig(world_model="surrogate"), run)
     hgb = build_world_model(ResearchConfig(world_model="surrogate_hgb"), run)
     assert isinstance(sur, KnobSurrogateOutcomeModel) and sur.estimator == "extra_trees"
     assert isinstance(hgb, KnobSurrogateOutcomeModel) and hgb.estimator == "hgb"
+    from world_models.code_outcome import CodeOutcomeModel
+
+    code = build_world_model(ResearchConfig(world_model="code", cache_dir=str(tmp_path)), run)
+    assert isinstance(code, CodeOutcomeModel)  # no tokenizer: it brings its own encoder
     from wmrl_research.agent import build_tokenizer
 
     tok = build_tokenizer(["MODEL = 1\nALPHA = 2\n"] * 4, vocab_size=300)
     assert isinstance(build_world_model(ResearchConfig(world_model="encoder"), run, tok), EncoderOutcomeModel)
     with pytest.raises(ValueError, match="needs the policy's tokenizer"):
         build_world_model(ResearchConfig(world_model="encoder"), run)
-    with pytest.raises(ConfigError, match="surrogate, surrogate_hgb, encoder, lm"):
+    with pytest.raises(ConfigError, match="surrogate, surrogate_hgb, code, encoder, lm"):
         ResearchConfig(world_model="gp")
     with pytest.raises(ConfigError, match="domain.world_model='gp'"):
         load_config("research-tiny", ["--domain.world_model=gp"])

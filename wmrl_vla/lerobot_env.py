@@ -1,0 +1,293 @@
+"""An environment lerobot knows (``lerobot.envs``), as a WMRL VLA task.
+
+``--domain.env.type=metaworld --domain.env.task=reach-v3`` (lerobot's spelling, its
+``MetaworldEnv`` config) names lerobot's own gym env, ``lerobot.envs.metaworld.MetaworldEnv``.
+:class:`LeRobotMetaWorldTask` steps that env and presents it to WMRL's rollouts as a task
+(``lerobot/metaworld-<task>``, registered at config time by :func:`register_task`):
+
+- ``obs["image"]``: lerobot's ``pixels`` (uint8 [S, S, 3], its camera ``corner2`` flipped upright
+  as lerobot does), ``obs["state"]``: lerobot's ``agent_pos`` (float32 [4]: hand xyz, gripper);
+  a policy trained on a dataset of this env reads them through lerobot's ``preprocess_observation``
+  as ``observation.image`` / ``observation.state``;
+- reward: MetaWorld's shaped reward / 10 (in [0, 1]), 1.0 once successful; ``info["success"]`` is
+  lerobot's ``is_success``; the episode ends at success or after ``max_steps``.
+
+Two departures from ``lerobot-eval``'s defaults, both settings of the same env class: images are
+rendered at ``image_size`` (lerobot's MetaworldEnv stores ``observation_width/height`` but renders
+480 x 480) with shadows off, which is what makes CPU rollouts affordable; and the time limit is
+``max_steps`` (lerobot's ``_max_episode_steps``, which its ``rollout`` reads). A policy is evaluated by
+lerobot in this env through :func:`lerobot_vector_env` (see :func:`evaluate_with_lerobot`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ENV_TYPES = ("metaworld",)
+TASK_PREFIX = "lerobot/metaworld-"
+
+
+@dataclass
+class LeRobotEnvConfig:
+    # lerobot's env type (`lerobot.envs.configs`); null: the task comes from domain.tasks instead.
+    type: str | None = None
+    # lerobot's task name for that env type, e.g. reach-v3 (MetaWorld; a "metaworld-" prefix is dropped).
+    task: str | None = None
+    # Time limit of an episode (env steps).
+    episode_length: int = 200
+
+    def check(self) -> None:
+        """One line naming what is wrong (raised as the config's error by the caller)."""
+        if self.type not in ENV_TYPES:
+            raise ValueError(
+                f"domain.env.type={self.type!r}: WMRL runs lerobot's {', '.join(ENV_TYPES)} env so far; "
+                "other lerobot envs are not wired in yet (LIBERO downloads its assets at import)"
+            )
+        names = metaworld_task_names()
+        if self.task_name not in names:
+            from sims.registry import close_names
+
+            close = close_names(self.task_name or "", names)
+            raise ValueError(
+                f"domain.env.task={self.task!r} is not a lerobot MetaWorld task"
+                f"{'; close: ' + ', '.join(close) if close else ''} (e.g. reach-v3)"
+            )
+        if self.episode_length < 1:
+            raise ValueError(f"domain.env.episode_length={self.episode_length} must be >= 1")
+
+    @property
+    def task_name(self) -> str | None:
+        return None if self.task is None else self.task.removeprefix("metaworld-")
+
+    @property
+    def task_id(self) -> str:
+        return f"{TASK_PREFIX}{self.task_name}"
+
+
+def metaworld_task_names() -> list[str]:
+    """The task names of lerobot's MetaWorld config (``metaworld_config.json``), without importing
+    MetaWorld."""
+    import json
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    spec = find_spec("lerobot")
+    path = Path(spec.origin).parent / "envs" / "metaworld_config.json"
+    return sorted(json.loads(path.read_text())["TASK_DESCRIPTIONS"])
+
+
+def register_task(env: LeRobotEnvConfig) -> str:
+    """Serve ``env`` as the WMRL task ``lerobot/metaworld-<task>`` (``sims.make`` builds it; its
+    expert is MetaWorld's scripted policy). Idempotent; returns the task id."""
+    from sims import registry
+
+    env.check()
+    task_id = env.task_id
+    registry.TASKS.setdefault(
+        task_id,
+        registry.TaskSpec(
+            task_id,
+            "metaworld",
+            "wmrl_vla.lerobot_env:LeRobotMetaWorldTask",
+            4,
+            4,
+            env.episode_length,
+            _description(env.task_name),
+            "sims.metaworld_tasks:MetaWorldExpert",
+            kwargs={"task": env.task_name, "episode_length": env.episode_length},
+            expert_kwargs={"env_name": env.task_name},
+        ),
+    )
+    return task_id
+
+
+def _description(task: str) -> str:
+    import json
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    path = Path(find_spec("lerobot").origin).parent / "envs" / "metaworld_config.json"
+    return json.loads(path.read_text())["TASK_DESCRIPTIONS"][task]
+
+
+def lerobot_metaworld_env(task: str, image_size: int, max_steps: int):
+    """lerobot's ``MetaworldEnv`` (obs_type ``pixels_agent_pos``) rendering ``image_size`` pixels
+    with shadows off, its time limit ``max_steps``. The env class is lerobot's; only the MuJoCo
+    renderer's size and light settings differ from its defaults."""
+    import metaworld
+    from lerobot.envs.metaworld import MetaworldEnv
+
+    class SizedMetaworldEnv(MetaworldEnv):
+        def _ensure_env(self) -> None:
+            if self._env is not None:
+                return
+            mt1 = metaworld.MT1(self._env_name, seed=42)
+            env = mt1.train_classes[self._env_name](
+                render_mode="rgb_array",
+                camera_name=self.camera_name,
+                width=self.observation_width,
+                height=self.observation_height,
+            )
+            env.set_task(mt1.train_tasks[0])
+            if self.camera_name == "corner2":
+                env.model.cam_pos[2] = [0.75, 0.075, 0.7]
+            env.model.light_castshadow[:] = 0
+            env.model.vis.quality.offsamples = 0
+            env.reset()
+            env._freeze_rand_vec = False
+            env.seeded_rand_vec = True
+            self._env = env
+
+        def _format_raw_obs(self, raw_obs):
+            full = np.array(raw_obs, dtype=np.float64)
+            full[-3:] = self._env._get_pos_goal()  # MetaWorld's scripted expert reads the goal
+            self.mw_obs = full
+            return super()._format_raw_obs(raw_obs)
+
+    env = SizedMetaworldEnv(
+        task=task,
+        obs_type="pixels_agent_pos",
+        observation_width=image_size,
+        observation_height=image_size,
+    )
+    env._max_episode_steps = int(max_steps)
+    return env
+
+
+class LeRobotMetaWorldTask:
+    """lerobot's MetaWorld env behind WMRL's task interface. See the module docstring."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 80}  # lerobot's MetaworldEnv's
+
+    def __init__(
+        self,
+        task: str,
+        image_size: int = 64,
+        seed: int | None = None,
+        episode_length: int = 200,
+        max_steps: int | None = None,
+        split: str = "all",
+        render: bool = True,
+        terminate_on_success: bool = True,
+        **_: Any,
+    ) -> None:
+        self.max_steps = int(max_steps or episode_length)  # domain.max_steps overrides the env's
+        self.lerobot_env = lerobot_metaworld_env(task, image_size, self.max_steps)
+        self.task_id = f"{TASK_PREFIX}{task}"
+        self.split = split  # one instruction per task: held-out evaluation is by seed only
+        self._default_seed = seed
+        self._t = 0
+        self._success = False
+
+    @property
+    def unwrapped(self):
+        return self
+
+    @property
+    def instruction(self) -> str:
+        return self.lerobot_env.task_description
+
+    @property
+    def mw_obs(self) -> np.ndarray:
+        return self.lerobot_env.mw_obs
+
+    def _obs(self, o: dict) -> dict[str, np.ndarray]:
+        return {"image": np.ascontiguousarray(o["pixels"]), "state": np.asarray(o["agent_pos"], np.float32)}
+
+    def reset(self, seed: int | None = None, **kw: Any):
+        if seed is None:
+            seed, self._default_seed = self._default_seed, None
+        o, _ = self.lerobot_env.reset(seed=seed)
+        self._t, self._success = 0, False
+        return self._obs(o), {"instruction": self.instruction, "success": False, "progress": 0.0, "step": 0}
+
+    def step(self, action):
+        a = np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0)
+        o, r, term, _, info = self.lerobot_env.step(a)
+        self._t += 1
+        self._success = self._success or bool(info["is_success"])
+        progress = 1.0 if self._success else float(np.clip(r / 10.0, 0.0, 1.0))
+        trunc = self._t >= self.max_steps
+        out = {
+            "instruction": self.instruction,
+            "success": self._success,
+            "progress": progress,
+            "step": self._t,
+        }
+        return self._obs(o), progress, bool(term), bool(trunc and not term), out
+
+    def close(self) -> None:
+        self.lerobot_env.close()
+
+
+def lerobot_vector_env(task: str, image_size: int, max_steps: int, n_envs: int = 1):
+    """A gymnasium ``SyncVectorEnv`` of the same lerobot env, as ``lerobot.envs.make_env`` builds
+    for ``lerobot-eval``."""
+    import gymnasium as gym
+
+    return gym.vector.SyncVectorEnv(
+        [lambda: lerobot_metaworld_env(task, image_size, max_steps) for _ in range(n_envs)]
+    )
+
+
+def evaluate_with_lerobot(
+    policy_dir: str, task: str, image_size: int, max_steps: int, n_episodes: int, start_seed: int
+) -> dict:
+    """lerobot's own evaluation (``lerobot.scripts.lerobot_eval.eval_policy``) of the policy folder
+    ``policy_dir`` in this env: lerobot loads the policy and its processors, steps the env, counts
+    successes. Returns its ``aggregated`` dict (``pc_success``, ...) and ``per_episode``."""
+    import torch
+    from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.envs.configs import MetaworldEnv as MetaworldEnvConfig
+    from lerobot.envs.factory import make_env_pre_post_processors
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+    from lerobot.scripts.lerobot_eval import eval_policy
+
+    cfg = PreTrainedConfig.from_pretrained(policy_dir)
+    cfg.device = "cpu"
+    policy = get_policy_class(cfg.type).from_pretrained(policy_dir, config=cfg).eval()
+    pre, post = make_pre_post_processors(
+        cfg, pretrained_path=policy_dir, preprocessor_overrides={"device_processor": {"device": "cpu"}}
+    )
+    env_pre, env_post = make_env_pre_post_processors(MetaworldEnvConfig(task=task), cfg)
+    venv = lerobot_vector_env(task, image_size, max_steps)
+    try:
+        with torch.no_grad():
+            info = eval_policy(venv, policy, env_pre, env_post, pre, post, n_episodes, start_seed=start_seed)
+    finally:
+        venv.close()
+    return info
+
+
+#: The columns WMRL's world model reads from a LeRobotDataset besides images, states and actions:
+#: per-frame shaped reward and success (what it learns to predict), the extra final-observation row
+#: flag, and each episode's env seed.
+WM_COLUMNS = ("observation.image", "observation.state", "action", "next.reward", "next.success",
+              "observation.final", "env.seed")  # fmt: skip
+
+
+def check_dataset(root: str | Path) -> None:
+    """A LeRobotDataset folder the world model can pretrain on; one line naming what is missing."""
+    info = Path(root) / "meta" / "info.json"
+    if not info.is_file():
+        raise ValueError(f"domain.dataset_root={root} is not a LeRobotDataset folder (no meta/info.json)")
+    features = json.loads(info.read_text())["features"]
+    missing = [c for c in WM_COLUMNS if c not in features]
+    if missing:
+        raise ValueError(
+            f"domain.dataset_root={root} lacks {', '.join(missing)}: the world model learns rewards and "
+            "successes from them; record the dataset with them (wmrl_vla.data.record_demos does)"
+        )
+
+
+def load_dataset(root: str | Path) -> list[dict[str, Any]]:
+    """The user's LeRobotDataset as WMRL episodes (:func:`wmrl_vla.data.load_episodes`)."""
+    from wmrl_vla.data import load_episodes
+
+    check_dataset(root)
+    return load_episodes(root, f"local/{Path(root).name}")
