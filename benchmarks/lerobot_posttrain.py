@@ -63,7 +63,12 @@ def main() -> None:
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    result: dict = {"settings": vars(a), "command": " ".join([sys.executable, *sys.argv])}
+    result: dict = {
+        "control": "anchors_only not run: a check of the lerobot workflow (load, post-train, export, "
+        "lerobot eval), not a comparison of methods; no WM claim rests on it",
+        "settings": vars(a),
+        "command": " ".join([sys.executable, *sys.argv]),
+    }
 
     from wmrl_vla.data import record_demos
     from wmrl_vla.lerobot_env import LeRobotEnvConfig, register_task
