@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="train one run (methods compared over seeds: wmrl compare SPEC)",
-        description="Train one run from a preset (a name in configs/ or a YAML path) with optional "
+        description="Train one run from a preset (a name in wmrl/configs/ or a YAML path) with optional "
         "overrides. A comparison of methods over seeds is a grid: wmrl compare SPEC.",
         epilog=_epilog(),
         formatter_class=fmt,

@@ -2,7 +2,8 @@
 
 A run is ``RunConfig``: the method, the domain (a registered choice, ``--domain.type=toy``) and one
 dataclass per component. Every field is overridable from the command line
-(``--grpo.group_size=8 --anchors.fraction=0.25``) and presets are YAML files in ``configs/``.
+(``--grpo.group_size=8 --anchors.fraction=0.25``) and presets are YAML files in ``wmrl/configs/``
+(package data: an installed wheel has them too).
 Validation lives in ``__post_init__`` and quotes the offending values.
 
 Domains register their config class by name through the ``wmrl.domains`` entry-point group, so the
@@ -17,6 +18,7 @@ import copy
 import math
 import re
 from dataclasses import dataclass, field
+from importlib import resources
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +26,14 @@ from typing import TYPE_CHECKING, Any
 import draccus
 from draccus.utils import DraccusException
 
-from wmrl.config_messages import did_you_mean, malformed_yaml, unknown_flags_message, with_suggestion
+from wmrl.config_messages import (
+    did_you_mean,
+    malformed_yaml,
+    selected_domain,
+    unknown_flags_message,
+    with_suggestion,
+)
+from wmrl.extras import domain_extras, missing_extra_message
 
 if TYPE_CHECKING:
     from wmrl.domain import Domain
@@ -46,7 +55,8 @@ EXECUTORS = ("process", "ray", "inline")
 PRECISIONS = ("fp32", "bf16")
 # RunConfig.device: auto | cpu | cuda | cuda:N (resolved by wmrl.device.resolve_device)
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+# The named presets: package data of wmrl, found through importlib.resources (a wheel ships them).
+CONFIGS_DIR = Path(str(resources.files("wmrl") / "configs"))
 
 
 class ConfigError(ValueError):
@@ -265,6 +275,9 @@ class ExecutorConfig:
 
     def __post_init__(self) -> None:
         _one_of("executor.type", self.type, EXECUTORS)
+        if self.type == "ray":
+            message = missing_extra_message("ray", "executor.type=ray")
+            _check(message is None, message or "")
         _check(self.workers >= 1, f"executor.workers={self.workers} must be >= 1")
         _check(self.timeout_s > 0, f"executor.timeout_s={self.timeout_s} must be > 0")
         _check(
@@ -436,7 +449,7 @@ class RunConfig:
 
 
 def presets() -> dict[str, Path]:
-    """Named presets: ``configs/<name>.yaml``."""
+    """Named presets: ``wmrl/configs/<name>.yaml``."""
     return {p.stem: p for p in sorted(CONFIGS_DIR.glob("*.yaml"))}
 
 
@@ -475,6 +488,7 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
         if content is not None and not isinstance(content, dict):
             raise ConfigError(f"{path} must hold a mapping of config fields, got {type(content).__name__}")
     _refuse_comparison(path, content, list(overrides or []))
+    _check_extras(selected_domain(list(overrides or []), content))
     try:
         with _without_obsolete_fields(path, content) as parsed_path:
             return draccus.parse(
@@ -492,6 +506,15 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
         raise ConfigError(unknown_flags_message(RunConfig, list(overrides or []), content, str(e))) from None
     except SystemExit as e:  # argparse exits on unknown flags even with exit_on_error=False
         raise ConfigError(f"invalid command-line overrides {overrides}: see the message above") from e
+
+
+def _check_extras(domain: str | None) -> None:
+    """A domain whose extra is not installed fails here, before anything is built or written, in
+    one line naming the extra to install (wmrl/extras.py)."""
+    for extra in domain_extras(domain) if domain else ():
+        message = missing_extra_message(extra, f"domain.type={domain}")
+        if message:
+            raise ConfigError(message)
 
 
 def _refuse_comparison(path: Path | None, content: dict | None, overrides: list[str]) -> None:

@@ -60,7 +60,7 @@ def field_names(cls: type, prefix: str = "") -> list[str]:
     return sorted(set(out))
 
 
-def _selected_domain(overrides: list[str], content: dict | None) -> str | None:
+def selected_domain(overrides: list[str], content: dict | None) -> str | None:
     for arg in overrides:
         m = re.fullmatch(r"--domain\.type=(\w+)", arg)
         if m:
@@ -87,7 +87,7 @@ def _known_names(run_cls: type, domain: str | None) -> list[str]:
 def unknown_flags_message(run_cls: type, overrides: list[str], content: dict | None, fallback: str) -> str:
     """One line naming every override that is no field of ``run_cls``, each with the closest field
     name (``content``: the preset's YAML, for the domain it selects)."""
-    domain = _selected_domain(overrides, content)
+    domain = selected_domain(overrides, content)
     known = _known_names(run_cls, domain)
     bad = []
     for arg in overrides:
@@ -121,7 +121,7 @@ def with_suggestion(run_cls: type, message: str, content: dict | None) -> str:
     section, fields, _ = m.groups()
     known = [
         n.rpartition(".")[2]
-        for n in _known_names(run_cls, _selected_domain([], content))
+        for n in _known_names(run_cls, selected_domain([], content))
         if n.rpartition(".")[0] == section
     ]
     hints = [did_you_mean(f.strip(), known) for f in fields.split(",")]

@@ -62,7 +62,7 @@ def with_control(methods: list[str]) -> list[str]:
 class DomainEntry:
     # Label of the domain in the grid and the report; its cells live under DIR/<name>/.
     name: str = ""
-    # Preset name (configs/) or YAML path the domain's cells start from.
+    # Preset name (wmrl/configs/) or YAML path the domain's cells start from.
     preset: str = ""
     # Config overrides for every cell of this domain (e.g. a step budget: --grpo.steps=30). Quote
     # one whose value is a list inside [...]: ["--domain.train_tasks=[a,b]", --grpo.steps=30].
