@@ -1,7 +1,8 @@
 """Comparison grids: domain preset x method x seed, run on local processes or a Ray cluster, one report.
 
-A grid is declared by a spec (a YAML file parsed into :class:`GridSpec`, every field overridable on
-the command line as ``--executor.type=ray --seeds=[0,1]``). ``wmrl compare SPEC --out-dir DIR``:
+A grid is declared by a spec (a YAML file parsed into :class:`GridSpec`, wmrl/grid_spec.py, every
+field overridable on the command line as ``--executor.type=ray --seeds=[0,1]``; its ``executor:`` is
+the runs' own ExecutorConfig). ``wmrl compare SPEC --out-dir DIR``:
 
 1. plans the cells and checks every one before anything runs (an unknown preset or method, or a
    cell whose saved config differs from what the spec now asks, is refused, naming the fields);

@@ -1,6 +1,10 @@
+from pathlib import Path
+
 import pytest
 
 from wmrl.config import ConfigError, load_config, presets
+
+SPECS = Path(__file__).resolve().parents[2] / "benchmarks" / "specs"
 
 
 def test_defaults_and_cli_overrides():
@@ -74,3 +78,25 @@ def test_a_run_saved_before_the_comparison_and_executor_merge_still_loads(tmp_pa
         ConfigError, match=r"compare.methods in .*`wmrl run` trains one run.*`wmrl compare SPEC`"
     ):
         load_config(tmp_path / "cmp.yaml")
+
+
+def test_runs_and_grids_share_one_executor_config():
+    """One ExecutorConfig: a run's `executor:` section and a grid spec's are the same type, checked
+    the same way."""
+    import typing
+
+    from wmrl.config import ExecutorConfig, RunConfig
+    from wmrl.grid_spec import GridSpec
+
+    assert typing.get_type_hints(RunConfig)["executor"] is ExecutorConfig
+    assert typing.get_type_hints(GridSpec)["executor"] is ExecutorConfig
+    with pytest.raises(ConfigError, match=r"executor.workers=0 must be >= 1"):
+        load_config("toy", ["--executor.workers=0"])
+
+
+@pytest.mark.parametrize("spec", sorted(p.name for p in SPECS.glob("*.yaml")))
+def test_every_benchmark_spec_parses(spec):
+    from wmrl.grid_spec import load_spec
+
+    parsed = load_spec(SPECS / spec)
+    assert parsed.domains and parsed.executor.type in ("process", "ray", "inline")
