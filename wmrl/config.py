@@ -275,9 +275,9 @@ class ExecutorConfig:
 
     def __post_init__(self) -> None:
         _one_of("executor.type", self.type, EXECUTORS)
-        if self.type == "ray":
-            message = missing_extra_message("ray", "executor.type=ray")
-            _check(message is None, message or "")
+        missing_ray = self.type == "ray" and missing_extra_message("ray", "executor.type=ray")
+        if missing_ray:
+            raise ConfigError(missing_ray)
         _check(self.workers >= 1, f"executor.workers={self.workers} must be >= 1")
         _check(self.timeout_s > 0, f"executor.timeout_s={self.timeout_s} must be > 0")
         _check(
