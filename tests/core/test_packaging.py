@@ -112,3 +112,32 @@ def test_the_wheel_ships_the_presets(tmp_path):
         str(python), "-c", "from wmrl.config import load_config; print(load_config('toy').grpo.steps)"
     )
     assert loaded.strip() == "60"
+
+
+def test_every_directly_imported_module_is_declared():
+    """Each third-party module that the packaged code imports (anywhere in a file, lazily too)
+    comes from a distribution that pyproject.toml declares, in the core or an extra."""
+    import ast
+    import re
+    from importlib import metadata
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    declared = {norm(re.match(r"[A-Za-z0-9._-]+", r).group(0)) for r in metadata.requires("wmrl")}
+    own = {"wmrl", "sims", "world_models", "wmrl_vla", "wmrl_research"}
+    providers = metadata.packages_distributions()
+    undeclared = {}
+    for package in sorted(own):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for top in {n.partition(".")[0] for n in names} - own - set(sys.stdlib_module_names):
+                    if not {norm(d) for d in providers.get(top, [top])} & declared:
+                        undeclared.setdefault(top, str(path.relative_to(ROOT)))
+    assert undeclared == {}
