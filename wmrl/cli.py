@@ -25,12 +25,12 @@ import sys
 from wmrl.config import (
     METHODS,
     ConfigError,
-    describe_config,
     did_you_mean,
     load_config,
     load_domains,
     presets,
 )
+from wmrl.config_messages import describe_config
 
 
 def _epilog() -> str:
@@ -54,9 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
         "run",
-        help="train one run, or the preset's comparison of methods over seeds",
-        description="Train from a preset (a name in configs/ or a YAML path) with optional overrides. "
-        "A preset with compare.methods runs every method and seed and writes summary.json and a plot.",
+        help="train one run (methods compared over seeds: wmrl compare SPEC)",
+        description="Train one run from a preset (a name in wmrl/configs/ or a YAML path) with optional "
+        "overrides. A comparison of methods over seeds is a grid: wmrl compare SPEC.",
         epilog=_epilog(),
         formatter_class=fmt,
     )
@@ -209,8 +209,8 @@ def _stop_at_once(signum: int, frame) -> None:
 
 
 def _resume_command(args: argparse.Namespace, argv: list[str]) -> str:
-    """The command that continues what ``argv`` started: ``wmrl run --resume DIR`` for a run or a
-    comparison, the same command for anything else (a grid continues where it stopped)."""
+    """The command that continues what ``argv`` started: ``wmrl run --resume DIR`` for a run, the
+    same command for anything else (a grid continues where it stopped)."""
     import shlex
 
     if args.command == "run":
@@ -260,16 +260,15 @@ def _tasks(domain: str) -> None:
 
 
 def _run(args: argparse.Namespace, overrides: list[str]) -> None:
-    from wmrl.experiment import compare, format_table, resume_run, train_run
+    from wmrl.distributed import writes_run_dir
+    from wmrl.runs import resume_run, train_run
 
     if args.resume:
         if args.preset or overrides:
             raise ConfigError("--resume RUN_DIR takes no preset or overrides: the run keeps its own config")
-        from wmrl.distributed import writes_run_dir
-
         result = resume_run(args.resume)
         if writes_run_dir():
-            print(format_table(result) if "methods" in result else _brief(result))
+            print(_brief(result))
         return
     if not args.preset:
         raise ConfigError(f"wmrl run needs a preset; known presets: {', '.join(presets())}")
@@ -278,18 +277,10 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
         raise ConfigError("set the run directory with --out-dir DIR, not as an --out_dir= override")
     out_dir = args.out_dir or os.path.join("runs", os.path.splitext(os.path.basename(args.preset))[0])
     cfg = load_config(args.preset, [*overrides, f"--out_dir={out_dir}"])
-    if cfg.compare.methods:
-        _refuse_ignored_overrides(cfg, overrides)
-        summary = compare(cfg)
-        print(format_table(summary))
-        print(f"\nsummary: {out_dir}/summary.json   plot: {out_dir}/comparison.png")
-    else:
-        from wmrl.distributed import writes_run_dir
-
-        last = train_run(cfg)
-        if writes_run_dir():  # data-parallel: the main process reports the run (its metrics)
-            print(_brief(last))
-            print(f"run directory: {out_dir}")
+    last = train_run(cfg)
+    if writes_run_dir():  # data-parallel: the main process reports the run (its metrics)
+        print(_brief(last))
+        print(f"run directory: {out_dir}")
 
 
 def _compare(args: argparse.Namespace, overrides: list[str], argv: list[str]) -> None:
@@ -328,22 +319,6 @@ def _merge_reports(args: argparse.Namespace, argv: list[str]) -> None:
     merged = merge_reports([r for r, _ in parts], [n for _, n in parts], method_from)
     write_report_files(Path(args.out_dir), merged, command=shlex.join(["wmrl", *argv]))
     print(f"merged report of seeds {merged['spec']['seeds']}: {Path(args.out_dir) / 'report.md'}")
-
-
-def _refuse_ignored_overrides(cfg, overrides: list[str]) -> None:
-    """A comparison sets each run's method (and seed, with compare.seeds) itself: an explicit
-    ``--method`` (or ``--seed``) would be silently ignored, so it is refused with the two ways to
-    say what was meant."""
-    for name, sweep in (("method", "methods"), ("seed", "seeds")):
-        given = [o for o in overrides if o == f"--{name}" or o.startswith(f"--{name}=")]
-        swept = getattr(cfg.compare, sweep)
-        if given and swept:
-            value = getattr(cfg, name)
-            raise ConfigError(
-                f"--{name}={value} has no effect in a comparison (compare.{sweep}="
-                f"[{', '.join(map(str, swept))}]): pass --compare.{sweep}=[{value}] to run only it in the "
-                f"comparison, or --compare.methods=[] for one run with --{name}={value}"
-            )
 
 
 def _export(args: argparse.Namespace) -> None:

@@ -2,7 +2,8 @@
 
 A run is ``RunConfig``: the method, the domain (a registered choice, ``--domain.type=toy``) and one
 dataclass per component. Every field is overridable from the command line
-(``--grpo.group_size=8 --anchors.fraction=0.25``) and presets are YAML files in ``configs/``.
+(``--grpo.group_size=8 --anchors.fraction=0.25``) and presets are YAML files in ``wmrl/configs/``
+(package data: an installed wheel has them too).
 Validation lives in ``__post_init__`` and quotes the offending values.
 
 Domains register their config class by name through the ``wmrl.domains`` entry-point group, so the
@@ -14,19 +15,25 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import dataclasses
-import difflib
 import math
 import re
-import textwrap
 from dataclasses import dataclass, field
+from importlib import resources
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import draccus
 from draccus.utils import DraccusException
-from draccus.wrappers.docstring import HelpOrder, get_attribute_docstring, get_preferred_help_text
+
+from wmrl.config_messages import (
+    did_you_mean,
+    malformed_yaml,
+    selected_domain,
+    unknown_flags_message,
+    with_suggestion,
+)
+from wmrl.extras import domain_extras, missing_extra_message
 
 if TYPE_CHECKING:
     from wmrl.domain import Domain
@@ -38,7 +45,7 @@ execution; `mix` anchors + raw WM scores; `debias` calibrates WM scores; `denois
 advantages by w (residual on raw scores); `wmrl` does both (residual after calibration); `ppi`
 prediction-powered advantages (unbiased for any WM; wmrl/ppi.py). The controls that `wmrl compare`
 runs beside them (`<method>_placebo`, `ppi_lambda0`) are these methods with config overrides
-(`wm_placebo`, `ppi.lam=0`; wmrl.grid.CONTROLS)."""
+(`wm_placebo`, `ppi.lam=0`; wmrl.grid_spec.CONTROLS)."""
 
 WM_METHODS = ("wm", "mix", "debias", "denoise", "wmrl", "ppi")
 """The methods that query a world model."""
@@ -48,7 +55,8 @@ EXECUTORS = ("process", "ray", "inline")
 PRECISIONS = ("fp32", "bf16")
 # RunConfig.device: auto | cpu | cuda | cuda:N (resolved by wmrl.device.resolve_device)
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+# The named presets: package data of wmrl, found through importlib.resources (a wheel ships them).
+CONFIGS_DIR = Path(str(resources.files("wmrl") / "configs"))
 
 
 class ConfigError(ValueError):
@@ -64,12 +72,6 @@ def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
     _check(
         value in choices, f"{name}={value!r} is not one of {', '.join(choices)}{did_you_mean(value, choices)}"
     )
-
-
-def did_you_mean(name: str, choices, cutoff: float = 0.6) -> str:
-    """``"; did you mean 'x'?"`` for the valid name closest to ``name`` (difflib), or ``""``."""
-    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=cutoff)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def check_ids(field_name: str, given, known, listing: str) -> None:
@@ -254,17 +256,34 @@ class PPIConfig:
 
 @dataclass
 class ExecutorConfig:
-    # "process": local process pool (default); "ray": Ray tasks on a cluster; "inline": in this process.
+    """Where work runs: a run's real executions (jobs), or a comparison grid's cells (its spec's
+    ``executor:`` section, wmrl/grid.py). One config for both."""
+
+    # "process": local worker processes (default); "ray": Ray tasks on a cluster; "inline": in this process.
     type: str = "process"
-    # Wall-clock limit per job, seconds; a job past it is killed and reported ungraded.
+    # Local worker processes of a grid (type=process); with type=ray and no address, the CPUs of the
+    # local cluster it starts. A run's concurrent executions are anchors.max_concurrent.
+    workers: int = 2
+    # Wall-clock limit per job of a run, seconds; a job past it is killed and reported ungraded (a
+    # grid's cells take theirs from their presets and overrides).
     timeout_s: float = 120.0
-    # Ray cluster address (None starts a local one); CPUs per Ray task.
+    # Ray cluster address (None starts a local one); resources each Ray task declares (a run's job,
+    # a grid's cell).
     ray_address: str | None = None
-    ray_num_cpus: float = 1.0
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
 
     def __post_init__(self) -> None:
         _one_of("executor.type", self.type, EXECUTORS)
+        missing_ray = self.type == "ray" and missing_extra_message("ray", "executor.type=ray")
+        if missing_ray:
+            raise ConfigError(missing_ray)
+        _check(self.workers >= 1, f"executor.workers={self.workers} must be >= 1")
         _check(self.timeout_s > 0, f"executor.timeout_s={self.timeout_s} must be > 0")
+        _check(
+            self.num_cpus >= 0 and self.num_gpus >= 0,
+            f"executor.num_cpus={self.num_cpus} and executor.num_gpus={self.num_gpus} must be >= 0",
+        )
 
 
 DIST_GENERATION = ("shard", "replicate")
@@ -319,20 +338,6 @@ class TrackingConfig:
             self.max_ungraded_steps >= 0,
             f"tracking.max_ungraded_steps={self.max_ungraded_steps} must be >= 0",
         )
-
-
-@dataclass
-class CompareConfig:
-    # Methods and seeds that `wmrl run` sweeps when it runs a comparison (empty: one run).
-    methods: list[str] = field(default_factory=list)
-    seeds: list[int] = field(default_factory=list)
-    # A run reaches the threshold at the first step whose training metric `threshold_metric` >= it.
-    threshold: float | None = None
-    threshold_metric: str = "true_reward/policy"
-
-    def __post_init__(self) -> None:
-        for m in self.methods:
-            _one_of("compare.methods entry", m, METHODS)
 
 
 @dataclass
@@ -408,7 +413,6 @@ class RunConfig:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    compare: CompareConfig = field(default_factory=CompareConfig)
 
     def __post_init__(self) -> None:
         _one_of("method", self.method, METHODS)
@@ -445,7 +449,7 @@ class RunConfig:
 
 
 def presets() -> dict[str, Path]:
-    """Named presets: ``configs/<name>.yaml``."""
+    """Named presets: ``wmrl/configs/<name>.yaml``."""
     return {p.stem: p for p in sorted(CONFIGS_DIR.glob("*.yaml"))}
 
 
@@ -483,6 +487,8 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
             raise ConfigError(malformed_yaml(path, e)) from None
         if content is not None and not isinstance(content, dict):
             raise ConfigError(f"{path} must hold a mapping of config fields, got {type(content).__name__}")
+    _refuse_comparison(path, content, list(overrides or []))
+    _check_extras(selected_domain(list(overrides or []), content))
     try:
         with _without_obsolete_fields(path, content) as parsed_path:
             return draccus.parse(
@@ -493,11 +499,35 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
         if cause is not None:
             raise cause from None
         where = f" (preset {path})" if path else ""
-        raise ConfigError(f"invalid configuration{where}: {_with_suggestion(str(e), content)}") from None
+        raise ConfigError(
+            f"invalid configuration{where}: {with_suggestion(RunConfig, str(e), content)}"
+        ) from None
     except DraccusException as e:  # unrecognized --flags
-        raise ConfigError(_unknown_flags_message(list(overrides or []), content, str(e))) from None
+        raise ConfigError(unknown_flags_message(RunConfig, list(overrides or []), content, str(e))) from None
     except SystemExit as e:  # argparse exits on unknown flags even with exit_on_error=False
         raise ConfigError(f"invalid command-line overrides {overrides}: see the message above") from e
+
+
+def _check_extras(domain: str | None) -> None:
+    """A domain whose extra is not installed fails here, before anything is built or written, in
+    one line naming the extra to install (wmrl/extras.py)."""
+    for extra in domain_extras(domain) if domain else ():
+        message = missing_extra_message(extra, f"domain.type={domain}")
+        if message:
+            raise ConfigError(message)
+
+
+def _refuse_comparison(path: Path | None, content: dict | None, overrides: list[str]) -> None:
+    """A preset or override that asks ``wmrl run`` for a comparison (``compare.methods``, gone):
+    one ConfigError pointing to the grid. A saved run's empty ``compare`` section still loads."""
+    given = [o for o in overrides if o.startswith("--compare.")]
+    swept = (content or {}).get("compare")
+    if given or (isinstance(swept, dict) and swept.get("methods")):
+        what = given[0] if given else f"compare.methods in {path}"
+        raise ConfigError(
+            f"{what}: `wmrl run` trains one run (--method, --seed); a comparison of methods over seeds "
+            "is a grid: `wmrl compare SPEC` (methods and seeds in the spec, e.g. benchmarks/specs/toy.yaml)"
+        )
 
 
 # A run folder or checkpoint saved before a field existed holds no value for it: the value that
@@ -505,8 +535,9 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
 # ppi's lambda shrinkage, is then named in the resume's mismatch message, not switched on silently).
 FIELDS_ADDED: dict[str, Any] = {"wm_placebo": False, "ppi.shrink_confidence": None}
 # Fields that no longer exist, dropped from an older run's files: domain.progress is now
-# tracking.progress, the one switch for every progress bar.
-FIELDS_REMOVED = ("domain.progress",)
+# tracking.progress, the one switch for every progress bar; compare (the methods and seeds `wmrl run`
+# swept) is a grid spec's now (`wmrl compare SPEC`); executor.ray_num_cpus is executor.num_cpus.
+FIELDS_REMOVED = ("domain.progress", "compare", "executor.ray_num_cpus")
 
 
 def upgrade_saved(d: dict, fill_added: bool = True) -> dict:
@@ -545,22 +576,6 @@ def _without_obsolete_fields(path: Path | None, content: dict | None):
         yield copy_path
 
 
-def malformed_yaml(path: Path, e: Exception) -> str:
-    """PyYAML's several-line report as one line: where, what, and the construct it was in. A line
-    holding ``=[`` (a list-valued override inside a YAML list) gets the fix: quote it."""
-    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
-    if mark is None or problem is None:
-        return f"malformed YAML in {path}: {' '.join(str(e).split())}"
-    where = f"malformed YAML in {path}, line {mark.line + 1}, column {mark.column + 1}: {problem}"
-    context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
-    if context and start is not None:
-        where += f" ({context} at line {start.line + 1})"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    if mark.line < len(lines) and "=[" in lines[mark.line]:
-        where += '; quote an override whose value is a list: "--domain.tasks=[a,b]"'
-    return where
-
-
 def _root_config_error(e: BaseException | None) -> ConfigError | None:
     """The ConfigError a dataclass raised, if draccus wrapped one while instantiating it."""
     seen = set()
@@ -585,7 +600,7 @@ def save_config(cfg: RunConfig, path: Path) -> None:
 def config_fingerprint(cfg: RunConfig) -> dict:
     """The fields a checkpoint must agree with to be resumed (everything but bookkeeping)."""
     d = to_dict(cfg)
-    for k in ("out_dir", "tracking", "compare", "executor", "torch_threads", "distributed"):
+    for k in ("out_dir", "tracking", "executor", "torch_threads", "distributed"):
         d.pop(k, None)
     d["grpo"] = {k: v for k, v in d["grpo"].items() if k != "steps"}
     return d
@@ -594,132 +609,3 @@ def config_fingerprint(cfg: RunConfig) -> dict:
 def half_life_to_alpha(half_life: float) -> float:
     """EWMA weight of a new observation so that an old one's weight halves every ``half_life`` steps."""
     return 1.0 - math.pow(0.5, 1.0 / half_life)
-
-
-# ---- field listing and messages for the command line ---------------------------------------------
-
-
-def field_names(cls: type, prefix: str = "") -> list[str]:
-    """Every dotted field name of a config dataclass (``grpo.group_size``); for ``RunConfig``, the
-    ``domain`` section lists ``domain.type`` and the fields of every registered domain."""
-    import typing
-
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        name, sub = prefix + f.name, hints.get(f.name)
-        if sub is DomainConfig:
-            out.append(f"{name}.type")
-            for dom in load_domains():
-                out += field_names(DomainConfig.get_choice_class(dom), f"{name}.")
-        elif isinstance(sub, type) and dataclasses.is_dataclass(sub):
-            out += field_names(sub, f"{name}.")
-        else:
-            out.append(name)
-    return sorted(set(out))
-
-
-def _selected_domain(overrides: list[str], content: dict | None) -> str | None:
-    for arg in overrides:
-        m = re.fullmatch(r"--domain\.type=(\w+)", arg)
-        if m:
-            return m.group(1)
-    dom = (content or {}).get("domain")
-    return dom.get("type") if isinstance(dom, dict) else None
-
-
-def _known_names(domain: str | None) -> list[str]:
-    names = [n for n in field_names(RunConfig) if not n.startswith("domain.")]
-    dom_cls = DomainConfig.get_choice_class(domain) if domain in load_domains() else None
-    if dom_cls is None:
-        return names + [n for n in field_names(RunConfig) if n.startswith("domain.")]
-    return names + ["domain.type"] + field_names(dom_cls, "domain.")
-
-
-def _unknown_flags_message(overrides: list[str], content: dict | None, fallback: str) -> str:
-    """One line naming every override that is no config field, each with the closest field name."""
-    domain = _selected_domain(overrides, content)
-    known = _known_names(domain)
-    bad = []
-    for arg in overrides:
-        if not arg.startswith("--"):
-            continue
-        key = arg[2:].split("=", 1)[0]
-        if key in known or key == "config_path" or key in {n.split(".")[0] for n in known}:
-            continue
-        # A known section: suggest one of its fields (grpo.group_sise -> grpo.group_size).
-        section, _, leaf = key.rpartition(".")
-        same = [n.rpartition(".")[2] for n in known if n.rpartition(".")[0] == section]
-        close = difflib.get_close_matches(leaf, same, n=1) if same else []
-        if not same:
-            close = [c[2:] for c in difflib.get_close_matches(f"--{key}", [f"--{n}" for n in known], n=1)]
-            leaf, section = (close[0], "") if close else (leaf, section)
-        hint = f"; did you mean --{section + '.' if section else ''}{close[0]}?" if close else ""
-        if not hint and 0 < len(same) <= 16:
-            hint = f"; {section}'s fields: {', '.join(same)}"
-        where = f" for domain.type={domain}" if domain and key.startswith("domain.") else ""
-        bad.append(f"unknown config field --{key}{where}{hint}")
-    if not bad:
-        return f"invalid command-line overrides {overrides}: {fallback}"
-    return "; ".join(bad) + " (`wmrl config PRESET` lists every field)"
-
-
-def _with_suggestion(message: str, content: dict | None) -> str:
-    """Add the closest valid name to draccus's message about unknown fields of a YAML file."""
-    m = re.search(r"`([\w.]+)`: The fields `([^`]*)` are not valid for (\w+)", message)
-    if not m:
-        return message
-    section, fields, _ = m.groups()
-    known = [
-        n.rpartition(".")[2]
-        for n in _known_names(_selected_domain([], content))
-        if n.rpartition(".")[0] == section
-    ]
-    hints = [did_you_mean(f.strip(), known) for f in fields.split(",")]
-    return message + "".join(h for h in hints if h)
-
-
-def describe_config(cfg: Any) -> str:
-    """``cfg`` as commented YAML: every field with its value, the comment above its declaration
-    (read by draccus, the same text as ``--help``) and its default where the value differs. The
-    output is itself a valid preset."""
-    return "\n".join(_describe(cfg, 0)) + "\n"
-
-
-def _describe(obj: Any, depth: int) -> list[str]:
-    pad = "  " * depth
-    lines: list[str] = []
-    if isinstance(obj, DomainConfig):
-        lines.append(f"{pad}type: {DomainConfig.get_choice_name(type(obj))}")
-    for f in dataclasses.fields(obj):
-        doc = get_preferred_help_text(get_attribute_docstring(type(obj), f.name), HelpOrder.above)
-        if doc:
-            text = " ".join(doc.split())
-            lines += [f"{pad}# {line}" for line in textwrap.wrap(text, max(40, 100 - len(pad)))]
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            lines.append(f"{pad}{f.name}:")
-            lines += _describe(value, depth + 1)
-            continue
-        encoded = draccus.encode(value)
-        line = f"{f.name}: {_yaml_value(encoded)}"
-        default = _default_of(f)
-        if default is not dataclasses.MISSING and draccus.encode(default) != encoded:
-            line += f"  # default: {_yaml_value(draccus.encode(default))}"
-        lines.append(pad + line)
-    return lines
-
-
-def _yaml_value(value: Any) -> str:
-    import yaml
-
-    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
-    return text.removesuffix("...").strip()
-
-
-def _default_of(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
-    return dataclasses.MISSING

@@ -279,7 +279,7 @@ def make_executor(
         return ProcessPoolExecutor(max_concurrent, cfg.timeout_s, initializer=initializer)
     if cfg.type == "ray":
         return RayExecutor(
-            max_concurrent, cfg.timeout_s, cfg.ray_address, cfg.ray_num_cpus, initializer=initializer
+            max_concurrent, cfg.timeout_s, cfg.ray_address, cfg.num_cpus, initializer=initializer
         )
     raise ExecutorError(f"unknown executor type {cfg.type!r}")
 

@@ -1,7 +1,8 @@
 """Comparison grids: domain preset x method x seed, run on local processes or a Ray cluster, one report.
 
-A grid is declared by a spec (a YAML file parsed into :class:`GridSpec`, every field overridable on
-the command line as ``--executor.type=ray --seeds=[0,1]``). ``wmrl compare SPEC --out-dir DIR``:
+A grid is declared by a spec (a YAML file parsed into :class:`GridSpec`, wmrl/grid_spec.py, every
+field overridable on the command line as ``--executor.type=ray --seeds=[0,1]``; its ``executor:`` is
+the runs' own ExecutorConfig). ``wmrl compare SPEC --out-dir DIR``:
 
 1. plans the cells and checks every one before anything runs (an unknown preset or method, or a
    cell whose saved config differs from what the spec now asks, is refused, naming the fields);
@@ -40,7 +41,6 @@ directories must lie on a path every node shares), or inline in this process.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -49,207 +49,31 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import draccus
-from draccus.utils import DraccusException
 
-from wmrl.config import (
-    METHODS,
-    WM_METHODS,
-    ConfigError,
-    DomainConfig,
-    _check,
-    _one_of,
-    did_you_mean,
-    load_config,
-    malformed_yaml,
-    presets,
+from wmrl.config import ConfigError, ExecutorConfig, did_you_mean, load_config, presets
+from wmrl.grid_spec import (
+    CONTROLS,
+    LEDGER,
+    Cell,
+    DomainEntry,
+    GridSpec,
+    base_method,
+    cell_status,
+    domain_margin,
+    load_spec,
+    read_cached,
+    read_json,
+    reeval_current,
 )
-from wmrl.experiment import _config_diffs, _result_fields, comparison_runs, with_control, writable_dir
+from wmrl.runs import comparison_runs, config_diffs, result_fields, writable_dir
 from wmrl.tracking import CHECKPOINT, RunDirError, _diff, read_metrics
 
+__all__ = ["Cell", "DomainEntry", "GridSpec", "load_spec", "plan", "run_grid"]
+
 log = logging.getLogger("wmrl")
-GRID_EXECUTORS = ("process", "ray", "inline")
-
-CONTROLS: dict[str, tuple[str, list[str]]] = {
-    **{f"{m}_placebo": (m, ["--wm_placebo=true"]) for m in WM_METHODS},
-    "ppi_lambda0": ("ppi", ["--ppi.lam=0"]),
-}
-"""Control label -> (the method whose code path it runs, its config overrides). ``<m>_placebo``: the
-placebo WM (scores permuted within each group, wmrl/controls.py); ``ppi_lambda0``: ppi with λ = 0."""
-GRID_METHODS = (*METHODS, *CONTROLS)
-# Non-inferiority margin on the held-out score per domain type (DomainEntry.margin overrides it):
-# toy true reward 0.005; VLA success rate (a fraction) 0.01, i.e. 1 point; research score 0.02.
-DEFAULT_MARGINS = {"toy": 0.005, "vla": 0.01, "research": 0.02}
-LEDGER = "ledger.json"
-
-
-def base_method(label: str) -> str:
-    """The ``--method`` a grid label runs (a control's method, else the label itself)."""
-    return CONTROLS[label][0] if label in CONTROLS else label
-
-
-def controls_of(method: str) -> list[str]:
-    """The control labels of ``method`` (empty for a control, ``real`` and ``anchors_only``)."""
-    return [c for c, (m, _) in CONTROLS.items() if m == method]
-
-
-@dataclass
-class DomainEntry:
-    # Label of the domain in the grid and the report; its cells live under DIR/<name>/.
-    name: str = ""
-    # Preset name (configs/) or YAML path the domain's cells start from.
-    preset: str = ""
-    # Config overrides for every cell of this domain (e.g. a step budget: --grpo.steps=30). Quote
-    # one whose value is a list inside [...]: ["--domain.train_tasks=[a,b]", --grpo.steps=30].
-    overrides: list[str] = field(default_factory=list)
-    # Held-out episodes or samples per task for this domain's re-evaluation (None: the grid's).
-    reeval_episodes: int | None = None
-    # Further overrides for the re-evaluation only (e.g. --domain.n_videos=0).
-    reeval_overrides: list[str] = field(default_factory=list)
-    # Key of the domain's evaluation that is its score ("": the domain's own, e.g. success).
-    score: str = ""
-    # Non-inferiority margin on that score: a WM method is non-inferior to anchors_only where the
-    # one-sided 95% lower bound of their paired difference is above -margin (None: the domain
-    # type's default, toy 0.005, vla 0.01 = 1 point of success, research 0.02).
-    margin: float | None = None
-
-
-@dataclass
-class GridExecutorConfig:
-    # "process": local worker processes (default); "ray": Ray tasks on a cluster; "inline": this process.
-    type: str = "process"
-    # Local worker processes (type=process); with type=ray and no address, the CPUs of the local
-    # cluster it starts.
-    workers: int = 2
-    # Ray cluster address (None starts a local cluster); resources each cell declares on Ray.
-    ray_address: str | None = None
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-
-    def __post_init__(self) -> None:
-        _one_of("executor.type", self.type, GRID_EXECUTORS)
-        _check(self.workers >= 1, f"executor.workers={self.workers} must be >= 1")
-        _check(
-            self.num_cpus >= 0 and self.num_gpus >= 0,
-            f"executor.num_cpus={self.num_cpus} and executor.num_gpus={self.num_gpus} must be >= 0",
-        )
-
-
-@dataclass
-class GridSpec:
-    # Methods every domain runs (wmrl.config.METHODS, or a control label such as ppi_placebo);
-    # the controls join them when `control`.
-    methods: list[str] = field(default_factory=list)
-    # Fixed before the grid runs (DIR/ledger.json records when each cell was planned).
-    seeds: list[int] = field(default_factory=lambda: [0])
-    # Add the controls when a WM method is among `methods`: `anchors_only` (the same real executions
-    # without a WM), `<method>_placebo` beside each WM method (its WM's scores permuted within each
-    # group) and `ppi_lambda0` beside ppi (lambda fixed at 0).
-    control: bool = True
-    # Seeds whose results were seen before this spec's variant (a method, preset or override) was
-    # chosen, e.g. the seeds of the grid it varies: its WM methods' figures on them are exploratory,
-    # left out of the evidence table (which rests on the other, fresh seeds).
-    seen_seeds: list[int] = field(default_factory=list)
-    # Held-out episodes or samples per task of the final re-evaluation (None: each preset's own).
-    reeval_episodes: int | None = None
-    domains: list[DomainEntry] = field(default_factory=list)
-    executor: GridExecutorConfig = field(default_factory=GridExecutorConfig)
-
-    def __post_init__(self) -> None:
-        if not self.methods:
-            raise ConfigError("methods is empty: name at least one of " + ", ".join(METHODS))
-        for m in self.methods:
-            if m not in GRID_METHODS:
-                raise ConfigError(
-                    f"methods entry {m!r} is not one of {', '.join(METHODS)} or a control "
-                    f"({', '.join(CONTROLS)}){did_you_mean(m, GRID_METHODS)}"
-                )
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ConfigError(f"seeds={self.seeds} must be a non-empty list of distinct seeds")
-        if not self.domains:
-            raise ConfigError("domains is empty: add entries with a name and a preset")
-        names = [d.name for d in self.domains]
-        for d in self.domains:
-            if not d.name or not d.name.replace("-", "_").isidentifier():
-                raise ConfigError(f"domains entry {asdict(d)}: name must be a plain word (letters, -, _)")
-            if names.count(d.name) > 1:
-                raise ConfigError(f"domain name {d.name!r} is used twice")
-            if not d.preset:
-                raise ConfigError(f"domain {d.name!r} has no preset")
-            for n in (self.reeval_episodes, d.reeval_episodes):
-                if n is not None and n < 1:
-                    raise ConfigError(f"domain {d.name!r}: reeval_episodes={n} must be >= 1")
-            if d.margin is not None and not d.margin >= 0:
-                raise ConfigError(f"domain {d.name!r}: margin={d.margin} must be >= 0")
-
-    @property
-    def all_methods(self) -> list[str]:
-        """``methods``, with ``control``: ``anchors_only`` and each WM method's controls after it."""
-        if not self.control:
-            return list(self.methods)
-        out = []
-        for m in with_control(self.methods):
-            out += [m, *(c for c in controls_of(m) if c not in self.methods)]
-        return out
-
-
-def load_spec(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
-    """Parse a grid spec from a YAML file plus ``--field=value`` overrides; every problem (missing
-    file, malformed YAML, unknown field, bad value) raises one ConfigError that names it."""
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"grid spec {str(path)!r} does not exist")
-    try:
-        content = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(malformed_yaml(path, e)) from None
-    if not isinstance(content, dict):
-        raise ConfigError(
-            f"{path} must hold a mapping (methods, seeds, domains, ...), got {type(content).__name__}"
-        )
-    known = [f.name for f in GridSpec.__dataclass_fields__.values()]
-    for key in content:
-        if key not in known:
-            raise ConfigError(
-                f"{path}: unknown field {key!r}{did_you_mean(key, known)} (fields: {', '.join(known)})"
-            )
-    try:
-        return draccus.parse(GridSpec, config_path=path, args=list(overrides or []), exit_on_error=False)
-    except ConfigError:
-        raise
-    except (draccus.ParsingError, argparse.ArgumentError, ValueError, TypeError, KeyError) as e:
-        cause = e
-        while cause is not None and not isinstance(cause, ConfigError):
-            cause = cause.__cause__ or cause.__context__
-        raise (cause or ConfigError(f"invalid grid spec {path}: {e}")) from None
-    except (DraccusException, SystemExit) as e:
-        raise ConfigError(f"invalid grid spec overrides {overrides}: {e}") from None
-
-
-# ---- cells ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class Cell:
-    """One run of the grid: everything a worker needs to train and re-evaluate it (plain data)."""
-
-    domain: str
-    method: str
-    seed: int
-    preset: str
-    overrides: list[str]  # for load_config: the domain's, then method, seed, out_dir
-    reeval_overrides: list[str]
-    run_dir: str
-    start_path: str  # the starting policy's held-out evaluation, shared by the domain's seed
-
-    @property
-    def name(self) -> str:
-        return f"{self.domain}/{self.method}/seed{self.seed}"
 
 
 def plan(spec: GridSpec, out: Path) -> list[Cell]:
@@ -267,8 +91,6 @@ def plan(spec: GridSpec, out: Path) -> list[Cell]:
                     f"--method={base_method(method)}",
                     *(CONTROLS[method][1] if method in CONTROLS else []),
                     f"--seed={seed}",
-                    "--compare.methods=[]",
-                    "--compare.seeds=[]",
                     f"--out_dir={run_dir}",
                 ]
                 try:
@@ -297,19 +119,6 @@ def plan(spec: GridSpec, out: Path) -> list[Cell]:
     return cells
 
 
-def domain_margin(d: DomainEntry, cfg) -> float:
-    """The domain's non-inferiority margin: its own, else its type's default (DEFAULT_MARGINS)."""
-    if d.margin is not None:
-        return d.margin
-    kind = DomainConfig.get_choice_name(type(cfg.domain))
-    if kind not in DEFAULT_MARGINS:
-        raise ConfigError(
-            f"domain {d.name!r} (type {kind}) has no default non-inferiority margin: "
-            "state one in the spec (margin: ...)"
-        )
-    return DEFAULT_MARGINS[kind]
-
-
 def _check_preset(d: DomainEntry) -> None:
     if Path(d.preset).suffix in (".yaml", ".yml"):
         if not Path(d.preset).is_file():
@@ -324,7 +133,7 @@ def _check_preset(d: DomainEntry) -> None:
 
 
 def check_grid_dir(out: Path, cells: list[Cell]) -> None:
-    """Refuse a directory that holds a single run or a ``wmrl run`` comparison, and any cell whose
+    """Refuse a directory that holds a single run or an older ``wmrl run`` comparison, and any cell whose
     saved config differs from the one the spec now asks for (naming the cell and the fields)."""
     if (out / "metrics.jsonl").exists() or (out / CHECKPOINT).exists():
         raise RunDirError(f"{out} holds a single run, not a grid; choose another --out-dir")
@@ -334,7 +143,7 @@ def check_grid_dir(out: Path, cells: list[Cell]) -> None:
     for c in cells:
         saved = Path(c.run_dir) / "config.yaml"
         if saved.exists():
-            diffs = _config_diffs(saved, load_config(c.preset, c.overrides))
+            diffs = config_diffs(saved, load_config(c.preset, c.overrides))
             if diffs:
                 problems.append(f"{c.name}: {'; '.join(diffs[:4])}{'; ...' if len(diffs) > 4 else ''}")
     if problems:
@@ -353,7 +162,7 @@ def update_ledger(out: Path, cells: list[Cell]) -> dict:
     Returns the ledger."""
     from datetime import UTC, datetime
 
-    ledger = _read_json(out / LEDGER) or {}
+    ledger = read_json(out / LEDGER) or {}
     entries = ledger.setdefault("cells", {})
     status = {c.name: cell_status(c) for c in cells}
     seen = sorted({c.seed for c in cells if status[c.name] in ("finished", "trained")})
@@ -364,24 +173,6 @@ def update_ledger(out: Path, cells: list[Cell]) -> dict:
             entries[c.name] = {"planned_at": now if fresh else None, "seen_seeds": seen if fresh else None}
     _write_json(out / LEDGER, ledger)
     return ledger
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def cell_status(c: Cell) -> str:
-    """``finished`` (summary.json and an up-to-date reeval.json), ``trained`` (re-evaluation
-    missing), ``killed`` (a checkpoint to resume), ``started`` (metrics, no checkpoint) or ``pending``."""
-    d = Path(c.run_dir)
-    if (d / "summary.json").exists():
-        return "finished" if _reeval_current(c) is not None else "trained"
-    if (d / CHECKPOINT).exists():
-        return "killed"
-    return "started" if (d / "metrics.jsonl").exists() else "pending"
 
 
 # ---- the work each task does (runs in a worker process, a Ray worker or inline) ------------------
@@ -398,14 +189,14 @@ def prepare_domain(cells: list[Cell], cwd: str) -> dict:
             continue
         done.add(c.seed)
         path = Path(c.start_path)
-        if _read_cached(path, c.reeval_overrides) is not None and all(
+        if read_cached(path, c.reeval_overrides) is not None and all(
             cell_status(o) in ("finished", "trained") for o in cells if o.seed == c.seed
         ):
             continue
         with tempfile.TemporaryDirectory(prefix="wmrl-prepare-") as tmp:
             cfg = load_config(c.preset, [*c.overrides, f"--out_dir={tmp}"])
             _close(cfg.domain.build(cfg))  # the training build: its caches
-        if _read_cached(path, c.reeval_overrides) is None:
+        if read_cached(path, c.reeval_overrides) is None:
             scores = _evaluate(c, checkpoint=None)
             _write_json(path, {"reeval_overrides": c.reeval_overrides, **scores})
     return {"domain": cells[0].domain, "seconds": time.perf_counter() - t0}
@@ -414,7 +205,7 @@ def prepare_domain(cells: list[Cell], cwd: str) -> dict:
 def run_cell(c: Cell, cwd: str) -> dict:
     """Train the cell (fresh, resumed from its checkpoint, or kept when finished), then re-evaluate
     its final policy on the held-out split (kept while current). Returns its status and seconds."""
-    from wmrl.experiment import train_run
+    from wmrl.runs import train_run
 
     _enter(cwd)
     t0 = time.perf_counter()
@@ -426,7 +217,7 @@ def run_cell(c: Cell, cwd: str) -> dict:
         if not resume:  # a worker runs cells one after another: each starts from its seed alone
             _seed_globals(c.seed)
         train_run(load_config(c.preset, c.overrides), resume=resume)
-    if _reeval_current(c) is None:
+    if reeval_current(c) is None:
         scores = _final_inrun_eval(c) or _evaluate(c, checkpoint=run_dir / CHECKPOINT)
         _write_json(run_dir / "reeval.json", {"reeval_overrides": c.reeval_overrides, **scores})
     return {"cell": c.name, "status": "finished", "seconds": time.perf_counter() - t0}
@@ -436,8 +227,8 @@ def _final_inrun_eval(c: Cell) -> dict | None:
     """The run's own evaluation at its last step, when the re-evaluation would repeat it: the
     re-evaluation overrides change no result-relevant config field (e.g. the held-out size is the
     run's own) and the last metrics row holds an evaluation. Marked ``reused`` in ``reeval.json``."""
-    run_cfg = _result_fields(load_config(c.preset, c.overrides))
-    reeval_cfg = _result_fields(load_config(c.preset, [*c.overrides, *c.reeval_overrides]))
+    run_cfg = result_fields(load_config(c.preset, c.overrides))
+    reeval_cfg = result_fields(load_config(c.preset, [*c.overrides, *c.reeval_overrides]))
     rows = read_metrics(c.run_dir)
     if _diff(run_cfg, reeval_cfg) or not rows:
         return None
@@ -510,25 +301,6 @@ def _close(domain) -> None:
         domain.close()
 
 
-def _reeval_current(c: Cell) -> dict | None:
-    """The cell's cached re-evaluation if it was made with today's overrides of its last step."""
-    cached = _read_cached(Path(c.run_dir) / "reeval.json", c.reeval_overrides)
-    if cached is None:
-        return None
-    rows = read_metrics(c.run_dir)
-    return cached if rows and cached.get("step") == rows[-1]["step"] else None
-
-
-def _read_cached(path: Path, reeval_overrides: list[str]) -> dict | None:
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
-    return data if data.get("reeval_overrides") == reeval_overrides else None
-
-
 def _write_json(path: Path, data: dict) -> None:
     """Atomically (a killed write leaves no half file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -541,7 +313,7 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def run_tasks(
-    fn: Callable, args: list[tuple], ex: GridExecutorConfig
+    fn: Callable, args: list[tuple], ex: ExecutorConfig
 ) -> Iterator[tuple[tuple, dict | BaseException]]:
     """``fn(*a)`` for every ``a`` of ``args`` on the executor; yields ``(a, result or exception)``
     as each finishes. A task's failure does not stop the others."""
@@ -585,7 +357,7 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _run_ray(fn: Callable, args: list[tuple], ex: GridExecutorConfig):
+def _run_ray(fn: Callable, args: list[tuple], ex: ExecutorConfig):
     import ray
 
     from wmrl.executors import ExecutorError, _check_reachable, _start_local_ray
@@ -640,7 +412,7 @@ def run_grid(
     cwd = os.getcwd()
     todo = [c for c in cells if cell_status(c) != "finished"]
     update_ledger(out, cells)  # the seeds and methods as fixed before anything below runs
-    unprepared = {c.domain for c in cells if _read_cached(Path(c.start_path), c.reeval_overrides) is None}
+    unprepared = {c.domain for c in cells if read_cached(Path(c.start_path), c.reeval_overrides) is None}
     _write_index(out, cells)
     echo(f"grid {out}: {len(cells)} cells, {len(cells) - len(todo)} finished, {len(todo)} to run "
          f"on {_describe(spec.executor)}")  # fmt: skip
@@ -678,7 +450,7 @@ def run_grid(
     return report
 
 
-def _describe(ex: GridExecutorConfig) -> str:
+def _describe(ex: ExecutorConfig) -> str:
     if ex.type == "process":
         return f"{ex.workers} local worker process(es)"
     if ex.type == "ray":

@@ -29,11 +29,20 @@ from statistics import mean, stdev
 from typing import TYPE_CHECKING
 
 from wmrl.config import WM_METHODS, load_config
-from wmrl.grid import CONTROLS, DEFAULT_MARGINS, LEDGER, base_method, controls_of, domain_margin
+from wmrl.grid_spec import (
+    CONTROLS,
+    DEFAULT_MARGINS,
+    LEDGER,
+    base_method,
+    cell_status,
+    controls_of,
+    domain_margin,
+    reeval_current,
+)
 from wmrl.tracking import read_metrics
 
 if TYPE_CHECKING:
-    from wmrl.grid import Cell, GridSpec
+    from wmrl.grid_spec import Cell, GridSpec
 
 ABSENT = "—"
 
@@ -65,6 +74,11 @@ COLUMNS = {
     "w": ("w", "mean denoise/w (anchor up-weighting)"),
     "residual_before": ("residual before", "mean wm/residual_before (raw WM scores)"),
     "residual_after": ("residual after", "mean wm/residual_after (calibrated WM scores)"),
+    "update_error": (
+        "update error",
+        "mean update_error: |u/|u| - u_true/|u_true||^2, the update's direction against the one true "
+        "rewards give on the same rollouts (domains with oracle rewards: the toy)",
+    ),
 }
 TABLES = {
     "Held-out score and cost": [
@@ -72,7 +86,9 @@ TABLES = {
         "real_executions", "sim_steps", "execs_to_real_final",
     ],
     "Wall-clock and its split": ["wall_clock_s", "time_generate", "time_execute", "time_wm", "time_update"],
-    "World-model diagnostics": ["anchor_corr", "ppi_lambda", "s2", "w", "residual_before", "residual_after"],
+    "World-model diagnostics": [
+        "anchor_corr", "ppi_lambda", "s2", "w", "residual_before", "residual_after", "update_error",
+    ],
 }  # fmt: skip
 TIME_KEYS = ("wall_clock_s", "time_generate", "time_execute", "time_wm", "time_update", "grid_wall_s")
 
@@ -116,6 +132,7 @@ def cell_figures(rows: list[dict], method: str, score: str, start: float | None,
         "w": _mean(rows, "denoise/w") if method in ("denoise", "wmrl") else None,
         "residual_before": _mean(rows, "wm/residual_before") if wm else None,
         "residual_after": _mean(rows, "wm/residual_after") if wm else None,
+        "update_error": _mean(rows, "update_error"),
         "final_inrun": _last(rows, f"eval/{score}"),
     }
 
@@ -260,8 +277,6 @@ def domain_evidence(per_cell: dict, methods: list[str], seeds: list[int], margin
 
 def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
     """Every figure per cell and per (domain, method), read back from the run directories."""
-    from wmrl.grid import _reeval_current, cell_status
-
     ledger = (_json(out / LEDGER) or {}).get("cells", {})
     domains: dict = {}
     for d in spec.domains:
@@ -272,7 +287,7 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
         for c in dcells:
             start = _score((_json(Path(c.start_path)) or {}).get("eval", {}), score)
             status = cell_status(c)
-            reeval = _reeval_current(c) if status == "finished" else None
+            reeval = reeval_current(c) if status == "finished" else None
             rows = read_metrics(c.run_dir) if status in ("finished", "trained") else []
             final = _score((reeval or {}).get("eval", {}), score)
             seen = (ledger.get(c.name) or {}).get("seen_seeds") or []

@@ -1,7 +1,7 @@
 """One rank of the data-parallel runs of tests/core/test_distributed.py, started by ``torchrun``.
 
 ``python dp_worker.py OUT_ROOT OVERRIDE...`` trains, with the same overrides:
-- ``OUT_ROOT/replicate``: ``generation=replicate`` through ``wmrl.experiment.train_run`` (the
+- ``OUT_ROOT/replicate``: ``generation=replicate`` through ``wmrl.runs.train_run`` (the
   command-line path: metrics, checkpoint and summary.json written by the main process);
 - ``OUT_ROOT/shard``: ``generation=shard`` through the Trainer, each rank saving its final policy
   to ``OUT_ROOT/shard-rank<r>.pt`` (the ranks' parameters must agree);
@@ -18,7 +18,7 @@ torch.set_num_threads(1)
 
 from wmrl.config import load_config  # noqa: E402
 from wmrl.distributed import make_accelerator  # noqa: E402
-from wmrl.experiment import train_run  # noqa: E402
+from wmrl.runs import train_run  # noqa: E402
 from wmrl.tracking import prepare_run_dir  # noqa: E402
 from wmrl.trainer import Trainer  # noqa: E402
 

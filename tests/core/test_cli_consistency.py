@@ -36,9 +36,12 @@ class ExportableToyConfig(ToyConfig):
 def made(tmp_path_factory):
     root = tmp_path_factory.mktemp("consistency")
     (root / "tiny.yaml").write_text(TINY)
-    (root / "cmp.yaml").write_text(TINY + "compare: {methods: [real, wmrl], seeds: [0]}\n")
+    (root / "cmp.yaml").write_text(
+        "methods: [real, wmrl]\nseeds: [0]\nexecutor: {type: inline}\n"
+        f"domains:\n  - {{name: toy, preset: {root / 'tiny.yaml'}, margin: 0.005}}\n"
+    )
     assert main(["run", str(root / "tiny.yaml"), "--out-dir", str(root / "single")]) == 0
-    assert main(["run", str(root / "cmp.yaml"), "--out-dir", str(root / "cmp")]) == 0
+    assert main(["compare", str(root / "cmp.yaml"), "--out-dir", str(root / "cmp")]) == 0
     return root
 
 
@@ -64,9 +67,12 @@ def test_export_of_a_comparison_root_names_its_runs(made, capfd):
     capfd.readouterr()
     assert main(["export", str(made / "cmp"), "--out-dir", str(made / "e3")]) == 2
     line = _one_line(capfd)
-    assert f"{made / 'cmp'} is the root of a comparison (3 runs: anchors_only/seed0, real/seed0, " in line
     assert (
-        f"export one of its runs, e.g. wmrl export {made / 'cmp' / 'anchors_only' / 'seed0'} --out-dir"
+        f"{made / 'cmp'} is the root of a comparison (4 runs: toy/anchors_only/seed0, toy/real/seed0, "
+        in line
+    )
+    assert (
+        f"export one of its runs, e.g. wmrl export {made / 'cmp' / 'toy' / 'anchors_only' / 'seed0'} --out-dir"
         in line
     )
     assert not (made / "e3").exists()

@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 from wmrl.cli import main
-from wmrl.config import RunConfig, field_names, load_config
+from wmrl.config import RunConfig, load_config
+from wmrl.config_messages import field_names
+from wmrl.report import TIME_KEYS
 
 TINY = (
     "domain: {type: toy, n_contexts: 8, n_actions: 4}\nexecutor: {type: inline}\n"
@@ -22,17 +24,30 @@ TINY = (
 COMPARE = TINY + "compare: {methods: [real, wmrl], seeds: [0], threshold_metric: eval/true_reward}\n"
 
 
+def grid_spec(preset: Path, *overrides: str) -> str:
+    """A comparison grid of the tiny preset: real and wmrl (with anchors_only and wmrl's placebo)."""
+    over = json.dumps(list(overrides))
+    return (
+        f"methods: [real, wmrl]\nseeds: [0]\nexecutor: {{type: inline}}\n"
+        f"domains:\n  - {{name: toy, preset: {preset}, overrides: {over}}}\n"
+    )
+
+
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    """Finished results that no bad input may touch: a single run, a comparison, and a comparison
-    root from before comparisons saved their config."""
+    """Finished results that no bad input may touch: a single run, a comparison grid, and the root
+    of a comparison made by `wmrl run` before comparisons were grids (its config, one run)."""
     root = tmp_path_factory.mktemp("cli_errors")
     (root / "tiny.yaml").write_text(TINY)
     (root / "cmp.yaml").write_text(COMPARE)
+    (root / "grid.yaml").write_text(grid_spec(root / "tiny.yaml"))
+    (root / "grid-changed.yaml").write_text(grid_spec(root / "tiny.yaml", "--anchors.fraction=0.5"))
+    (root / "grid-zero.yaml").write_text(grid_spec(root / "tiny.yaml", "--grpo.steps=0"))
     assert main(["run", str(root / "tiny.yaml"), "--out-dir", str(root / "single")]) == 0
-    assert main(["run", str(root / "cmp.yaml"), "--out-dir", str(root / "cmp")]) == 0
-    shutil.copytree(root / "cmp", root / "legacy")
-    (root / "legacy" / "config.yaml").unlink()
+    assert main(["compare", str(root / "grid.yaml"), "--out-dir", str(root / "grid")]) == 0
+    shutil.copytree(root / "single", root / "legacy" / "real" / "seed0")
+    (root / "legacy" / "config.yaml").write_text(COMPARE)
+    (root / "legacy" / "summary.json").write_text("{}\n")
     (root / "afile").write_text("not a directory\n")
     return root
 
@@ -92,9 +107,9 @@ BAD_INPUTS = {
         ["run", "{root}/tiny.yaml", "--out-dir", "{root}/new", "--grpo.steps=0"],
         ["grpo.steps=0 must be >= 1"],
     ),
-    "zero steps, comparison": (
-        ["run", "{root}/cmp.yaml", "--out-dir", "{root}/new", "--grpo.steps=0"],
-        ["grpo.steps=0 must be >= 1"],
+    "zero steps, comparison grid": (
+        ["compare", "{root}/grid-zero.yaml", "--out-dir", "{root}/new"],
+        ["domain 'toy'", "grpo.steps=0 must be >= 1"],
     ),
     "out dir under a file": (
         ["run", "{root}/tiny.yaml", "--out-dir", "{root}/afile/run"],
@@ -105,20 +120,16 @@ BAD_INPUTS = {
         ["out_dir=", "is not a writable directory"],
     ),
     "comparison re-run with another config": (
-        ["run", "{root}/cmp.yaml", "--out-dir", "{root}/cmp", "--anchors.fraction=0.5"],
-        ["holds a comparison run with a different config", "anchors.fraction: 0.25 there vs 0.5 now"],
+        ["compare", "{root}/grid-changed.yaml", "--out-dir", "{root}/grid"],
+        ["run with a different config", "anchors.fraction: 0.25 there vs 0.5 now"],
     ),
-    "old comparison root re-run with another config": (
-        ["run", "{root}/cmp.yaml", "--out-dir", "{root}/legacy", "--grpo.lr=1.0"],
-        ["different config", "real/seed0: grpo.lr: 10.0 there vs 1.0 now"],
+    "comparison preset given to run": (
+        ["run", "{root}/cmp.yaml", "--out-dir", "{root}/new"],
+        ["compare.methods in", "`wmrl run` trains one run", "wmrl compare SPEC"],
     ),
-    "method with a comparison preset": (
-        ["run", "{root}/cmp.yaml", "--out-dir", "{root}/new", "--method=real"],
-        ["--method=real has no effect in a comparison", "--compare.methods=[real]", "--compare.methods=[]"],
-    ),
-    "seed with a comparison preset": (
-        ["run", "{root}/cmp.yaml", "--out-dir", "{root}/new", "--seed=3"],
-        ["--seed=3 has no effect in a comparison", "--compare.seeds=[3]"],
+    "comparison override given to run": (
+        ["run", "{root}/tiny.yaml", "--out-dir", "{root}/new", "--compare.methods=[real]"],
+        ["--compare.methods=[real]", "`wmrl run` trains one run", "wmrl compare SPEC"],
     ),
     "run directory as a config override": (
         ["run", "{root}/tiny.yaml", "--out_dir={root}/new"],
@@ -128,25 +139,29 @@ BAD_INPUTS = {
         ["run", "{root}/tiny.yaml", "--out-dir", "{root}/single"],
         ["already holds a run", "--resume"],
     ),
-    "single run into a comparison root": (
-        ["run", "{root}/tiny.yaml", "--out-dir", "{root}/cmp"],
+    "single run into a comparison grid": (
+        ["run", "{root}/tiny.yaml", "--out-dir", "{root}/grid"],
+        ["holds a comparison", "toy/real/seed0"],
+    ),
+    "single run into an old comparison root": (
+        ["run", "{root}/tiny.yaml", "--out-dir", "{root}/legacy"],
         ["holds a comparison", "real/seed0"],
     ),
     "comparison into a single run's directory": (
-        ["run", "{root}/cmp.yaml", "--out-dir", "{root}/single"],
-        ["holds a single run, not a comparison"],
+        ["compare", "{root}/grid.yaml", "--out-dir", "{root}/single"],
+        ["holds a single run, not a grid"],
     ),
     "resume a finished run": (
         ["run", "--resume", "{root}/single"],
         ["already finished", "nothing to resume"],
     ),
-    "resume a finished comparison": (
-        ["run", "--resume", "{root}/cmp"],
-        ["comparison already finished", "nothing to resume"],
+    "resume a comparison grid": (
+        ["run", "--resume", "{root}/grid"],
+        ["is a comparison grid", "wmrl compare SPEC --out-dir", "--resume", "/toy/anchors_only/seed0"],
     ),
     "resume an old comparison root": (
         ["run", "--resume", "{root}/legacy"],
-        ["root of a comparison", "--out-dir", "--resume", "/anchors_only/seed0"],
+        ["root of a comparison", "made by `wmrl run`", "--resume", "/real/seed0"],
     ),
     "resume a directory without a run": (
         ["run", "--resume", "{root}/nothing"],
@@ -196,22 +211,30 @@ def test_resume_drops_a_truncated_last_metrics_line_and_keeps_the_rest(tmp_path,
     assert json.loads((run / "summary.json").read_text())["exec/real_total"] > 0
 
 
-def test_resume_of_a_comparison_root_finishes_it(tmp_path, capsys):
-    """A comparison saves its config in its root, so ``--resume ROOT`` continues it: finished runs
-    are kept as they are, a run without summary.json is completed, and the summary is rewritten."""
-    (tmp_path / "cmp.yaml").write_text(COMPARE)
-    root = tmp_path / "cmp"
-    assert main(["run", str(tmp_path / "cmp.yaml"), "--out-dir", str(root)]) == 0
-    summary = (root / "summary.json").read_text()
-    real_run = snapshot(root / "real")
-    (root / "summary.json").unlink()
-    (root / "wmrl" / "seed0" / "summary.json").unlink()  # killed between its last checkpoint and summary
+def test_rerun_of_a_comparison_grid_finishes_it(made, tmp_path, capsys):
+    """Rerunning a grid continues it: finished runs are kept as they are, a run without
+    summary.json is completed, and the report is rewritten with the same figures."""
+    root = tmp_path / "grid"
+    shutil.copytree(made / "grid", root)
+    figures = json.loads((root / "report.json").read_text())["domains"]
+    real_run = snapshot(root / "toy" / "real")
+    (root / "report.json").unlink()
+    (
+        root / "toy" / "wmrl" / "seed0" / "summary.json"
+    ).unlink()  # killed between its last checkpoint and summary
     capsys.readouterr()
-    assert main(["run", "--resume", str(root)]) == 0
-    assert capsys.readouterr().out.startswith("method ")  # the comparison's table
-    assert (root / "summary.json").read_text() == summary  # the same figures, byte for byte
-    assert snapshot(root / "real") == real_run
-    assert (root / "wmrl" / "seed0" / "summary.json").exists()
+    assert main(["compare", str(made / "grid.yaml"), "--out-dir", str(root)]) == 0
+    assert "4 cells, 3 finished, 1 to run" in capsys.readouterr().out
+    again = json.loads((root / "report.json").read_text())["domains"]
+    for dom in (figures, again):  # the same figures, timings aside
+        for entry in dom["toy"]["methods"].values():
+            for fig in entry["per_seed"].values():
+                for key in TIME_KEYS:
+                    fig.pop(key, None)
+            entry.pop("figures")
+    assert again == figures
+    assert snapshot(root / "toy" / "real") == real_run
+    assert (root / "toy" / "wmrl" / "seed0" / "summary.json").exists()
 
 
 def test_config_prints_every_field_with_value_and_comment(capsys, tmp_path):

@@ -459,3 +459,12 @@ def test_a_part_with_fewer_methods_merges_and_its_missing_methods_count_fewer_se
     assert merged["ppi"]["per_seed"]["0"] == whole["ppi"]["per_seed"]["0"]
     md = (tmp_path / "m" / "report.md").read_text()
     assert "| toy | real | 2/2 |" in md and "| toy | ppi | 1/2 |" in md
+
+
+def test_the_report_reads_a_grid_without_the_grid_runner():
+    """wmrl/report.py takes the grid's spec and cells from wmrl/grid_spec.py: importing it loads
+    neither wmrl/grid.py (no grid <-> report circle) nor the run machinery."""
+    code = "import sys, wmrl.report; print(sorted(m for m in sys.modules if m in ('wmrl.grid', 'wmrl.runs')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

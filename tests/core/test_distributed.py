@@ -14,8 +14,8 @@ import torch
 
 from wmrl.config import load_config
 from wmrl.distributed import group_owner, join_shares, task_shares
-from wmrl.experiment import train_run
 from wmrl.learner import aggregate_denom, clipped_policy_loss
+from wmrl.runs import train_run
 from wmrl.toy import ToyConfig, ToyDomain
 from wmrl.tracking import CHECKPOINT, read_metrics, safe_load
 

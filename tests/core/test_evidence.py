@@ -11,7 +11,7 @@ from scipy import stats
 from wmrl.config import load_config
 from wmrl.controls import placebo_prediction, within_group_permutation
 from wmrl.domain import Prediction
-from wmrl.grid import CONTROLS, DomainEntry, GridSpec
+from wmrl.grid_spec import CONTROLS, DomainEntry, GridSpec
 from wmrl.learner import group_advantages, policy_gradient
 from wmrl.report import (
     clears,
@@ -154,9 +154,7 @@ def test_the_placebo_permutation_is_uniform_within_a_group():
 
 
 def _trainer(tmp_path, *extra):
-    cfg = load_config(
-        "toy", [f"--out_dir={tmp_path}", "--compare.methods=[]", "--tracking.eval_every=0", *extra]
-    )
+    cfg = load_config("toy", [f"--out_dir={tmp_path}", "--tracking.eval_every=0", *extra])
     return Trainer(cfg, cfg.domain.build(cfg))
 
 

@@ -10,7 +10,7 @@ import torch
 
 from wmrl.config import ConfigError, GRPOConfig, PPIConfig, load_config
 from wmrl.domain import RolloutBatch
-from wmrl.experiment import train_run, with_control
+from wmrl.grid_spec import DomainEntry, GridSpec, with_control
 from wmrl.learner import group_advantages, grpo_update, policy_gradient, score_directions
 from wmrl.ppi import (
     PowerTuner,
@@ -20,6 +20,7 @@ from wmrl.ppi import (
     shrink_lambda,
     variance_ratio,
 )
+from wmrl.runs import train_run
 from wmrl.toy import SoftmaxPolicy
 from wmrl.trainer import Trainer
 
@@ -170,7 +171,6 @@ def _cfg(tmp_path, *extra):
         "toy",
         [
             f"--out_dir={tmp_path}",
-            "--compare.methods=[]",
             "--tracking.eval_every=0",
             "--ppi.warmup_groups=4",
             "--debias.warmup_pairs=32",
@@ -219,7 +219,8 @@ def test_every_comparison_with_a_wm_method_includes_anchors_only():
     assert with_control(["real", "wmrl"]) == ["real", "anchors_only", "wmrl"]
     assert with_control(["ppi"]) == ["anchors_only", "ppi"]
     assert with_control(["real"]) == ["real"]
-    assert "anchors_only" in load_config("toy").compare.methods
+    spec = GridSpec(methods=["ppi"], domains=[DomainEntry(name="toy", preset="toy")])
+    assert spec.all_methods[:2] == ["anchors_only", "ppi"]
 
 
 def test_an_execution_log_starts_lambda_before_the_runs_own_warm_up(tmp_path):

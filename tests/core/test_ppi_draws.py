@@ -214,9 +214,7 @@ def test_the_trainer_corrects_an_ungraded_anchor_row_and_counts_every_rollout(tm
     and the loss's denominator counts every rollout of the step."""
     from wmrl.trainer import Trainer
 
-    cfg = load_config(
-        "toy", [f"--out_dir={tmp_path}", "--method=ppi", "--ppi.lam=0.5", "--compare.methods=[]"]
-    )
+    cfg = load_config("toy", [f"--out_dir={tmp_path}", "--method=ppi", "--ppi.lam=0.5"])
     trainer = Trainer(cfg, cfg.domain.build(cfg))
     n_tasks, g = cfg.grpo.tasks_per_step, cfg.grpo.group_size
     gid = torch.arange(n_tasks).repeat_interleave(g)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from wmrl.config import load_config
-from wmrl.experiment import train_run
+from wmrl.runs import train_run
 from wmrl.tracking import CHECKPOINT, RunDirError, load_checkpoint, rng_state, safe_load, set_rng_state
 
 FAST = [

@@ -13,7 +13,7 @@ import torch
 
 from wmrl.anchors import choose_anchor_groups, n_anchor_groups
 from wmrl.config import AnchorConfig, load_config
-from wmrl.experiment import train_run
+from wmrl.runs import train_run
 from wmrl.tracking import CHECKPOINT, RunDirError, read_metrics
 from wmrl.trainer import Trainer
 

@@ -1,0 +1,243 @@
+"""What a comparison grid is made of: its spec, its cells, their controls, margins and ledger.
+
+Plain data and the functions that read a cell's state from its run directory. The grid that runs
+the cells (wmrl/grid.py) and the report that reads them (wmrl/report.py) both import this module;
+neither imports the other at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import draccus
+from draccus.utils import DraccusException
+
+from wmrl.config import (
+    METHODS,
+    WM_METHODS,
+    ConfigError,
+    DomainConfig,
+    ExecutorConfig,
+    did_you_mean,
+)
+from wmrl.config_messages import malformed_yaml
+from wmrl.tracking import CHECKPOINT, read_metrics
+
+CONTROLS: dict[str, tuple[str, list[str]]] = {
+    **{f"{m}_placebo": (m, ["--wm_placebo=true"]) for m in WM_METHODS},
+    "ppi_lambda0": ("ppi", ["--ppi.lam=0"]),
+}
+"""Control label -> (the method whose code path it runs, its config overrides). ``<m>_placebo``: the
+placebo WM (scores permuted within each group, wmrl/controls.py); ``ppi_lambda0``: ppi with λ = 0."""
+GRID_METHODS = (*METHODS, *CONTROLS)
+# Non-inferiority margin on the held-out score per domain type (DomainEntry.margin overrides it):
+# toy true reward 0.005; VLA success rate (a fraction) 0.01, i.e. 1 point; research score 0.02.
+DEFAULT_MARGINS = {"toy": 0.005, "vla": 0.01, "research": 0.02}
+LEDGER = "ledger.json"
+
+
+def base_method(label: str) -> str:
+    """The ``--method`` a grid label runs (a control's method, else the label itself)."""
+    return CONTROLS[label][0] if label in CONTROLS else label
+
+
+def controls_of(method: str) -> list[str]:
+    """The control labels of ``method`` (empty for a control, ``real`` and ``anchors_only``)."""
+    return [c for c, (m, _) in CONTROLS.items() if m == method]
+
+
+def with_control(methods: list[str]) -> list[str]:
+    """``methods`` plus ``anchors_only`` (right after ``real``, else first) when a WM method is among
+    them: GRPO on the same real executions without a WM is the bar every WM method must clear."""
+    if "anchors_only" in methods or not any(m in WM_METHODS for m in methods):
+        return list(methods)
+    at = methods.index("real") + 1 if "real" in methods else 0
+    return [*methods[:at], "anchors_only", *methods[at:]]
+
+
+@dataclass
+class DomainEntry:
+    # Label of the domain in the grid and the report; its cells live under DIR/<name>/.
+    name: str = ""
+    # Preset name (wmrl/configs/) or YAML path the domain's cells start from.
+    preset: str = ""
+    # Config overrides for every cell of this domain (e.g. a step budget: --grpo.steps=30). Quote
+    # one whose value is a list inside [...]: ["--domain.train_tasks=[a,b]", --grpo.steps=30].
+    overrides: list[str] = field(default_factory=list)
+    # Held-out episodes or samples per task for this domain's re-evaluation (None: the grid's).
+    reeval_episodes: int | None = None
+    # Further overrides for the re-evaluation only (e.g. --domain.n_videos=0).
+    reeval_overrides: list[str] = field(default_factory=list)
+    # Key of the domain's evaluation that is its score ("": the domain's own, e.g. success).
+    score: str = ""
+    # Non-inferiority margin on that score: a WM method is non-inferior to anchors_only where the
+    # one-sided 95% lower bound of their paired difference is above -margin (None: the domain
+    # type's default, toy 0.005, vla 0.01 = 1 point of success, research 0.02).
+    margin: float | None = None
+
+
+@dataclass
+class GridSpec:
+    # Methods every domain runs (wmrl.config.METHODS, or a control label such as ppi_placebo);
+    # the controls join them when `control`.
+    methods: list[str] = field(default_factory=list)
+    # Fixed before the grid runs (DIR/ledger.json records when each cell was planned).
+    seeds: list[int] = field(default_factory=lambda: [0])
+    # Add the controls when a WM method is among `methods`: `anchors_only` (the same real executions
+    # without a WM), `<method>_placebo` beside each WM method (its WM's scores permuted within each
+    # group) and `ppi_lambda0` beside ppi (lambda fixed at 0).
+    control: bool = True
+    # Seeds whose results were seen before this spec's variant (a method, preset or override) was
+    # chosen, e.g. the seeds of the grid it varies: its WM methods' figures on them are exploratory,
+    # left out of the evidence table (which rests on the other, fresh seeds).
+    seen_seeds: list[int] = field(default_factory=list)
+    # Held-out episodes or samples per task of the final re-evaluation (None: each preset's own).
+    reeval_episodes: int | None = None
+    domains: list[DomainEntry] = field(default_factory=list)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+
+    def __post_init__(self) -> None:
+        if not self.methods:
+            raise ConfigError("methods is empty: name at least one of " + ", ".join(METHODS))
+        for m in self.methods:
+            if m not in GRID_METHODS:
+                raise ConfigError(
+                    f"methods entry {m!r} is not one of {', '.join(METHODS)} or a control "
+                    f"({', '.join(CONTROLS)}){did_you_mean(m, GRID_METHODS)}"
+                )
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"seeds={self.seeds} must be a non-empty list of distinct seeds")
+        if not self.domains:
+            raise ConfigError("domains is empty: add entries with a name and a preset")
+        names = [d.name for d in self.domains]
+        for d in self.domains:
+            if not d.name or not d.name.replace("-", "_").isidentifier():
+                raise ConfigError(f"domains entry {asdict(d)}: name must be a plain word (letters, -, _)")
+            if names.count(d.name) > 1:
+                raise ConfigError(f"domain name {d.name!r} is used twice")
+            if not d.preset:
+                raise ConfigError(f"domain {d.name!r} has no preset")
+            for n in (self.reeval_episodes, d.reeval_episodes):
+                if n is not None and n < 1:
+                    raise ConfigError(f"domain {d.name!r}: reeval_episodes={n} must be >= 1")
+            if d.margin is not None and not d.margin >= 0:
+                raise ConfigError(f"domain {d.name!r}: margin={d.margin} must be >= 0")
+
+    @property
+    def all_methods(self) -> list[str]:
+        """``methods``, with ``control``: ``anchors_only`` and each WM method's controls after it."""
+        if not self.control:
+            return list(self.methods)
+        out = []
+        for m in with_control(self.methods):
+            out += [m, *(c for c in controls_of(m) if c not in self.methods)]
+        return out
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
+    """Parse a grid spec from a YAML file plus ``--field=value`` overrides; every problem (missing
+    file, malformed YAML, unknown field, bad value) raises one ConfigError that names it."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"grid spec {str(path)!r} does not exist")
+    try:
+        content = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(malformed_yaml(path, e)) from None
+    if not isinstance(content, dict):
+        raise ConfigError(
+            f"{path} must hold a mapping (methods, seeds, domains, ...), got {type(content).__name__}"
+        )
+    known = [f.name for f in GridSpec.__dataclass_fields__.values()]
+    for key in content:
+        if key not in known:
+            raise ConfigError(
+                f"{path}: unknown field {key!r}{did_you_mean(key, known)} (fields: {', '.join(known)})"
+            )
+    try:
+        return draccus.parse(GridSpec, config_path=path, args=list(overrides or []), exit_on_error=False)
+    except ConfigError:
+        raise
+    except (draccus.ParsingError, argparse.ArgumentError, ValueError, TypeError, KeyError) as e:
+        cause = e
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__ or cause.__context__
+        raise (cause or ConfigError(f"invalid grid spec {path}: {e}")) from None
+    except (DraccusException, SystemExit) as e:
+        raise ConfigError(f"invalid grid spec overrides {overrides}: {e}") from None
+
+
+# ---- cells ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """One run of the grid: everything a worker needs to train and re-evaluate it (plain data)."""
+
+    domain: str
+    method: str
+    seed: int
+    preset: str
+    overrides: list[str]  # for load_config: the domain's, then method, seed, out_dir
+    reeval_overrides: list[str]
+    run_dir: str
+    start_path: str  # the starting policy's held-out evaluation, shared by the domain's seed
+
+    @property
+    def name(self) -> str:
+        return f"{self.domain}/{self.method}/seed{self.seed}"
+
+
+def domain_margin(d: DomainEntry, cfg) -> float:
+    """The domain's non-inferiority margin: its own, else its type's default (DEFAULT_MARGINS)."""
+    if d.margin is not None:
+        return d.margin
+    kind = DomainConfig.get_choice_name(type(cfg.domain))
+    if kind not in DEFAULT_MARGINS:
+        raise ConfigError(
+            f"domain {d.name!r} (type {kind}) has no default non-inferiority margin: "
+            "state one in the spec (margin: ...)"
+        )
+    return DEFAULT_MARGINS[kind]
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def cell_status(c: Cell) -> str:
+    """``finished`` (summary.json and an up-to-date reeval.json), ``trained`` (re-evaluation
+    missing), ``killed`` (a checkpoint to resume), ``started`` (metrics, no checkpoint) or ``pending``."""
+    d = Path(c.run_dir)
+    if (d / "summary.json").exists():
+        return "finished" if reeval_current(c) is not None else "trained"
+    if (d / CHECKPOINT).exists():
+        return "killed"
+    return "started" if (d / "metrics.jsonl").exists() else "pending"
+
+
+def reeval_current(c: Cell) -> dict | None:
+    """The cell's cached re-evaluation if it was made with today's overrides of its last step."""
+    cached = read_cached(Path(c.run_dir) / "reeval.json", c.reeval_overrides)
+    if cached is None:
+        return None
+    rows = read_metrics(c.run_dir)
+    return cached if rows and cached.get("step") == rows[-1]["step"] else None
+
+
+def read_cached(path: Path, reeval_overrides: list[str]) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return data if data.get("reeval_overrides") == reeval_overrides else None

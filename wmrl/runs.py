@@ -1,0 +1,177 @@
+"""One training run: start it in a checked run directory, resume it, and compare its saved config.
+
+``train_run`` is what ``wmrl run`` and every cell of a comparison grid (wmrl/grid.py) call."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import tempfile
+from pathlib import Path
+
+from wmrl.config import RunConfig, load_config, save_config, to_dict, upgrade_saved
+from wmrl.tracking import CHECKPOINT, RunDirError, _diff, prepare_run_dir, read_metrics
+
+log = logging.getLogger("wmrl")
+
+
+def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
+    """Build the domain and train one run in ``cfg.out_dir``; returns the last step's metrics.
+
+    The run directory is checked before anything is built: a fresh run needs a writable directory
+    holding no checkpoint; a resumed one steps left to train, and starts from step 0 where it
+    stopped before its first checkpoint."""
+    from wmrl.device import check_precision, resolve_device
+    from wmrl.distributed import make_accelerator, wants_distributed
+    from wmrl.trainer import Trainer
+
+    check_precision(cfg.precision, resolve_device(cfg.device))  # fails here, before any preparation
+    acc = make_accelerator(cfg) if wants_distributed(cfg) else None
+    main = acc is None or acc.is_main_process
+    build_cfg = cfg  # the domain builds its models on this rank's GPU (the saved config keeps cfg's)
+    if acc is not None and acc.num_processes > 1 and cfg.device.startswith("cuda"):
+        build_cfg = copy.copy(cfg)
+        build_cfg.device = str(acc.device)
+    out = Path(cfg.out_dir)
+    restart = False  # resumed, but it stopped before its first checkpoint: trained from step 0
+    if resume:
+        _check_resumable(out, cfg)
+        restart = not (out / CHECKPOINT).exists()
+        resume = not restart
+    if not resume and main:
+        if comparison_runs(out):
+            raise RunDirError(f"{out} holds a comparison ({_runs_brief(out)}); choose another --out-dir")
+        writable_dir(out)
+        moved = prepare_run_dir(out, resume=False, cfg=cfg)
+        save_config(cfg, out / "config.yaml")  # before the build: a run stopped in it can be resumed
+        if restart or moved:
+            log.warning(
+                "%s holds no checkpoint (its run stopped before the first one): training %s from step 0%s",
+                out,
+                "it" if restart else "the new run",
+                f"; moved {moved}" if moved else "",
+            )
+    if acc is not None:
+        acc.wait_for_everyone()
+    if acc is None:
+        domain = cfg.domain.build(build_cfg)
+    else:  # SFT on every rank; then the main process builds first and the others read its caches
+        sft = getattr(cfg.domain, "sft_data_parallel", None)
+        if sft is not None and acc.num_processes > 1:  # SFT on every process, cached by the main one
+            sft(build_cfg, acc)
+        with acc.main_process_first():
+            domain = cfg.domain.build(build_cfg)
+    trainer = Trainer(cfg, domain, resume=resume, accelerator=acc)
+    try:
+        last = trainer.train()
+    finally:
+        if hasattr(domain, "close"):  # e.g. the VLA domain's simulator pool
+            domain.close()
+    if not main:
+        return last
+    if not last:  # killed after its last checkpoint but before summary.json: the last row is the summary
+        rows = read_metrics(out)
+        last = {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
+    if last:
+        (out / "summary.json").write_text(json.dumps(last, indent=2))
+    return last
+
+
+def resume_run(run_dir: str | Path) -> dict:
+    """Continue a killed run from its last checkpoint, with the config it was started with.
+    Returns the run's last metrics. A comparison's root is refused, naming how to finish it."""
+    run_dir = Path(run_dir)
+    runs = comparison_runs(run_dir)
+    if runs and (run_dir / "spec.yaml").exists():
+        raise RunDirError(
+            f"{run_dir} is a comparison grid ({_runs_brief(run_dir)}): rerun `wmrl compare SPEC --out-dir "
+            f"{run_dir}` to finish it (its spec as last run: {run_dir / 'spec.yaml'}), or resume one run "
+            f"with --resume {runs[0]}"
+        )
+    if runs:
+        raise RunDirError(
+            f"{run_dir} is the root of a comparison ({_runs_brief(run_dir)}) made by `wmrl run`, which "
+            f"now trains one run: resume one run with --resume {runs[0]}, or run the methods as a grid "
+            "(`wmrl compare SPEC`)"
+        )
+    if not (run_dir / "config.yaml").exists():
+        raise RunDirError(f"cannot resume {run_dir}: it holds no run (no config.yaml)")
+    cfg = load_config(run_dir / "config.yaml", [f"--out_dir={run_dir}"])
+    return train_run(cfg, resume=True)
+
+
+def _check_resumable(out: Path, cfg: RunConfig) -> None:
+    rows = read_metrics(out) if (out / "metrics.jsonl").exists() else []
+    done = rows and rows[-1].get("step", 0) >= cfg.grpo.steps and (out / "summary.json").exists()
+    if done:
+        raise RunDirError(
+            f"{out} already finished its grpo.steps={cfg.grpo.steps} steps (summary.json); nothing to "
+            "resume. To train further, start a new run (--out-dir) from a preset"
+        )
+    if not (out / CHECKPOINT).exists() and not (out / "config.yaml").exists():
+        raise RunDirError(f"cannot resume {out}: it holds no checkpoint ({CHECKPOINT})")
+
+
+def writable_dir(path: Path) -> None:
+    """Create ``path`` (with its parents) and check that a file can be written there, or raise one
+    RunDirError that names the directory and why."""
+    for parent in [path, *path.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise RunDirError(f"out_dir={str(path)!r} cannot be created: {parent} is a file")
+            break
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise RunDirError(
+            f"out_dir={str(path)!r} is not a writable directory: {e.strerror} ({e.filename or path})"
+        ) from None
+
+
+def comparison_runs(root: Path) -> list[Path]:
+    """The run directories of a comparison rooted at ``root``: a grid's
+    (``root/<domain>/<method>/seed<k>``) or an older ``wmrl run`` comparison's (``root/<method>/seed<k>``)."""
+    root = Path(root)
+    found = [*root.glob("*/seed*/config.yaml"), *root.glob("*/*/seed*/config.yaml")]
+    return sorted(p.parent for p in found)
+
+
+def _runs_brief(root: Path) -> str:
+    runs = comparison_runs(root)
+    return f"{len(runs)} runs: {', '.join(str(r.relative_to(root)) for r in runs[:4])}" + (
+        ", ..." if len(runs) > 4 else ""
+    )
+
+
+# Fields that do not change a run's results: where it runs, how it reports.
+_BOOKKEEPING = (
+    "out_dir",
+    "executor",
+    "torch_threads",
+    "distributed",
+    "tracking.progress",
+    "tracking.wandb",
+    "tracking.media_every",
+    "tracking.max_ungraded_steps",
+)
+
+
+def result_fields(cfg: RunConfig | dict) -> dict:
+    """The config as plain data without its bookkeeping fields (those that change no result)."""
+    d = copy.deepcopy(cfg if isinstance(cfg, dict) else to_dict(cfg))
+    for key in _BOOKKEEPING:
+        section, _, leaf = key.rpartition(".")
+        (d.get(section, {}) if section else d).pop(leaf, None)
+    return d
+
+
+def config_diffs(path: Path, want: RunConfig) -> list[str]:
+    """``field: there X vs now Y`` for every result-relevant field where the run config saved at
+    ``path`` differs from ``want``."""
+    import yaml
+
+    got = result_fields(upgrade_saved(yaml.safe_load(path.read_text()) or {}))
+    return [f"{k}: {a!r} there vs {b!r} now" for k, a, b in _diff(got, result_fields(want))]
