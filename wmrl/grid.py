@@ -57,7 +57,6 @@ from draccus.utils import DraccusException
 
 from wmrl.config import (
     METHODS,
-    WM_METHODS,
     ConfigError,
     DomainConfig,
     _check,
@@ -68,17 +67,18 @@ from wmrl.config import (
     presets,
 )
 from wmrl.experiment import _config_diffs, _result_fields, comparison_runs, with_control, writable_dir
+from wmrl.methods import controls as method_controls
 from wmrl.tracking import CHECKPOINT, RunDirError, _diff, read_metrics
 
 log = logging.getLogger("wmrl")
 GRID_EXECUTORS = ("process", "ray", "inline")
 
 CONTROLS: dict[str, tuple[str, list[str]]] = {
-    **{f"{m}_placebo": (m, ["--wm_placebo=true"]) for m in WM_METHODS},
-    "ppi_lambda0": ("ppi", ["--ppi.lam=0"]),
+    label: (c.base.name, list(c.overrides)) for label, c in method_controls().items()
 }
-"""Control label -> (the method whose code path it runs, its config overrides). ``<m>_placebo``: the
-placebo WM (scores permuted within each group, wmrl/controls.py); ``ppi_lambda0``: ppi with λ = 0."""
+"""Control label -> (the method whose code path it runs, its config overrides), as each registered
+method declares them (wmrl/methods): ``<m>_placebo`` beside each WM method, the placebo WM (scores
+permuted within each group, wmrl/methods/placebo.py); ``ppi_lambda0``: ppi with λ = 0."""
 GRID_METHODS = (*METHODS, *CONTROLS)
 # Non-inferiority margin on the held-out score per domain type (DomainEntry.margin overrides it):
 # toy true reward 0.005; VLA success rate (a fraction) 0.01, i.e. 1 point; research score 0.02.
