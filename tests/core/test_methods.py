@@ -3,8 +3,107 @@
 import pytest
 import torch
 
-from wmrl.config import load_config
+from wmrl.cli import main
+from wmrl.config import ConfigError, load_config
+from wmrl.methods import METHODS, Method, Step, controls, get_method, method_of, register_method
+from wmrl.tracking import read_metrics
 from wmrl.trainer import Trainer
+
+DOCUMENTED = ["real", "anchors_only", "wm", "mix", "debias", "denoise", "wmrl", "ppi"]
+CONTROLS = [
+    "wm_placebo",
+    "mix_placebo",
+    "debias_placebo",
+    "denoise_placebo",
+    "wmrl_placebo",
+    "ppi_placebo",
+    "ppi_lambda0",
+]
+
+
+def test_the_registry_holds_exactly_the_documented_methods_and_their_controls():
+    assert list(METHODS) == DOCUMENTED
+    assert all(get_method(name).name == name and get_method(name).summary for name in DOCUMENTED)
+    assert {name: (c.base.name, c.overrides) for name, c in controls().items()} == {
+        **{f"{m}_placebo": (m, ("--wm_placebo=true",)) for m in DOCUMENTED[2:]},
+        "ppi_lambda0": ("ppi", ("--ppi.lam=0",)),
+    }
+    assert list(controls()) == CONTROLS
+
+
+@pytest.mark.parametrize(
+    "name, hint", [("reinforce", ""), ("wmrll", "; did you mean 'wmrl'?"), ("ppi_placebo", "")]
+)
+def test_an_unknown_method_is_one_line_naming_the_known_ones(name, hint):
+    known = "real, anchors_only, wm, mix, debias, denoise, wmrl, ppi"
+    with pytest.raises(ConfigError) as e:
+        get_method(name)
+    assert str(e.value) == f"method={name!r} is not one of {known}{hint}"
+    with pytest.raises(ConfigError) as e:  # the config path says the same
+        load_config(None, [f"--method={name}"])
+    assert str(e.value) == f"method={name!r} is not one of {known}{hint}"
+
+
+def test_the_placebo_of_a_method_without_a_world_model_is_refused():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["--method=anchors_only", "--wm_placebo=true"])
+    assert str(e.value) == (
+        "wm_placebo=true permutes a world model's scores: method='anchors_only' queries none "
+        "(use one of wm, mix, debias, denoise, wmrl, ppi)"
+    )
+    run = load_config(None, ["--method=wmrl", "--wm_placebo=true"])
+    assert method_of(run).name == "wmrl_placebo" and method_of(run).base is get_method("wmrl")
+
+
+# ---- a new method is one file: this class and its registration --------------------------------
+class WMRank(Method):
+    """The WM rows take their score's rank within their group, scaled to [0, 1]: a reward that no
+    monotone distortion of the WM changes (a calibration-free alternative to ``debias``)."""
+
+    name = "wm_rank"
+    summary = "anchor groups executed for real, the other groups rewarded by the rank of their WM score"
+    config_sections = ("anchors",)
+    calls = 0  # steps it scored (for the test)
+
+    def wm_scores(self, trainer, step: Step) -> tuple[torch.Tensor, dict[str, float]]:
+        type(self).calls += 1
+        metrics = self.observe_anchors(trainer, step)
+        gid, ranks = step.batch.group_ids, torch.zeros_like(step.r_hat)
+        for g in gid.unique():
+            rows = (gid == g).nonzero().squeeze(-1)
+            ranks[rows] = step.r_hat[rows].argsort().argsort().float() / (rows.numel() - 1)
+        return ranks, metrics
+
+
+@pytest.fixture
+def wm_rank():
+    WMRank.calls = 0
+    register_method(WMRank)
+    yield METHODS["wm_rank"]
+    del METHODS["wm_rank"]
+
+
+def test_a_method_defined_in_one_file_trains_through_the_normal_config_path(tmp_path, wm_rank, capsys):
+    """Registered, the new method is a `--method` value of `wmrl run`, executes its anchors, runs its
+    own hook every step, has a placebo control for free and shows in the unknown-method message."""
+    preset = tmp_path / "p.yaml"
+    preset.write_text(
+        "domain: {type: toy}\nexecutor: {type: inline}\ntracking: {wandb: disabled, progress: false}\n"
+        "grpo: {steps: 3, tasks_per_step: 8, optimizer: sgd, lr: 20}\n"
+    )
+    assert main(["run", str(preset), "--out-dir", str(tmp_path / "run"), "--method=wm_rank"]) == 0
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3] and WMRank.calls == 3
+    assert rows[-1]["exec/real_total"] == 3 * 2 * 8  # a quarter of 8 groups of 8, each step
+    assert "method: wm_rank" in (tmp_path / "run" / "config.yaml").read_text()
+    assert "wm_rank_placebo" in controls()
+    assert (
+        main(["run", str(preset), "--out-dir", str(tmp_path / "p"), "--method=wm_rank", "--wm_placebo=true"])
+        == 0
+    )
+    with pytest.raises(ConfigError, match=r"is not one of real, .*, ppi, wm_rank$"):
+        get_method("nope")
+
 
 FAST = [
     "--executor.type=inline",
