@@ -133,7 +133,7 @@ class Trainer:
         self.denoiser = InverseVarianceDenoiser(cfg.denoise)
         self.tuner = PowerTuner(cfg.ppi, cfg.grpo.advantage, cfg.grpo.std_eps)
         if self.method.wants_execution_log(cfg) and not resume:  # a resumed run restores what it began
-            self.method.start(self, getattr(domain, "prior_anchor_groups", None))
+            self.method.start_from_log(self, getattr(domain, "prior_anchor_groups", None))
         self.task_gen = torch.Generator().manual_seed(cfg.seed)
         self.update_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.step = 0
@@ -143,6 +143,7 @@ class Trainer:
         self.saved_step = 0  # the step of the checkpoint on disk (0: none)
         self.ungraded_streak = 0  # steps in a row whose every anchor came back ungraded
         self.exec_error: str | None = None  # the first failed job's error of the last execution
+        self._times: dict[str, float] = {}  # the step in progress's time/<phase> seconds
         self.executor: Executor | None = None
         self.owns_executor = False  # False while the executor is the domain's (its close is the domain's)
         if resume:

@@ -1,10 +1,12 @@
 """The method registry (wmrl/methods): one object per method, and every method's maths unchanged."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from wmrl.cli import main
-from wmrl.config import ConfigError, load_config
+from wmrl.config import ConfigError, RunConfig, load_config
 from wmrl.methods import METHODS, Method, Step, controls, get_method, method_of, register_method
 from wmrl.tracking import read_metrics
 from wmrl.trainer import Trainer
@@ -24,6 +26,8 @@ CONTROLS = [
 def test_the_registry_holds_exactly_the_documented_methods_and_their_controls():
     assert list(METHODS) == DOCUMENTED
     assert all(get_method(name).name == name and get_method(name).summary for name in DOCUMENTED)
+    sections = {f.name for f in dataclasses.fields(RunConfig)}
+    assert all(set(get_method(name).config_sections) <= sections for name in DOCUMENTED)
     assert {name: (c.base.name, c.overrides) for name, c in controls().items()} == {
         **{f"{m}_placebo": (m, ("--wm_placebo=true",)) for m in DOCUMENTED[2:]},
         "ppi_lambda0": ("ppi", ("--ppi.lam=0",)),

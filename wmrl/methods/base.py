@@ -7,6 +7,7 @@ config (``method: ppi``); ``wmrl.methods.method_of(run)`` gives the object, wrap
 control under ``wm_placebo``. A method states what it is with a few class attributes and changes the
 training step through a few hooks, which :class:`wmrl.trainer.Trainer` calls in this order::
 
+    start_from_log(trainer, groups)     once, before a new run's first step (ppi.prior_from_log)
     select_tasks(tasks, anchor_groups)  which sampled tasks are generated (anchors_only: the anchors)
     prediction(pred, group_ids, ...)    the WM's prediction as the method sees it (placebo: permuted)
     wm_scores(trainer, step)            the WM rows' rewards; the step's anchors measure the WM's
@@ -22,7 +23,7 @@ run whatever its method.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from wmrl.trainer import Trainer
 
 EXECUTES = ("all", "anchors", "none")
+LogGroups = list[tuple[list[float], list[float]]]
+"""A domain's pre-training execution log as anchor groups: ``(raw WM scores, true rewards)`` each."""
 
 
 @dataclass
@@ -101,7 +104,7 @@ class Method:
 
     # The registry key and the config's `method` value.
     name: str = ""
-    # One line on what it does (the model card, `wmrl --help`).
+    # One line on what it does (an exported policy's model card).
     summary: str = ""
     # Which groups of a step are executed for real: "all" (GRPO), "anchors" (a random fraction,
     # `anchors`), "none".
@@ -115,7 +118,8 @@ class Method:
     # Whether a closed-loop domain should add imagined twin groups of the anchor tasks
     # (RolloutBatch.twin_of): only a method that pairs the WM's and the real rollouts of a task uses them.
     uses_twins: bool = False
-    # The config sections that change what it does (besides grpo and the run's own fields).
+    # The RunConfig sections that change what it does, besides grpo (a reader's and a tool's guide:
+    # the others' values are ignored by it).
     config_sections: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
@@ -150,7 +154,7 @@ class Method:
         return {"w": f"{metrics['denoise/w']:.2f}"}
 
     # ---- the training step's hooks (called by wmrl.trainer.Trainer, in this order) ---------------
-    def start(self, trainer: Trainer, prior_groups: list[tuple[list[float], list[float]]] | None) -> None:
+    def start_from_log(self, trainer: Trainer, prior_groups: LogGroups | None) -> None:
         """Once, before the first step of a new run for which :meth:`wants_execution_log` holds:
         ``prior_groups`` is the domain's execution log as ``(raw WM scores, true rewards)`` groups."""
 
@@ -162,9 +166,7 @@ class Method:
         """The WM's prediction ``[R]`` as the method sees it."""
         return pred
 
-    def prior_groups(
-        self, groups: list[tuple[list[float], list[float]]], seed: int
-    ) -> list[tuple[list[float], list[float]]]:
+    def prior_groups(self, groups: LogGroups, seed: int) -> LogGroups:
         """The execution log's ``(WM scores, true rewards)`` groups as the method sees them."""
         return groups
 
@@ -235,11 +237,6 @@ class Control(Method):
         ):
             setattr(self, attr, getattr(base, attr))
 
-    def __getattr__(self, name: str) -> Any:  # a base's own extras (e.g. ppi's prediction_powered)
-        if name == "base":
-            raise AttributeError(name)
-        return getattr(self.base, name)
-
     def controls(self) -> list[Control]:
         return []
 
@@ -255,8 +252,8 @@ class Control(Method):
     def progress(self, metrics: dict[str, float]) -> dict[str, str]:
         return self.base.progress(metrics)
 
-    def start(self, trainer: Trainer, prior_groups: list[tuple[list[float], list[float]]] | None) -> None:
-        self.base.start(trainer, prior_groups)
+    def start_from_log(self, trainer: Trainer, prior_groups: LogGroups | None) -> None:
+        self.base.start_from_log(trainer, prior_groups)
 
     def select_tasks(self, tasks: list, anchor_groups: torch.Tensor) -> tuple[list, torch.Tensor]:
         return self.base.select_tasks(tasks, anchor_groups)
@@ -264,9 +261,7 @@ class Control(Method):
     def prediction(self, pred: Prediction, group_ids: torch.Tensor, seed: int, step: int) -> Prediction:
         return self.base.prediction(pred, group_ids, seed, step)
 
-    def prior_groups(
-        self, groups: list[tuple[list[float], list[float]]], seed: int
-    ) -> list[tuple[list[float], list[float]]]:
+    def prior_groups(self, groups: LogGroups, seed: int) -> LogGroups:
         return self.base.prior_groups(groups, seed)
 
     def wm_scores(self, trainer: Trainer, step: Step) -> tuple[torch.Tensor, dict[str, float]]:

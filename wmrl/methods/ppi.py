@@ -11,7 +11,7 @@ import torch
 
 from wmrl.config import ConfigError
 from wmrl.learner import score_directions
-from wmrl.methods.base import Advantages, Control, Method, Step, register_method
+from wmrl.methods.base import Advantages, Control, LogGroups, Method, Step, register_method
 from wmrl.ppi import anchor_moments, gradient_row_products, ppi_rows, variance_ratio
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class PPI(Method):
     def progress(self, metrics: dict[str, float]) -> dict[str, str]:
         return {"lam": f"{metrics['ppi/lambda']:.2f}", "rho": f"{metrics['ppi/rho']:.2f}"}
 
-    def start(self, trainer: Trainer, prior_groups: list[tuple[list[float], list[float]]] | None) -> None:
+    def start_from_log(self, trainer: Trainer, prior_groups: LogGroups | None) -> None:
         """Start ``λ``'s window with the domain's prior anchor groups ``(raw WM scores, true
         rewards)`` (``ppi.prior_from_log``), as the run's method sees them (the placebo: permuted)."""
         if prior_groups is None:
