@@ -6,26 +6,30 @@ exactly the groups an uninterrupted one would have picked.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from wmrl.config import AnchorConfig
+if TYPE_CHECKING:
+    from wmrl.config import AnchorConfig
+    from wmrl.methods import Method
 
 
-def n_anchor_groups(n_groups: int, method: str, cfg: AnchorConfig) -> int:
-    """How many of ``n_groups`` groups run for real: all for `real`, none for `wm`, else
-    ``max(min_groups, round(fraction * n_groups))`` capped at ``n_groups``.
+def n_anchor_groups(n_groups: int, method: str | Method, cfg: AnchorConfig) -> int:
+    """How many of ``n_groups`` groups run for real, as the method says (wmrl/methods): all for
+    `real`, none for `wm`, else ``max(min_groups, round(fraction * n_groups))`` capped at ``n_groups``.
 
     Rounding is stochastic-free and unbiased over steps only when ``fraction * n_groups`` is whole;
     the achieved fraction is logged by the trainer.
     """
-    if method == "real":
-        return n_groups
-    if method == "wm":
-        return 0
-    return cfg.count(n_groups)
+    from wmrl.methods import get_method  # the registry imports this module (wmrl.controls)
+
+    return (get_method(method) if isinstance(method, str) else method).n_anchor_groups(n_groups, cfg)
 
 
-def choose_anchor_groups(n_groups: int, method: str, cfg: AnchorConfig, seed: int, step: int) -> torch.Tensor:
+def choose_anchor_groups(
+    n_groups: int, method: str | Method, cfg: AnchorConfig, seed: int, step: int
+) -> torch.Tensor:
     """``[n_groups]`` bool mask of anchor groups for training step ``step`` (a uniform random subset)."""
     k = n_anchor_groups(n_groups, method, cfg)
     g = torch.Generator().manual_seed(hash_seed(seed, step, salt=0xA1C4))

@@ -38,17 +38,16 @@ from wmrl.extras import domain_extras, missing_extra_message
 if TYPE_CHECKING:
     from wmrl.domain import Domain
 
-METHODS = ("real", "anchors_only", "wm", "mix", "debias", "denoise", "wmrl", "ppi")
-"""`real` executes every group (standard GRPO); `anchors_only` GRPO on the anchor groups alone (the
-same real executions as the WM methods, no WM: the control every WM method must beat); `wm` no
-execution; `mix` anchors + raw WM scores; `debias` calibrates WM scores; `denoise` up-weights anchor
-advantages by w (residual on raw scores); `wmrl` does both (residual after calibration); `ppi`
-prediction-powered advantages (unbiased for any WM; wmrl/ppi.py). The controls that `wmrl compare`
-runs beside them (`<method>_placebo`, `ppi_lambda0`) are these methods with config overrides
-(`wm_placebo`, `ppi.lam=0`; wmrl.grid_spec.CONTROLS)."""
 
-WM_METHODS = ("wm", "mix", "debias", "denoise", "wmrl", "ppi")
-"""The methods that query a world model."""
+def __getattr__(name: str):
+    """``METHODS`` (the registered methods, by name) and ``WM_METHODS`` (the names of those that
+    query a world model) come from the registry, wmrl/methods, which imports this module."""
+    if name in ("METHODS", "WM_METHODS"):
+        from wmrl.methods import METHODS, wm_methods
+
+        return METHODS if name == "METHODS" else wm_methods()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 EXECUTORS = ("process", "ray", "inline")
 # RunConfig.precision (wmrl.device.autocast)
@@ -385,7 +384,8 @@ def _default_domain() -> DomainConfig:
 
 @dataclass
 class RunConfig:
-    # `real` | `anchors_only` | `wm` | `mix` | `debias` | `denoise` | `wmrl` | `ppi` (wmrl.config.METHODS).
+    # `real` | `anchors_only` | `wm` | `mix` | `debias` | `denoise` | `wmrl` | `ppi`: a method registered
+    # in wmrl/methods (wmrl.methods.METHODS).
     method: str = "wmrl"
     seed: int = 0
     # Run directory: config, metrics.jsonl, checkpoints, plots.
@@ -401,8 +401,8 @@ class RunConfig:
     # predictions and evaluation: fp32 (none) | bf16 (torch.autocast to bfloat16 on the run's device;
     # the losses, SFT and the WM's refinement stay in float32).
     precision: str = "fp32"
-    # Placebo world model, a control (wmrl/controls.py): every step the WM's predictions are permuted
-    # within each group, so the method runs its own code path on scores that rank nothing.
+    # Placebo world model, a control (wmrl/methods/placebo.py): every step the WM's predictions are
+    # permuted within each group, so the method runs its own code path on scores that rank nothing.
     wm_placebo: bool = False
     domain: DomainConfig = field(default_factory=_default_domain)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -415,7 +415,9 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
-        _one_of("method", self.method, METHODS)
+        from wmrl.methods import get_method, method_of  # the registry imports this module
+
+        get_method(self.method)
         _check(self.torch_threads >= 1, f"torch_threads={self.torch_threads} must be >= 1")
         _check(
             DEVICE_RE.match(str(self.device)) is not None,
@@ -427,25 +429,7 @@ class RunConfig:
             f"ppi.prior_from_log=true needs a domain with a pre-training execution log (research); "
             f"domain.type={DomainConfig.get_choice_name(type(self.domain))!r} has none",
         )
-        _check(
-            not self.wm_placebo or self.uses_wm,
-            f"wm_placebo=true permutes a world model's scores: method={self.method!r} queries none "
-            f"(use one of {', '.join(WM_METHODS)})",
-        )
-        if self.method in ("anchors_only", "mix", "debias", "denoise", "wmrl", "ppi"):
-            self.anchors.check_for(self.method, self.grpo.tasks_per_step)
-
-    @property
-    def uses_wm(self) -> bool:
-        return self.method in WM_METHODS
-
-    @property
-    def uses_calibration(self) -> bool:
-        return self.method in ("debias", "wmrl", "ppi")
-
-    @property
-    def uses_anchor_weight(self) -> bool:
-        return self.method in ("denoise", "wmrl")
+        method_of(self).check(self)
 
 
 def presets() -> dict[str, Path]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from wmrl.config import ConfigError, DomainConfig, load_config
+from wmrl.methods import METHODS
 from wmrl.tracking import CHECKPOINT, load_checkpoint, read_metrics
 
 if TYPE_CHECKING:
@@ -32,21 +33,6 @@ if TYPE_CHECKING:
     from wmrl.config import RunConfig
 
 CARD = "README.md"
-# The model card's one-line account of each method (wmrl.config.METHODS; docs/design.md sections 2 and 6).
-METHOD_NOTES = {
-    "real": "standard GRPO: every rollout group executed for real",
-    "anchors_only": "GRPO on the anchor groups alone (the WM methods' real executions, no world model)",
-    "wm": "every rollout scored by the world model, none executed",
-    "mix": "anchor groups executed for real, the other groups scored by the world model's raw scores",
-    "debias": "anchor groups executed for real, the other groups scored by the world model calibrated "
-    "online on the anchors",
-    "denoise": "anchor groups executed for real with their advantages weighted by the denoiser's w, the "
-    "other groups scored by the world model",
-    "wmrl": "anchor groups executed for real (advantages weighted by w), the other groups scored by the "
-    "world model calibrated online on the anchors",
-    "ppi": "prediction-powered advantages: the world model's advantages corrected by the anchor groups' "
-    "real outcomes (unbiased whatever the world model's errors)",
-}
 DOMAIN_NAMES = {"vla": "VLA", "research": "AutoResearch agent", "toy": "toy"}
 MANIFEST = "wmrl_export.json"
 
@@ -153,6 +139,8 @@ def model_card(m: dict[str, Any], config_yaml: str) -> str:
     from huggingface_hub import ModelCard, ModelCardData
 
     pol = m.get("policy", {})
+    method = METHODS.get(m["method"])  # None: a method this install does not register
+    executes = method.executes if method else "anchors"
     data = ModelCardData(
         library_name=pol.get("library", "wmrl"),
         tags=sorted({"wmrl", "grpo", "world-model-rl", f"wmrl-{m['domain']}", *m.get("tags", [])}),
@@ -166,18 +154,18 @@ def model_card(m: dict[str, Any], config_yaml: str) -> str:
         "",
         f"Post-trained with WMRL GRPO (`wmrl run`, method `{m['method']}`) for "
         f"{m['step']} steps, with **{m['real_executions']} real executions** "
-        f"({'every rollout group executed' if m['method'] == 'real' else 'the other rollouts scored by a world model'}).",
+        f"({'every rollout group executed' if executes == 'all' else 'the other rollouts scored by a world model'}).",
         "",
         "## Method",
         "",
-        f"`{m['method']}`: {METHOD_NOTES.get(m['method'], 'see the wmrl documentation')}.",
+        f"`{m['method']}`: {method.summary if method else 'see the wmrl documentation'}.",
     ]
     if m.get("training"):
         t = m["training"]
         lines += [
             "",
             f"GRPO, {t['steps']} steps of {t['tasks_per_step']} tasks x {t['group_size']} rollouts; "
-            + (f"anchor fraction {t['anchor_fraction']:g}; " if m["method"] not in ("real", "wm") else "")
+            + (f"anchor fraction {t['anchor_fraction']:g}; " if executes == "anchors" else "")
             + f"{t['optimizer']} lr {t['lr']:g}, KL coefficient {t['kl_coef']:g}; precision {t['precision']}.",
         ]
     lines += [

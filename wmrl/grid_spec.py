@@ -24,14 +24,15 @@ from wmrl.config import (
     did_you_mean,
 )
 from wmrl.config_messages import malformed_yaml
+from wmrl.methods import controls as method_controls
 from wmrl.tracking import CHECKPOINT, read_metrics
 
 CONTROLS: dict[str, tuple[str, list[str]]] = {
-    **{f"{m}_placebo": (m, ["--wm_placebo=true"]) for m in WM_METHODS},
-    "ppi_lambda0": ("ppi", ["--ppi.lam=0"]),
+    label: (c.base.name, list(c.overrides)) for label, c in method_controls().items()
 }
-"""Control label -> (the method whose code path it runs, its config overrides). ``<m>_placebo``: the
-placebo WM (scores permuted within each group, wmrl/controls.py); ``ppi_lambda0``: ppi with λ = 0."""
+"""Control label -> (the method whose code path it runs, its config overrides), as each registered
+method declares them (wmrl/methods): ``<m>_placebo`` beside each WM method, the placebo WM (scores
+permuted within each group, wmrl/methods/placebo.py); ``ppi_lambda0``: ppi with λ = 0."""
 GRID_METHODS = (*METHODS, *CONTROLS)
 # Non-inferiority margin on the held-out score per domain type (DomainEntry.margin overrides it):
 # toy true reward 0.005; VLA success rate (a fraction) 0.01, i.e. 1 point; research score 0.02.

@@ -39,6 +39,7 @@ from wmrl.grid_spec import (
     domain_margin,
     reeval_current,
 )
+from wmrl.methods import METHODS
 from wmrl.tracking import read_metrics
 
 if TYPE_CHECKING:
@@ -115,6 +116,7 @@ def _mean(rows: list[dict], key: str) -> float | None:
 def cell_figures(rows: list[dict], method: str, score: str, start: float | None, final: float | None) -> dict:
     """One cell's figures from its metric rows and its held-out scores (None where absent)."""
     wm = method in WM_METHODS
+    denoised = method in METHODS and METHODS[method].denoises  # its anchors weighted by w
     return {
         "heldout_start": start,
         "heldout_final": final,
@@ -128,8 +130,8 @@ def cell_figures(rows: list[dict], method: str, score: str, start: float | None,
         "time_update": _sum(rows, "time/update"),
         "anchor_corr": _mean(rows, "ppi/rho") if wm else None,
         "ppi_lambda": _mean(rows, "ppi/lambda") if wm else None,
-        "s2": _mean(rows, "denoise/s2") if method in ("denoise", "wmrl") else None,
-        "w": _mean(rows, "denoise/w") if method in ("denoise", "wmrl") else None,
+        "s2": _mean(rows, "denoise/s2") if denoised else None,
+        "w": _mean(rows, "denoise/w") if denoised else None,
         "residual_before": _mean(rows, "wm/residual_before") if wm else None,
         "residual_after": _mean(rows, "wm/residual_after") if wm else None,
         "update_error": _mean(rows, "update_error"),

@@ -29,6 +29,7 @@ import torch
 
 from wmrl.config import ConfigError, DomainConfig, RunConfig
 from wmrl.domain import Job, Prediction, RolloutBatch
+from wmrl.methods import method_of
 
 
 @DomainConfig.register_subclass("toy")
@@ -73,7 +74,7 @@ class ToyConfig(DomainConfig):
 
     def build(self, run: RunConfig) -> ToyDomain:
         domain = ToyDomain(self, seed=run.seed)
-        if run.method == "ppi" and run.ppi.prior_from_log:
+        if method_of(run).wants_execution_log(run):
             domain.prior_anchor_groups = domain.execution_log(self.log_groups, run.grpo.group_size)
         return domain
 

@@ -1,14 +1,17 @@
 """The WMRL training step (docs/design.md section 2) over any Domain. The trainer only orchestrates: the
-math lives in learner/debias/denoise, the domain knows its tasks, policy and world model.
+math lives in learner/debias/denoise/ppi, what differs between methods in the run's method object
+(wmrl/methods), and the domain knows its tasks, policy and world model.
 
-One step::
+One step (:meth:`Trainer.train_step`)::
 
-    tasks -> generate (G rollouts per task) -> choose anchor groups
+    tasks -> choose anchor groups -> generate (G rollouts per task; anchors_only: the anchors alone)
           -> real execution of anchors  ┐ concurrently
-          -> WM scores for every rollout┘
-          -> calibration f refitted on anchor (r_hat, r); anchors use r, the rest f(r_hat)
-          -> group advantages; anchor advantages * w; optional per-sample WM weights
-          -> clipped-ratio update (+ KL) -> WM refined on the anchors -> metrics, checkpoint
+          -> WM scores for every rollout┘ (a method with a WM; its placebo permutes them)
+          -> the method: its WM rows' rewards (anchor pairs feed the calibration and the denoiser
+             first) and its per-row advantages
+          -> clipped-ratio update (+ KL) ┐ beside
+          -> WM refined on the anchors   ┘
+          -> metrics, checkpoint
 """
 
 from __future__ import annotations
@@ -23,21 +26,24 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
 
 from wmrl.anchors import choose_anchor_groups
 from wmrl.config import ConfigError, RunConfig, save_config
-from wmrl.controls import placebo_groups, placebo_prediction
-from wmrl.debias import OnlineDebiaser, centred_residual
-from wmrl.denoise import InverseVarianceDenoiser, normalise_weights, sample_weights
+from wmrl.debias import OnlineDebiaser
+from wmrl.denoise import InverseVarianceDenoiser
 from wmrl.device import autocast, check_precision, module_device
 from wmrl.distributed import gather_batches, gather_rewards, group_owner, task_shares
 from wmrl.domain import Domain, Prediction, RolloutBatch
 from wmrl.executors import Executor, make_executor
-from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_gradient, score_directions
-from wmrl.ppi import PowerTuner, anchor_moments, gradient_row_products, ppi_rows, variance_ratio
+from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_gradient
+from wmrl.methods import Advantages, Step, method_of
+from wmrl.methods.base import nanmean
+from wmrl.methods.ppi import prediction_powered_advantages
+from wmrl.ppi import PowerTuner
 from wmrl.tracking import (
     MetricsLogger,
     RunInterrupted,
@@ -86,17 +92,14 @@ def _quiet_dataset_bars():
             datasets.enable_progress_bars()
 
 
-def _nanmean(x: torch.Tensor) -> float:
-    x = x[torch.isfinite(x)]
-    return float(x.mean()) if x.numel() else float("nan")
+class _Ranks(NamedTuple):
+    """Where a data-parallel step's groups live: ``owner`` ``[n_groups]`` each group's rank (None:
+    one process); with sharded generation, ``local`` this rank's own batch and ``src_row`` ``[R]``
+    each row's place in it (else None)."""
 
-
-def _correlation(
-    cross: torch.Tensor | float, wm_sq: torch.Tensor | float, true_sq: torch.Tensor | float
-) -> float:
-    """``c / sqrt(σ̂² σ²)`` from summed moments (NaN when either variance is 0)."""
-    denom = float(wm_sq * true_sq) ** 0.5
-    return float(cross) / denom if denom > 0 else float("nan")
+    owner: torch.Tensor | None
+    local: RolloutBatch | None
+    src_row: torch.Tensor | None
 
 
 class Trainer:
@@ -125,11 +128,12 @@ class Trainer:
         self.reference = None
         if cfg.grpo.kl_coef > 0:
             self.reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
+        self.method = method_of(cfg)  # the registered `method` (wmrl/methods), its placebo under wm_placebo
         self.debiaser = OnlineDebiaser(cfg.debias)
         self.denoiser = InverseVarianceDenoiser(cfg.denoise)
         self.tuner = PowerTuner(cfg.ppi, cfg.grpo.advantage, cfg.grpo.std_eps)
-        if cfg.method == "ppi" and cfg.ppi.prior_from_log and not resume:  # a resumed run restores them
-            self._seed_tuner(getattr(domain, "prior_anchor_groups", None))
+        if self.method.wants_execution_log(cfg) and not resume:  # a resumed run restores what it began
+            self.method.start_from_log(self, getattr(domain, "prior_anchor_groups", None))
         self.task_gen = torch.Generator().manual_seed(cfg.seed)
         self.update_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.step = 0
@@ -139,6 +143,7 @@ class Trainer:
         self.saved_step = 0  # the step of the checkpoint on disk (0: none)
         self.ungraded_streak = 0  # steps in a row whose every anchor came back ungraded
         self.exec_error: str | None = None  # the first failed job's error of the last execution
+        self._times: dict[str, float] = {}  # the step in progress's time/<phase> seconds
         self.executor: Executor | None = None
         self.owns_executor = False  # False while the executor is the domain's (its close is the domain's)
         if resume:
@@ -161,26 +166,6 @@ class Trainer:
             self.model, self.optimizer = accelerator.prepare(LogProbs(self.policy), self.optimizer)
         self.logger = MetricsLogger(self.run_dir, cfg, resume) if self.is_main else None
         self._media = None  # (batch, predicted, true rewards) of a step whose media are due
-
-    def _seed_tuner(self, groups: list[tuple[list[float], list[float]]] | None) -> None:
-        """Start ``λ``'s window with the domain's prior anchor groups ``(raw WM scores, true
-        rewards)`` (``ppi.prior_from_log``)."""
-        if groups is None:
-            raise ConfigError(
-                f"ppi.prior_from_log: {type(self.domain).__name__} built no prior_anchor_groups"
-            )
-        if self.cfg.wm_placebo:  # the placebo control: the log's WM scores permuted too
-            groups = placebo_groups(groups, self.cfg.seed)
-        for r_hat, r_true in groups:
-            n = len(r_hat)
-            self.tuner.observe(torch.tensor(r_hat), torch.tensor(r_true), torch.zeros(n, dtype=torch.long))
-        c, h, t = self.tuner.moments(calibrate=False)
-        rho = _correlation(c, h, t)
-        logging.getLogger(__name__).info(
-            "ppi: lambda's window starts with %d groups from the execution log (their rho %.2f)",
-            len(groups),
-            rho,
-        )
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -226,132 +211,146 @@ class Trainer:
 
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
-        cfg, method = self.cfg, self.cfg.method
-        times: dict[str, float] = {}
-
-        @contextmanager
-        def timed(name: str):
-            t0 = time.perf_counter()
-            yield
-            times[f"time/{name}"] = times.get(f"time/{name}", 0.0) + time.perf_counter() - t0
-
-        t_step = time.perf_counter()
+        """One step (the module docstring), the run's method answering its questions; its metrics."""
+        cfg, method = self.cfg, self.method
+        t_step, self._times = time.perf_counter(), {}
         n = cfg.grpo.tasks_per_step
         tasks = self.domain.sample_tasks(n, "train", self.task_gen)
         anchor_groups = choose_anchor_groups(n, method, cfg.anchors, cfg.seed, self.step)
-        if method == "anchors_only":  # GRPO on the anchor tasks alone: the others are not generated
-            tasks = [t for t, a in zip(tasks, anchor_groups.tolist(), strict=True) if a]
-            anchor_groups = torch.ones(len(tasks), dtype=torch.bool)
-        owner = local = src_row = None  # data-parallel: each group's rank; this rank's own batch
-        with timed("generate"), torch.no_grad(), self.autocast():
-            if self.shard:
-                if self.world > 1:  # this rank's sampling noise for this step (a resume redraws it)
-                    self.domain.shard_rng(self.rank, self.step)
-                share = task_shares(len(tasks), self.world)[self.rank]
-                if len(share):
-                    local = self.domain.generate(
-                        tasks[share.start : share.stop],
-                        cfg.grpo.group_size,
-                        anchor_groups[share.start : share.stop],
-                    )
-                    self.generated_tasks += len(share)
-                padding = getattr(self.domain, "extras_padding", None)
-                batch, owner, _, src_row = gather_batches(local, len(share), self.acc, padding)
-            else:
-                batch = self.domain.generate(tasks, cfg.grpo.group_size, anchor_groups)
-                self.generated_tasks += len(tasks)
-                if self.acc is not None:
-                    owner = group_owner(batch, len(tasks), self.world)
+        tasks, anchor_groups = method.select_tasks(tasks, anchor_groups)
+        with self._timed("generate"), torch.no_grad(), self.autocast():
+            batch, ranks = self._generate(tasks, anchor_groups)
         batch.logprobs = batch.logprobs.float()  # sampled under autocast: the loss is in float32
         # A domain may append imagined twin groups of the anchor tasks (batch.twin_of); never executed.
         group_anchor = torch.zeros(batch.n_groups, dtype=torch.bool)
         group_anchor[: len(tasks)] = anchor_groups
-        is_anchor = group_anchor[batch.group_ids]
-        anchor_rows = is_anchor.nonzero().squeeze(-1)
-        anchor_task = group_anchor | (batch.twin_of >= 0) if batch.twin_of is not None else group_anchor
+        step = Step(batch, len(tasks), group_anchor, torch.full((batch.n_rollouts,), float("nan")))
+        self._execute_and_predict(step, ranks)
 
-        # Real execution (anchor rows; data-parallel: this rank's) runs in a thread while the WM
-        # scores the batch here.
+        metrics: dict[str, float] = {}
+        if step.pred is not None:  # the step's anchors feed the calibration and the denoiser first
+            step.r_wm, wm_metrics = method.wm_scores(self, step)
+            metrics.update(wm_metrics)
+        result = method.advantages(self, step)
+        metrics.update(result.metrics)
+        oracle = self.domain.oracle_rewards(batch)
+        if oracle is not None:
+            metrics.update(self._update_error(batch, result.adv, result.used, oracle))
+        metrics.update(self._update(step, result, ranks.owner))
+
+        self.step += 1
+        metrics.update(self._step_summary(step, result))
+        step_metrics = getattr(self.domain, "step_metrics", None)  # optional part of the protocol
+        if step_metrics is not None:
+            metrics.update({f"domain/{k}": float(v) for k, v in step_metrics().items()})
+        if self._media_due():  # logged by train() after the step's metrics
+            self._media = (batch, None if step.pred is None else step.pred.mean.float(), step.r_true)
+        step_time = time.perf_counter() - t_step
+        self.elapsed += step_time
+        metrics.update({"time/step": step_time, "time/elapsed": self.elapsed})
+        return metrics
+
+    @contextmanager
+    def _timed(self, name: str):
+        """Add the block's wall-clock seconds to this step's ``time/<name>``."""
+        t0 = time.perf_counter()
+        yield
+        self._times[f"time/{name}"] = self._times.get(f"time/{name}", 0.0) + time.perf_counter() - t0
+
+    def _generate(self, tasks: list, anchor_groups: torch.Tensor) -> tuple[RolloutBatch, _Ranks]:
+        """The step's rollouts, and where a data-parallel run's groups live (:class:`_Ranks`)."""
+        cfg = self.cfg
+        owner = local = src_row = None  # data-parallel: each group's rank; this rank's own batch
+        if self.shard:
+            if self.world > 1:  # this rank's sampling noise for this step (a resume redraws it)
+                self.domain.shard_rng(self.rank, self.step)
+            share = task_shares(len(tasks), self.world)[self.rank]
+            if len(share):
+                local = self.domain.generate(
+                    tasks[share.start : share.stop],
+                    cfg.grpo.group_size,
+                    anchor_groups[share.start : share.stop],
+                )
+                self.generated_tasks += len(share)
+            padding = getattr(self.domain, "extras_padding", None)
+            batch, owner, _, src_row = gather_batches(local, len(share), self.acc, padding)
+        else:
+            batch = self.domain.generate(tasks, cfg.grpo.group_size, anchor_groups)
+            self.generated_tasks += len(tasks)
+            if self.acc is not None:
+                owner = group_owner(batch, len(tasks), self.world)
+        return batch, _Ranks(owner, local, src_row)
+
+    def _execute_and_predict(self, step: Step, ranks: _Ranks) -> None:
+        """Real execution of the anchor rows (data-parallel: this rank's) in a thread while the WM
+        scores the batch here (for a method that uses it): sets ``step.r_true`` (every rank's
+        executions) and ``step.pred``."""
+        batch, anchor_rows, owner = step.batch, step.anchor_rows, ranks.owner
         exec_rows = (
             anchor_rows if owner is None else anchor_rows[owner[batch.group_ids[anchor_rows]] == self.rank]
         )
         jobs = []
         if exec_rows.numel():
             jobs = (
-                self.domain.execution_jobs(local, src_row[exec_rows].tolist())
+                self.domain.execution_jobs(ranks.local, ranks.src_row[exec_rows].tolist())
                 if self.shard
                 else self.domain.execution_jobs(batch, exec_rows.tolist())
             )
-        r_true = torch.full((batch.n_rollouts,), float("nan"))
-        pred = None
         if jobs and self.executor is None:
-            # The domain's own pool when it holds one (one set of sandbox workers, not two); else one
-            # created here, in the calling (main) thread, never in the worker thread below: a local
-            # Ray cluster started from a thread that exits loses its GCS and raylet within seconds.
-            self.executor = getattr(self.domain, "executor", None)
-            self.owns_executor = self.executor is None
-            if self.owns_executor:
-                init = getattr(self.domain, "worker_initializer", None)
-                self.executor = make_executor(self.cfg.executor, self.cfg.anchors.max_concurrent, init)
+            self._start_executor()
         with ThreadPoolExecutor(max_workers=1) as pool:
             future = None
             if jobs:
                 t0 = time.perf_counter()
                 future = pool.submit(self._execute, jobs)
-            if cfg.uses_wm:
-                with timed("wm"), torch.no_grad(), self.autocast():
-                    pred = self.domain.world_model.predict(batch)
-                pred = Prediction(pred.mean.float(), None if pred.var is None else pred.var.float())
-                if cfg.wm_placebo:  # the placebo control: scores permuted within each group
-                    pred = placebo_prediction(pred, batch.group_ids, cfg.seed, self.step)
+            if self.method.uses_wm:
+                step.pred = self._predict(batch)
             if future is not None:
                 results = future.result()
-                times["time/execute"] = time.perf_counter() - t0
-                r_true[exec_rows] = torch.tensor([res.reward for res in results], dtype=torch.float32)
+                self._times["time/execute"] = time.perf_counter() - t0
+                step.r_true[exec_rows] = torch.tensor([res.reward for res in results], dtype=torch.float32)
         if self.acc is not None and anchor_rows.numel():  # every rank's true rewards, to every rank
-            r_true = gather_rewards(exec_rows.tolist(), r_true[exec_rows].tolist(), batch.n_rollouts)
-        n_exec = int(anchor_rows.numel())
-        self.real_executions += n_exec
-        exec_failed = int(torch.isnan(r_true[anchor_rows]).sum())
-
-        metrics: dict[str, float] = {}
-        rewards = r_true.clone()
-        if pred is not None:
-            r_hat = pred.mean.float()
-            r_before = self.debiaser(r_hat)  # the calibration fitted before this step's anchors
-            metrics.update(self._correct(batch, r_hat, r_true, anchor_rows))
-            # ppi keeps the calibration fitted before the step (its correction must not see the step's
-            # anchors); the other calibrating methods use the one refitted on them.
-            r_wm = (
-                r_hat if not cfg.uses_calibration else r_before if method == "ppi" else self.debiaser(r_hat)
+            step.r_true = gather_rewards(
+                exec_rows.tolist(), step.r_true[exec_rows].tolist(), batch.n_rollouts
             )
-            rewards = torch.where(is_anchor, r_true, r_wm)
+        self.real_executions += int(anchor_rows.numel())
 
-        counted = None  # the rows the loss divides by (None: the used ones)
-        if method == "ppi":
-            adv, used, counted, ppi_metrics = self._ppi(
-                batch, r_hat, pred.var, r_wm, r_true, group_anchor, len(tasks)
-            )
-            metrics.update(ppi_metrics)
-        else:
-            adv, used = self._weighted_advantages(batch, rewards, is_anchor, pred)
+    def _start_executor(self) -> None:
+        # The domain's own pool when it holds one (one set of sandbox workers, not two); else one
+        # created here, in the calling (main) thread, never in the worker thread of
+        # _execute_and_predict: a local Ray cluster started from a thread that exits loses its GCS
+        # and raylet within seconds.
+        self.executor = getattr(self.domain, "executor", None)
+        self.owns_executor = self.executor is None
+        if self.owns_executor:
+            init = getattr(self.domain, "worker_initializer", None)
+            self.executor = make_executor(self.cfg.executor, self.cfg.anchors.max_concurrent, init)
 
-        oracle = self.domain.oracle_rewards(batch)
-        if oracle is not None:
-            metrics.update(self._update_error(batch, adv, used, oracle))
+    def _predict(self, batch: RolloutBatch) -> Prediction:
+        """The WM's prediction of every row in float32, as the run's method sees it."""
+        with self._timed("wm"), torch.no_grad(), self.autocast():
+            pred = self.domain.world_model.predict(batch)
+        pred = Prediction(pred.mean.float(), None if pred.var is None else pred.var.float())
+        return self.method.prediction(pred, batch.group_ids, self.cfg.seed, self.step)
 
-        # The WM's refinement on this step's anchors does not depend on the policy update, so by
-        # default it runs in a thread beside it (torch releases the GIL inside its kernels).
+    def _update(self, step: Step, result: Advantages, owner: torch.Tensor | None) -> dict[str, float]:
+        """The clipped-ratio policy update (+ KL) on the method's advantages and the WM's refinement
+        on the step's graded anchors: the refinement does not depend on the update, so by default it
+        runs in a thread beside it (torch releases the GIL inside its kernels)."""
+        cfg, batch, r_true, anchor_rows = self.cfg, step.batch, step.r_true, step.anchor_rows
         graded = anchor_rows[torch.isfinite(r_true[anchor_rows])]  # an ungraded rollout teaches nothing
-        refine_wm = cfg.uses_wm and method != "wm" and graded.numel() > 0
+        refine_wm = self.method.uses_wm and graded.numel() > 0
+        # the rows of anchor tasks: executed groups and their imagined twins
+        anchor_task = step.group_anchor if batch.twin_of is None else step.group_anchor | (batch.twin_of >= 0)
+        metrics: dict[str, float] = {}
 
         def wm_update() -> dict[str, float]:
-            with timed("wm_update"):
+            with self._timed("wm_update"):
                 return self.domain.world_model.update(batch, graded, r_true[graded]) or {}
 
         with ThreadPoolExecutor(max_workers=1) as pool:
             wm_future = pool.submit(wm_update) if refine_wm and cfg.overlap_wm_update else None
-            with timed("update"):
+            with self._timed("update"):
                 self.policy.train()
                 dev = module_device(self.policy)  # the domain put its policy on the run's device
                 metrics.update(
@@ -359,8 +358,8 @@ class Trainer:
                         self.policy,
                         self.optimizer,
                         batch.to(dev),
-                        adv.to(dev),
-                        used.to(dev),
+                        result.adv.to(dev),
+                        result.used.to(dev),
                         cfg.grpo,
                         self.reference,
                         self.update_gen,
@@ -368,41 +367,32 @@ class Trainer:
                         accelerator=self.acc,
                         model=self.model,
                         autocast=self.autocast,
-                        counted=None if counted is None else counted.to(dev),
+                        counted=None if result.counted is None else result.counted.to(dev),
                         anchor=anchor_task[batch.group_ids].to(dev),
                     )
                 )
             if refine_wm:
                 wm_metrics = wm_future.result() if wm_future is not None else wm_update()
                 metrics.update({f"wm/{k}": v for k, v in wm_metrics.items()})
-
-        self.step += 1
-        n_groups = batch.n_groups
-        metrics.update(
-            {
-                "reward/mean": _nanmean(rewards),
-                "reward/anchor_true": _nanmean(r_true),
-                "adv/abs_mean": float(adv[used].abs().mean()) if used.any() else 0.0,
-                "adv/used_frac": float(used.float().mean()),
-                "anchors/fraction": float(anchor_groups.sum()) / n_groups,
-                "exec/real_total": float(self.real_executions),
-                "exec/step": float(n_exec),
-                "exec/ungraded": float(exec_failed),
-                "denoise/w": self.denoiser.w,
-                "denoise/s2": float("nan") if self.denoiser.s2 is None else self.denoiser.s2,
-                "debias/fitted": float(self.debiaser.fitted),
-                **times,
-            }
-        )
-        step_metrics = getattr(self.domain, "step_metrics", None)  # optional part of the protocol
-        if step_metrics is not None:
-            metrics.update({f"domain/{k}": float(v) for k, v in step_metrics().items()})
-        if self._media_due():  # logged by train() after the step's metrics
-            self._media = (batch, None if pred is None else pred.mean.float(), r_true)
-        step_time = time.perf_counter() - t_step
-        self.elapsed += step_time
-        metrics.update({"time/step": step_time, "time/elapsed": self.elapsed})
         return metrics
+
+    def _step_summary(self, step: Step, result: Advantages) -> dict[str, float]:
+        """The step's rewards, advantages, executions, denoiser and calibration state, and times."""
+        adv, used, anchor_rows = result.adv, result.used, step.anchor_rows
+        return {
+            "reward/mean": nanmean(step.rewards),
+            "reward/anchor_true": nanmean(step.r_true),
+            "adv/abs_mean": float(adv[used].abs().mean()) if used.any() else 0.0,
+            "adv/used_frac": float(used.float().mean()),
+            "anchors/fraction": float(step.group_anchor.sum()) / step.batch.n_groups,
+            "exec/real_total": float(self.real_executions),
+            "exec/step": float(anchor_rows.numel()),
+            "exec/ungraded": float(int(torch.isnan(step.r_true[anchor_rows]).sum())),
+            "denoise/w": self.denoiser.w,
+            "denoise/s2": float("nan") if self.denoiser.s2 is None else self.denoiser.s2,
+            "debias/fitted": float(self.debiaser.fitted),
+            **self._times,
+        }
 
     def _media_due(self) -> bool:
         """Whether this step's rollouts go to wandb as media (``tracking.media_every``, the main
@@ -427,30 +417,6 @@ class Trainer:
             media = self.domain.rollout_media(batch, predicted, true)
         self.logger.log_media(self.step, media)
 
-    def _weighted_advantages(
-        self, batch: RolloutBatch, rewards: torch.Tensor, is_anchor: torch.Tensor, pred: Prediction | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Group advantages of the mixed rewards; anchor rows weighted by the denoiser's ``w`` and
-        WM rows optionally by their reported variance (the methods other than ``ppi``)."""
-        cfg = self.cfg
-        adv, used = group_advantages(rewards, batch.group_ids, cfg.grpo.advantage, cfg.grpo.std_eps)
-        weights = torch.ones_like(adv)
-        if cfg.uses_anchor_weight:
-            weights = torch.where(is_anchor, torch.full_like(adv, self.denoiser.w), weights)
-        if (
-            cfg.denoise.sample_weights
-            and cfg.uses_anchor_weight
-            and pred is not None
-            and pred.var is not None
-        ):
-            wm_rows = ~is_anchor & torch.isfinite(pred.var)
-            if wm_rows.any():
-                sw = sample_weights(
-                    pred.var[wm_rows].float(), cfg.denoise.var_floor, cfg.denoise.sample_weight_max
-                )
-                weights[wm_rows] = sw
-        return adv * normalise_weights(weights, used), used
-
     def _ppi(
         self,
         batch: RolloutBatch,
@@ -461,49 +427,9 @@ class Trainer:
         group_anchor: torch.Tensor,
         n_tasks: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
-        """Prediction-powered advantages (wmrl/ppi.py) with the λ pooled from earlier steps, then
-        this step's anchor moments folded into the tuner for the steps after it. Returns the
-        advantages, the rows in the loss, the rows its denominator counts (:func:`ppi_rows`) and metrics.
-
-        ``r_hat`` ``[R]``: raw WM scores, ``var`` their reported variances or None; ``r_cal`` ``[R]``: the same under the calibration fitted
-        before this step; ``r_true`` ``[R]``
-        true rewards (NaN off executed rows); ``group_anchor`` ``[n_groups]`` the executed groups.
-        """
-        g = self.cfg.grpo
-        calibrate = self.cfg.uses_calibration and self.debiaser.fitted
-        lam = self.tuner.lam(calibrate, var)
-        n_anchors = int(group_anchor.sum())
-        p = ppi_rows(
-            r_true, r_cal, batch.group_ids, group_anchor, batch.twin_of, n_tasks, lam, g.advantage, g.std_eps
-        )
-        gid, pair, adv_true, adv_wm = batch.group_ids, p.pair, p.adv_true, p.adv_wm
-
-        lam_mean = float(torch.as_tensor(lam, dtype=torch.float64).mean())
-        out = {
-            "ppi/lambda": lam_mean,
-            "ppi/rho": float("nan"),
-            "ppi/shrink": self.tuner.shrink_factor(calibrate),
-        }
-        ratio = variance_ratio(*self.tuner.moments(calibrate), lam_mean, n_anchors / n_tasks)
-        wm_rows = p.paired.nonzero().squeeze(-1)
-        if wm_rows.numel():  # this step's anchors: their correlation, then into the window for later steps
-            anchor_gid = torch.unique(gid[wm_rows], return_inverse=True)[1]
-            cross, wm_sq, true_sq = anchor_moments(adv_true[pair[wm_rows]], adv_wm[wm_rows], anchor_gid)
-            out["ppi/rho"] = _correlation(cross.sum(), wm_sq.sum(), true_sq.sum())
-            gram = None
-            if self.cfg.ppi.moments == "gradient":
-                t0 = time.perf_counter()
-                s = score_directions(self.policy, batch, torch.cat([pair[wm_rows], wm_rows]), g.loss_agg)
-                gram = s @ s.T
-                out["time/ppi_directions"] = time.perf_counter() - t0
-                on_grad = gradient_row_products(adv_true[pair[wm_rows]], adv_wm[wm_rows], gram).sum(0)
-                out["ppi/rho_grad"] = _correlation(*on_grad)
-            self.tuner.observe(
-                r_hat[wm_rows], r_true[pair[wm_rows]], anchor_gid, None if var is None else var[wm_rows], gram
-            )
-        out["ppi/var_ratio"] = ratio
-        out["ppi/eff_groups"] = n_anchors / ratio if ratio > 0 else float("nan")
-        return p.adv, p.used, p.counted, out
+        """ppi's advantages (:func:`wmrl.methods.ppi.prediction_powered_advantages`, which documents
+        the arguments), called here by the ppi method so that tests can watch what a step hands it."""
+        return prediction_powered_advantages(self, batch, r_hat, var, r_cal, r_true, group_anchor, n_tasks)
 
     def _execute(self, jobs):
         assert self.executor is not None, "the executor is created in the main thread (train_step)"
@@ -511,26 +437,6 @@ class Trainer:
         failed = [r for r in results if not r.ok]
         self.exec_error = _one_line(failed[0].error or failed[0].status) if failed else None
         return results
-
-    def _correct(
-        self, batch: RolloutBatch, r_hat: torch.Tensor, r_true: torch.Tensor, anchor_rows: torch.Tensor
-    ) -> dict[str, float]:
-        """Measure the WM error on this step's anchors with the calibration fitted *before* them
-        (out of sample), feed the denoiser, then refit the calibration on the new pairs."""
-        out: dict[str, float] = {"wm/pred_mean": _nanmean(r_hat)}
-        if anchor_rows.numel() == 0:
-            return out
-        gid = batch.group_ids[anchor_rows]
-        gid = torch.unique(gid, return_inverse=True)[1]
-        a_hat, a_true = r_hat[anchor_rows], r_true[anchor_rows]
-        a_cal = self.debiaser(a_hat)
-        out["wm/residual_before"] = _nanmean(centred_residual(a_hat, a_true, gid))
-        out["wm/residual_after"] = _nanmean(centred_residual(a_cal, a_true, gid))
-        if self.cfg.uses_anchor_weight:
-            self.denoiser.observe(a_cal if self.cfg.uses_calibration else a_hat, a_true, gid)
-        if self.cfg.uses_calibration:
-            out["debias/refit"] = float(self.debiaser.observe(a_hat, a_true))
-        return out
 
     def _update_error(
         self, batch: RolloutBatch, adv: torch.Tensor, used: torch.Tensor, oracle: torch.Tensor
@@ -540,12 +446,12 @@ class Trainer:
         cfg = self.cfg.grpo
         true_adv, true_used = group_advantages(oracle.float(), batch.group_ids, cfg.advantage, cfg.std_eps)
         if not used.any() or not true_used.any():
-            return {"true_reward/batch": _nanmean(oracle)}
+            return {"true_reward/batch": nanmean(oracle)}
         g_m = policy_gradient(self.policy, batch, adv, used, cfg)
         g_t = policy_gradient(self.policy, batch, true_adv, true_used, cfg)
         nm, nt = g_m.norm(), g_t.norm()
         err = float(((g_m / nm - g_t / nt) ** 2).sum()) if nm > 0 and nt > 0 else float("nan")
-        return {"true_reward/batch": _nanmean(oracle), "update_error": err}
+        return {"true_reward/batch": nanmean(oracle), "update_error": err}
 
     # ---- the loop ----------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -598,11 +504,7 @@ class Trainer:
                             stop.signum or signal.SIGTERM, self.run_dir, self.step, self.saved_step, True
                         )
                     bar.update(1)
-                    shown = {"r": f"{metrics['reward/mean']:.3f}"}
-                    if "ppi/lambda" in metrics:
-                        shown |= {"lam": f"{metrics['ppi/lambda']:.2f}", "rho": f"{metrics['ppi/rho']:.2f}"}
-                    else:
-                        shown["w"] = f"{metrics['denoise/w']:.2f}"
+                    shown = {"r": f"{metrics['reward/mean']:.3f}"} | self.method.progress(metrics)
                     bar.set_postfix(shown | {"real": int(metrics["exec/real_total"])}, refresh=False)
         except RunInterrupted:
             raise

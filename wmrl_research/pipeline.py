@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from wmrl.device import module_device, resolve_device
 from wmrl.distributed import writes_run_dir
 from wmrl.executors import make_executor
+from wmrl.methods import method_of
 from wmrl.tracking import say, stage
 from wmrl_research.agent import (
     ResearchPolicy,
@@ -719,7 +720,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         "sft_runnable_frac": sft_eval["runnable_frac"],
     }
     domain.remember_start_evaluation(sft_eval)
-    if run.method == "ppi" and run.ppi.prior_from_log:
+    if method_of(run).wants_execution_log(run):
         domain.prior_anchor_groups = prior_anchor_groups(
             cfg,
             run,

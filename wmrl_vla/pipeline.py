@@ -19,6 +19,7 @@ import torch
 
 from wmrl.device import DeviceError, resolve_device
 from wmrl.distributed import writes_run_dir
+from wmrl.methods import method_of
 from wmrl.tracking import stage
 from wmrl_vla.domain import VLADomain, VLAWorldModel
 from wmrl_vla.policy import SmallVLA, SmallVLAConfig
@@ -528,7 +529,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         max_steps=cfg.max_steps,
         out_dir=out if main else None,
         seed=run.seed,
-        twin_anchors=cfg.twin_anchors and run.method == "ppi",  # only ppi's update uses twins
+        twin_anchors=cfg.twin_anchors and method_of(run).uses_twins,  # only ppi's update uses them
         imagine_input=cfg.imagine_input,
         latent_refresh_steps=cfg.latent_refresh_steps,
     )

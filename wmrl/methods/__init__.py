@@ -1,0 +1,58 @@
+"""The training methods, one object each in a registry (``METHODS``; the contract is
+wmrl/methods/base.py). A new method is one file here: subclass :class:`Method`, decorate it with
+:func:`register_method` and import the file below (or anywhere before the config is parsed).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from wmrl.methods.base import (
+    METHODS,
+    Advantages,
+    Control,
+    Method,
+    Step,
+    get_method,
+    register_method,
+    wm_methods,
+)
+from wmrl.methods.placebo import Placebo
+from wmrl.methods.ppi_lambda0 import PPILambda0
+
+# isort: off
+# Each file registers its method; the import order is the order the CLI, the reports and
+# `compare.methods` list them in.
+from wmrl.methods import real, anchors_only, wm, mix, debias, denoise, wmrl, ppi  # noqa: F401
+
+# isort: on
+
+if TYPE_CHECKING:
+    from wmrl.config import RunConfig
+
+__all__ = [
+    "METHODS",
+    "Advantages",
+    "Control",
+    "Method",
+    "PPILambda0",
+    "Placebo",
+    "Step",
+    "controls",
+    "get_method",
+    "method_of",
+    "register_method",
+    "wm_methods",
+]
+
+
+def method_of(run: RunConfig) -> Method:
+    """The method object that trains ``run``: its registered ``method``, wrapped in its placebo
+    under ``wm_placebo``."""
+    method = get_method(run.method)
+    return Placebo(method) if run.wm_placebo else method
+
+
+def controls() -> dict[str, Control]:
+    """Every registered method's controls by name (``wmrl_placebo``, ``ppi_lambda0``, ...)."""
+    return {c.name: c for m in METHODS.values() for c in m.controls()}

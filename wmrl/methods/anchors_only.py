@@ -1,0 +1,20 @@
+"""``anchors_only``: GRPO on the anchor groups alone, the bar every WM method must clear."""
+
+import torch
+
+from wmrl.methods.base import Method, register_method
+
+
+@register_method
+class AnchorsOnly(Method):
+    """The same real executions as the WM methods (a random fraction of the sampled tasks), no WM:
+    the other sampled tasks are not even generated."""
+
+    name = "anchors_only"
+    summary = "GRPO on the anchor groups alone (the WM methods' real executions, no world model)"
+    uses_wm = False
+    config_sections = ("anchors",)
+
+    def select_tasks(self, tasks: list, anchor_groups: torch.Tensor) -> tuple[list, torch.Tensor]:
+        kept = [t for t, a in zip(tasks, anchor_groups.tolist(), strict=True) if a]
+        return kept, torch.ones(len(kept), dtype=torch.bool)

@@ -1,0 +1,303 @@
+"""The method contract: what the trainer, the config, the report and the domains ask of a method.
+
+A method (``real``, ``wmrl``, ``ppi``, ...) is one object in the registry ``METHODS``, as verl
+registers its advantage estimators: a subclass of :class:`Method`, decorated with
+:func:`register_method`, in a file of its own under ``wmrl/methods/``. A run names its method in its
+config (``method: ppi``); ``wmrl.methods.method_of(run)`` gives the object, wrapped in its placebo
+control under ``wm_placebo``. A method states what it is with a few class attributes and changes the
+training step through a few hooks, which :class:`wmrl.trainer.Trainer` calls in this order::
+
+    start_from_log(trainer, groups)     once, before a new run's first step (ppi.prior_from_log)
+    select_tasks(tasks, anchor_groups)  which sampled tasks are generated (anchors_only: the anchors)
+    prediction(pred, group_ids, ...)    the WM's prediction as the method sees it (placebo: permuted)
+    wm_scores(trainer, step)            the WM rows' rewards; the step's anchors measure the WM's
+                                        error and feed the calibration and the denoiser first
+    advantages(trainer, step)           per-row advantages and the rows in the loss
+
+The components a hook may use are the trainer's: ``trainer.debiaser`` (online isotonic calibration,
+wmrl/debias.py), ``trainer.denoiser`` (the anchor weight ``w``, wmrl/denoise.py), ``trainer.tuner``
+(ppi's λ, wmrl/ppi.py), ``trainer.policy`` and ``trainer.cfg``; their state is checkpointed with the
+run whatever its method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from wmrl.config import ConfigError, did_you_mean
+from wmrl.debias import centred_residual
+from wmrl.denoise import normalise_weights, sample_weights
+from wmrl.domain import Prediction, RolloutBatch
+from wmrl.learner import group_advantages
+
+if TYPE_CHECKING:
+    from wmrl.config import AnchorConfig, RunConfig
+    from wmrl.trainer import Trainer
+
+EXECUTES = ("all", "anchors", "none")
+LogGroups = list[tuple[list[float], list[float]]]
+"""A domain's pre-training execution log as anchor groups: ``(raw WM scores, true rewards)`` each."""
+
+
+@dataclass
+class Step:
+    """What one training step hands its method.
+
+    ``batch``: the step's rollouts (``R`` rows); ``n_tasks``: the tasks sampled and generated (the
+    groups after them, if any, are imagined twins of the anchor tasks, ``batch.twin_of``);
+    ``group_anchor`` ``[n_groups]`` bool: the groups executed for real; ``r_true`` ``[R]``: true
+    rewards, NaN off executed rows and on ungraded ones; ``pred``: the WM's prediction as the method
+    sees it (None for a method without a WM); ``r_wm`` ``[R]``: the rewards the method gives the WM
+    rows (:meth:`Method.wm_scores`; None without a WM)."""
+
+    batch: RolloutBatch
+    n_tasks: int
+    group_anchor: torch.Tensor
+    r_true: torch.Tensor
+    pred: Prediction | None = None
+    r_wm: torch.Tensor | None = None
+
+    @property
+    def is_anchor(self) -> torch.Tensor:
+        """``[R]`` bool: the rows of executed groups."""
+        return self.group_anchor[self.batch.group_ids]
+
+    @property
+    def anchor_rows(self) -> torch.Tensor:
+        """``[n_executed]`` long: the indices of the executed rows."""
+        return self.is_anchor.nonzero().squeeze(-1)
+
+    @property
+    def r_hat(self) -> torch.Tensor:
+        """``[R]`` the WM's raw scores (as the method sees them)."""
+        assert self.pred is not None, "a method without a WM has no WM scores"
+        return self.pred.mean
+
+    @property
+    def rewards(self) -> torch.Tensor:
+        """``[R]`` the step's rewards: true ones on executed rows, the WM rows' ``r_wm`` elsewhere."""
+        if self.r_wm is None:
+            return self.r_true.clone()
+        return torch.where(self.is_anchor, self.r_true, self.r_wm)
+
+
+@dataclass
+class Advantages:
+    """A method's answer for one step: ``adv`` ``[R]`` per-row advantages, ``used`` ``[R]`` bool the
+    rows in the loss, ``counted`` ``[R]`` bool the rows the loss divides by (None: the used ones)
+    and the method's metrics."""
+
+    adv: torch.Tensor
+    used: torch.Tensor
+    counted: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Method:
+    """One way to turn a step's rollouts into an update. The defaults are GRPO on mixed rewards:
+    anchor rows take their true rewards, the other rows the WM's scores (calibrated where
+    ``calibrates``), group advantages, anchor rows weighted by the denoiser's ``w`` where
+    ``denoises``. A subclass sets the class attributes and overrides the hooks it changes."""
+
+    # The registry key and the config's `method` value.
+    name: str = ""
+    # One line on what it does (an exported policy's model card).
+    summary: str = ""
+    # Which groups of a step are executed for real: "all" (GRPO), "anchors" (a random fraction,
+    # `anchors`), "none".
+    executes: str = "anchors"
+    # Whether it queries the world model (the other groups are scored by it, or it corrects it).
+    uses_wm: bool = True
+    # Whether the WM's scores go through the online isotonic calibration (wmrl/debias.py).
+    calibrates: bool = False
+    # Whether anchor advantages are weighted by the denoiser's w (wmrl/denoise.py).
+    denoises: bool = False
+    # Whether a closed-loop domain should add imagined twin groups of the anchor tasks
+    # (RolloutBatch.twin_of): only a method that pairs the WM's and the real rollouts of a task uses them.
+    uses_twins: bool = False
+    # The RunConfig sections that change what it does, besides grpo (a reader's and a tool's guide:
+    # the others' values are ignored by it).
+    config_sections: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"<method {self.name}>"
+
+    # ---- what the config, the grid and the reports ask ---------------------------------------
+    def controls(self) -> list[Control]:
+        """The controls a comparison runs beside it (docs/design.md section 7): a WM method's
+        placebo (its WM's scores permuted within each group)."""
+        from wmrl.methods.placebo import Placebo
+
+        return [Placebo(self)] if self.uses_wm else []
+
+    def check(self, run: RunConfig) -> None:
+        """Raise a ConfigError for a config it cannot run (the run's other fields are valid)."""
+        if self.executes == "anchors":
+            run.anchors.check_for(self.name, run.grpo.tasks_per_step)
+
+    def wants_execution_log(self, run: RunConfig) -> bool:
+        """Whether the domain should build its pre-training execution log as prior anchor groups
+        (``Domain.prior_anchor_groups``) for this run."""
+        return False
+
+    def n_anchor_groups(self, n_groups: int, cfg: AnchorConfig) -> int:
+        """How many of a step's ``n_groups`` groups are executed for real."""
+        if self.executes == "all":
+            return n_groups
+        return 0 if self.executes == "none" else cfg.count(n_groups)
+
+    def progress(self, metrics: dict[str, float]) -> dict[str, str]:
+        """What the training bar shows of a step's metrics besides the reward and the executions."""
+        return {"w": f"{metrics['denoise/w']:.2f}"}
+
+    # ---- the training step's hooks (called by wmrl.trainer.Trainer, in this order) ---------------
+    def start_from_log(self, trainer: Trainer, prior_groups: LogGroups | None) -> None:
+        """Once, before the first step of a new run for which :meth:`wants_execution_log` holds:
+        ``prior_groups`` is the domain's execution log as ``(raw WM scores, true rewards)`` groups."""
+
+    def select_tasks(self, tasks: list, anchor_groups: torch.Tensor) -> tuple[list, torch.Tensor]:
+        """The tasks to generate and their ``[n]`` bool anchor mask, from the step's sampled tasks."""
+        return tasks, anchor_groups
+
+    def prediction(self, pred: Prediction, group_ids: torch.Tensor, seed: int, step: int) -> Prediction:
+        """The WM's prediction ``[R]`` as the method sees it."""
+        return pred
+
+    def prior_groups(self, groups: LogGroups, seed: int) -> LogGroups:
+        """The execution log's ``(WM scores, true rewards)`` groups as the method sees them."""
+        return groups
+
+    def wm_scores(self, trainer: Trainer, step: Step) -> tuple[torch.Tensor, dict[str, float]]:
+        """``[R]`` the rewards the WM rows take, and metrics. The step's anchors are observed first
+        (:meth:`observe_anchors`), so a calibrating method uses the map refitted on them."""
+        metrics = self.observe_anchors(trainer, step)
+        return (trainer.debiaser(step.r_hat) if self.calibrates else step.r_hat), metrics
+
+    def observe_anchors(self, trainer: Trainer, step: Step) -> dict[str, float]:
+        """Measure the WM's error on this step's anchors with the calibration fitted *before* them
+        (out of sample), feed the denoiser (``denoises``: the residual after calibration where the
+        method calibrates, else on raw scores), then refit the calibration on the new pairs
+        (``calibrates``)."""
+        r_hat, r_true, rows = step.r_hat, step.r_true, step.anchor_rows
+        out: dict[str, float] = {"wm/pred_mean": nanmean(r_hat)}
+        if rows.numel() == 0:
+            return out
+        gid = torch.unique(step.batch.group_ids[rows], return_inverse=True)[1]
+        a_hat, a_true = r_hat[rows], r_true[rows]
+        a_cal = trainer.debiaser(a_hat)
+        out["wm/residual_before"] = nanmean(centred_residual(a_hat, a_true, gid))
+        out["wm/residual_after"] = nanmean(centred_residual(a_cal, a_true, gid))
+        if self.denoises:
+            trainer.denoiser.observe(a_cal if self.calibrates else a_hat, a_true, gid)
+        if self.calibrates:
+            out["debias/refit"] = float(trainer.debiaser.observe(a_hat, a_true))
+        return out
+
+    def advantages(self, trainer: Trainer, step: Step) -> Advantages:
+        """Group advantages of :attr:`Step.rewards`; with ``denoises``, anchor rows weighted by the
+        denoiser's ``w`` and, with ``denoise.sample_weights``, WM rows by their reported variance;
+        the weights rescaled to mean 1 over the used rows."""
+        cfg, is_anchor, pred = trainer.cfg, step.is_anchor, step.pred
+        adv, used = group_advantages(step.rewards, step.batch.group_ids, cfg.grpo.advantage, cfg.grpo.std_eps)
+        weights = torch.ones_like(adv)
+        if self.denoises:
+            weights = torch.where(is_anchor, torch.full_like(adv, trainer.denoiser.w), weights)
+            if cfg.denoise.sample_weights and pred is not None and pred.var is not None:
+                wm_rows = ~is_anchor & torch.isfinite(pred.var)
+                if wm_rows.any():
+                    d = cfg.denoise
+                    weights[wm_rows] = sample_weights(
+                        pred.var[wm_rows].float(), d.var_floor, d.sample_weight_max
+                    )
+        return Advantages(adv * normalise_weights(weights, used), used)
+
+
+class Control(Method):
+    """A control run beside its ``base`` method (docs/design.md section 7): the base's own code path
+    under the config ``overrides`` (``wmrl run`` flags), named ``<base>_<suffix>``. It answers every
+    question and runs every hook as its base does, except those it overrides."""
+
+    suffix: str = ""
+    overrides: tuple[str, ...] = ()
+
+    def __init__(self, base: Method):
+        self.base = base
+        self.name = f"{base.name}_{self.suffix}"
+        for attr in (
+            "summary",
+            "executes",
+            "uses_wm",
+            "calibrates",
+            "denoises",
+            "uses_twins",
+            "config_sections",
+        ):
+            setattr(self, attr, getattr(base, attr))
+
+    def controls(self) -> list[Control]:
+        return []
+
+    def check(self, run: RunConfig) -> None:
+        self.base.check(run)
+
+    def wants_execution_log(self, run: RunConfig) -> bool:
+        return self.base.wants_execution_log(run)
+
+    def n_anchor_groups(self, n_groups: int, cfg: AnchorConfig) -> int:
+        return self.base.n_anchor_groups(n_groups, cfg)
+
+    def progress(self, metrics: dict[str, float]) -> dict[str, str]:
+        return self.base.progress(metrics)
+
+    def start_from_log(self, trainer: Trainer, prior_groups: LogGroups | None) -> None:
+        self.base.start_from_log(trainer, prior_groups)
+
+    def select_tasks(self, tasks: list, anchor_groups: torch.Tensor) -> tuple[list, torch.Tensor]:
+        return self.base.select_tasks(tasks, anchor_groups)
+
+    def prediction(self, pred: Prediction, group_ids: torch.Tensor, seed: int, step: int) -> Prediction:
+        return self.base.prediction(pred, group_ids, seed, step)
+
+    def prior_groups(self, groups: LogGroups, seed: int) -> LogGroups:
+        return self.base.prior_groups(groups, seed)
+
+    def wm_scores(self, trainer: Trainer, step: Step) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.base.wm_scores(trainer, step)
+
+    def advantages(self, trainer: Trainer, step: Step) -> Advantages:
+        return self.base.advantages(trainer, step)
+
+
+METHODS: dict[str, Method] = {}
+"""Every registered method by name, in registration order (wmrl/methods/__init__.py)."""
+
+
+def register_method[M: type[Method]](cls: M) -> M:
+    """Class decorator: register one instance of ``cls`` under ``cls.name``."""
+    if not cls.name or cls.name in METHODS:
+        raise ValueError(f"method class {cls.__qualname__} needs a new, non-empty name, got {cls.name!r}")
+    if cls.executes not in EXECUTES:
+        raise ValueError(f"{cls.__qualname__}.executes={cls.executes!r} is not one of {', '.join(EXECUTES)}")
+    METHODS[cls.name] = cls()
+    return cls
+
+
+def get_method(name: str) -> Method:
+    """The registered method ``name``; a ConfigError naming the known ones otherwise."""
+    if name not in METHODS:
+        raise ConfigError(f"method={name!r} is not one of {', '.join(METHODS)}{did_you_mean(name, METHODS)}")
+    return METHODS[name]
+
+
+def wm_methods() -> tuple[str, ...]:
+    """The registered methods that query a world model."""
+    return tuple(name for name, m in METHODS.items() if m.uses_wm)
+
+
+def nanmean(x: torch.Tensor) -> float:
+    """The mean of the finite entries of ``x`` (NaN when there are none)."""
+    x = x[torch.isfinite(x)]
+    return float(x.mean()) if x.numel() else float("nan")
