@@ -67,6 +67,7 @@ from wmrl.config import (
     malformed_yaml,
     presets,
 )
+from wmrl.domain import check_domain
 from wmrl.experiment import _config_diffs, _result_fields, comparison_runs, with_control, writable_dir
 from wmrl.tracking import CHECKPOINT, RunDirError, _diff, read_metrics
 
@@ -506,8 +507,7 @@ def _evaluate(c: Cell, checkpoint: Path | None) -> dict:
 
 
 def _close(domain) -> None:
-    if hasattr(domain, "close"):
-        domain.close()
+    check_domain(domain).close_domain()
 
 
 def _reeval_current(c: Cell) -> dict | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from wmrl.config import ConfigError, DomainConfig, RunConfig
-from wmrl.domain import Job, Prediction, RolloutBatch
+from wmrl.domain import Job, Prediction, PriorGroups, RolloutBatch
 
 
 @DomainConfig.register_subclass("toy")
@@ -72,10 +72,7 @@ class ToyConfig(DomainConfig):
             )
 
     def build(self, run: RunConfig) -> ToyDomain:
-        domain = ToyDomain(self, seed=run.seed)
-        if run.method == "ppi" and run.ppi.prior_from_log:
-            domain.prior_anchor_groups = domain.execution_log(self.log_groups, run.grpo.group_size)
-        return domain
+        return ToyDomain(self, seed=run.seed, group_size=run.grpo.group_size)
 
     @classmethod
     def task_lines(cls) -> list[str]:
@@ -172,9 +169,10 @@ class ToyWorldModel:
 
 
 class ToyDomain:
-    def __init__(self, cfg: ToyConfig, seed: int):
+    def __init__(self, cfg: ToyConfig, seed: int, group_size: int = 8):
         self.cfg = cfg
         self.seed = seed
+        self.group_size = group_size  # the run's, for the execution log's groups
         self.problem = Problem.make(cfg)
         self.policy = SoftmaxPolicy(cfg.n_contexts, cfg.n_actions)
         self.sample_gen = torch.Generator().manual_seed(seed * 7919 + 17)
@@ -238,6 +236,11 @@ class ToyDomain:
         wm = ToyWorldModel(self.problem, torch.Generator().manual_seed(self.seed * 7919 + 43))
         r_hat, r = wm.predict(batch).mean.view(n_groups, -1), self.oracle_rewards(batch).view(n_groups, -1)
         return [(h.tolist(), t.tolist()) for h, t in zip(r_hat, r, strict=True)]
+
+    def prior_anchor_groups(self) -> PriorGroups:
+        """``cfg.log_groups`` groups of the starting policy as a pre-training execution log
+        (``ppi.prior_from_log``): :meth:`execution_log`, the same on every call."""
+        return self.execution_log(self.cfg.log_groups, self.group_size)
 
     def execution_jobs(self, batch: RolloutBatch, indices: Sequence[int]) -> list[Job]:
         r = self.oracle_rewards(batch)

@@ -34,7 +34,7 @@ from wmrl.debias import OnlineDebiaser, centred_residual
 from wmrl.denoise import InverseVarianceDenoiser, normalise_weights, sample_weights
 from wmrl.device import autocast, check_precision, module_device
 from wmrl.distributed import gather_batches, gather_rewards, group_owner, task_shares
-from wmrl.domain import Domain, Prediction, RolloutBatch
+from wmrl.domain import Domain, Prediction, RolloutBatch, check_domain
 from wmrl.executors import Executor, make_executor
 from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_gradient, score_directions
 from wmrl.ppi import PowerTuner, anchor_moments, gradient_row_products, ppi_rows, variance_ratio
@@ -107,6 +107,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, domain: Domain, resume: bool = False, accelerator=None):
         self.cfg = cfg
         self.domain = domain
+        self.caps = check_domain(domain)  # the domain's optional members (wmrl/domain.py)
         self.run_dir = Path(cfg.out_dir)
         self.acc = accelerator
         self.world = 1 if accelerator is None else accelerator.num_processes
@@ -117,7 +118,7 @@ class Trainer:
         torch.set_num_threads(cfg.torch_threads)
         self.policy = domain.policy
         dev = module_device(self.policy)
-        check_precision(cfg.precision, dev, getattr(domain, "bf16_unsupported", None))
+        check_precision(cfg.precision, dev, self.caps.bf16_unsupported)
         # --precision=bf16: the policy's and the WM's forward passes under torch.autocast
         self.autocast = lambda: autocast(cfg.precision, dev)
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -129,7 +130,8 @@ class Trainer:
         self.denoiser = InverseVarianceDenoiser(cfg.denoise)
         self.tuner = PowerTuner(cfg.ppi, cfg.grpo.advantage, cfg.grpo.std_eps)
         if cfg.method == "ppi" and cfg.ppi.prior_from_log and not resume:  # a resumed run restores them
-            self._seed_tuner(getattr(domain, "prior_anchor_groups", None))
+            prior = self.caps.prior_anchor_groups
+            self._seed_tuner(None if prior is None else prior())
         self.task_gen = torch.Generator().manual_seed(cfg.seed)
         self.update_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.step = 0
@@ -151,8 +153,7 @@ class Trainer:
             from wmrl.distributed import LogProbs
 
             if self.shard and self.world > 1:  # one process keeps the domain's own sampling
-                shard_rng = getattr(domain, "shard_rng", None)
-                if shard_rng is None:
+                if self.caps.shard_rng is None:
                     raise ConfigError(
                         f"distributed.generation='shard' needs a domain with shard_rng (independent "
                         f"sampling noise per rank); {type(domain).__name__} has none: use "
@@ -246,7 +247,7 @@ class Trainer:
         with timed("generate"), torch.no_grad(), self.autocast():
             if self.shard:
                 if self.world > 1:  # this rank's sampling noise for this step (a resume redraws it)
-                    self.domain.shard_rng(self.rank, self.step)
+                    self.caps.shard_rng(self.rank, self.step)
                 share = task_shares(len(tasks), self.world)[self.rank]
                 if len(share):
                     local = self.domain.generate(
@@ -255,8 +256,9 @@ class Trainer:
                         anchor_groups[share.start : share.stop],
                     )
                     self.generated_tasks += len(share)
-                padding = getattr(self.domain, "extras_padding", None)
-                batch, owner, _, src_row = gather_batches(local, len(share), self.acc, padding)
+                batch, owner, _, src_row = gather_batches(
+                    local, len(share), self.acc, self.caps.extras_padding
+                )
             else:
                 batch = self.domain.generate(tasks, cfg.grpo.group_size, anchor_groups)
                 self.generated_tasks += len(tasks)
@@ -275,23 +277,25 @@ class Trainer:
         exec_rows = (
             anchor_rows if owner is None else anchor_rows[owner[batch.group_ids[anchor_rows]] == self.rank]
         )
-        jobs = []
-        if exec_rows.numel():
-            jobs = (
-                self.domain.execution_jobs(local, src_row[exec_rows].tolist())
-                if self.shard
-                else self.domain.execution_jobs(batch, exec_rows.tolist())
-            )
+        # A closed-loop domain's real rollouts came with their true rewards (batch.real_rewards):
+        # taken as they are; the other anchor rows get execution jobs.
+        source, source_rows = (local, src_row[exec_rows]) if self.shard else (batch, exec_rows)
         r_true = torch.full((batch.n_rollouts,), float("nan"))
+        job_rows = exec_rows
+        if source is not None and source.real_rewards is not None:
+            known = source.real_rewards[source_rows].float()
+            r_true[exec_rows] = known
+            job_rows, source_rows = exec_rows[known.isnan()], source_rows[known.isnan()]
+        jobs = self.domain.execution_jobs(source, source_rows.tolist()) if job_rows.numel() else []
         pred = None
         if jobs and self.executor is None:
             # The domain's own pool when it holds one (one set of sandbox workers, not two); else one
             # created here, in the calling (main) thread, never in the worker thread below: a local
             # Ray cluster started from a thread that exits loses its GCS and raylet within seconds.
-            self.executor = getattr(self.domain, "executor", None)
+            self.executor = self.caps.executor
             self.owns_executor = self.executor is None
             if self.owns_executor:
-                init = getattr(self.domain, "worker_initializer", None)
+                init = self.caps.worker_initializer
                 self.executor = make_executor(self.cfg.executor, self.cfg.anchors.max_concurrent, init)
         with ThreadPoolExecutor(max_workers=1) as pool:
             future = None
@@ -307,7 +311,7 @@ class Trainer:
             if future is not None:
                 results = future.result()
                 times["time/execute"] = time.perf_counter() - t0
-                r_true[exec_rows] = torch.tensor([res.reward for res in results], dtype=torch.float32)
+                r_true[job_rows] = torch.tensor([res.reward for res in results], dtype=torch.float32)
         if self.acc is not None and anchor_rows.numel():  # every rank's true rewards, to every rank
             r_true = gather_rewards(exec_rows.tolist(), r_true[exec_rows].tolist(), batch.n_rollouts)
         n_exec = int(anchor_rows.numel())
@@ -394,9 +398,8 @@ class Trainer:
                 **times,
             }
         )
-        step_metrics = getattr(self.domain, "step_metrics", None)  # optional part of the protocol
-        if step_metrics is not None:
-            metrics.update({f"domain/{k}": float(v) for k, v in step_metrics().items()})
+        if self.caps.step_metrics is not None:
+            metrics.update({f"domain/{k}": float(v) for k, v in self.caps.step_metrics().items()})
         if self._media_due():  # logged by train() after the step's metrics
             self._media = (batch, None if pred is None else pred.mean.float(), r_true)
         step_time = time.perf_counter() - t_step
@@ -413,7 +416,7 @@ class Trainer:
             and self.step % every == 0
             and self.logger is not None
             and self.logger.wandb_active
-            and hasattr(self.domain, "rollout_media")
+            and self.caps.rollout_media is not None
         )
 
     def _log_media(self) -> None:
@@ -424,7 +427,7 @@ class Trainer:
         batch, predicted, true = self._media
         self._media = None
         with torch.random.fork_rng(), torch.no_grad():
-            media = self.domain.rollout_media(batch, predicted, true)
+            media = self.caps.rollout_media(batch, predicted, true)
         self.logger.log_media(self.step, media)
 
     def _weighted_advantages(

@@ -690,6 +690,18 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     world_model = ResearchWorldModel(
         wm, {t.id: t for t in all_tasks}, run_log, cfg.wm_update_steps, cfg.wm_input
     )
+    prior_groups = None
+    if run.method == "ppi" and run.ppi.prior_from_log:
+        prior_groups = prior_anchor_groups(
+            cfg,
+            run,
+            sft_examples,
+            random_examples,
+            cache,
+            _log_name(log_path, random_examples, random_path),
+            policy.tokenizer,
+            module_device(policy),
+        )
     domain = ResearchDomain(
         policy,
         world_model,
@@ -703,6 +715,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         cfg.eval_seed,
         seed=run.seed,
         prompt_style=cfg.prompt_style,
+        prior_groups=prior_groups,
     )
     eval_path = (
         cache
@@ -719,17 +732,6 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         "sft_runnable_frac": sft_eval["runnable_frac"],
     }
     domain.remember_start_evaluation(sft_eval)
-    if run.method == "ppi" and run.ppi.prior_from_log:
-        domain.prior_anchor_groups = prior_anchor_groups(
-            cfg,
-            run,
-            sft_examples,
-            random_examples,
-            cache,
-            _log_name(log_path, random_examples, random_path),
-            policy.tokenizer,
-            module_device(policy),
-        )
     runnable = [e.reward > FAILURE_SCORE for e in examples]
     info = {
         "cache": str(cache),

@@ -4,8 +4,9 @@ One task = (task id, reset seed, env split). A GRPO group = G rollouts of the po
 initial state and instruction.
 
 - **Anchor groups** are rolled out in the real simulator (sim anchor rollouts), the policy acting on
-  rendered frames. Their execution job returns the reward recorded during that real rollout
-  (``regrade=True``: re-simulate the recorded actions from the seed without rendering and grade them).
+  rendered frames: a closed loop, so the real rollout is the execution, and its reward goes back in
+  ``RolloutBatch.real_rewards`` (``regrade=True``: none does; the anchors' execution jobs re-simulate
+  the recorded actions from the seed without rendering and grade them).
 - **Other groups** are imagined entirely in the world model: the first frame comes from the
   simulator's reset (the task's initial observation, not an execution), then the policy acts on
   predicted frames.
@@ -50,7 +51,6 @@ from wmrl_vla.rollout import (
     goal_or_zeros,
     goal_xy,
     policy_actor,
-    recorded_reward,
     replay_reward,
     run_episodes,
 )
@@ -260,6 +260,7 @@ class VLADomain:
         twin_anchors: bool = False,
         imagine_input: str = "pixels",
         latent_refresh_steps: int = 5,
+        bf16_unsupported: str | None = None,
     ) -> None:
         import sims
 
@@ -305,6 +306,7 @@ class VLADomain:
         self.latent_adapter: LatentAdapter | None = None
         self.latent_optimizer: torch.optim.Optimizer | None = None
         self.latent_metrics: dict[str, float] = {}
+        self.bf16_unsupported = bf16_unsupported  # why --precision=bf16 is refused (a lerobot policy)
 
     def shard_rng(self, rank: int, step: int) -> None:
         """Data-parallel ``generation="shard"`` (wmrl/distributed.py), before each step's generation:
@@ -655,6 +657,8 @@ class VLADomain:
                 **latent_extras,
             },
             twin_of=twin_of,
+            # the simulator's rewards of the anchor rollouts (NaN on imagined ones): the closed loop
+            real_rewards=None if self.regrade else torch.tensor([float(r["reward"]) for r in rollouts]),
         )
 
     # ------------------------------------------------------------------ media
@@ -751,6 +755,9 @@ class VLADomain:
 
     # ------------------------------------------------------------------ execution
     def execution_jobs(self, batch: RolloutBatch, indices: Sequence[int]) -> list[Job]:
+        """A second real execution of sim rollouts ``indices``: their recorded actions re-simulated
+        from the seed, without rendering (the trainer asks for it with ``regrade=True`` only; else
+        the rewards recorded in the closed loop, ``RolloutBatch.real_rewards``, are the true ones)."""
         jobs = []
         for i in indices:
             p = batch.payload[int(i)]
@@ -760,14 +767,8 @@ class VLADomain:
                     "(passed to generate as anchor_groups) can be executed"
                 )
             task = batch.tasks[int(batch.group_ids[int(i)])]
-            if self.regrade:
-                jobs.append(
-                    Job(
-                        replay_reward, (p["task_id"], p["seed"], task.env_split, p["actions"], self.max_steps)
-                    )
-                )
-            else:
-                jobs.append(Job(recorded_reward, (p["reward"],)))
+            args = (p["task_id"], p["seed"], task.env_split, p["actions"], self.max_steps)
+            jobs.append(Job(replay_reward, args))
         return jobs
 
     def oracle_rewards(self, batch: RolloutBatch) -> torch.Tensor | None:

@@ -531,12 +531,14 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         twin_anchors=cfg.twin_anchors and run.method == "ppi",  # only ppi's update uses twins
         imagine_input=cfg.imagine_input,
         latent_refresh_steps=cfg.latent_refresh_steps,
+        # --precision=bf16 (wmrl.device.check_precision)
+        bf16_unsupported=None
+        if cfg.policy == "small_vla"
+        else f"domain.policy={cfg.policy} (a lerobot policy) is run in float32 only",
     )
     if cfg.imagine_input == "latent":
         with stage(f"[vla] fitting the latent adapter ({cfg.latent_adapter_steps} steps)", show):
             domain.fit_latent_adapter(steps=cfg.latent_adapter_steps)
-    if cfg.policy != "small_vla":  # --precision=bf16 (wmrl.device.check_precision)
-        domain.bf16_unsupported = f"domain.policy={cfg.policy} (a lerobot policy) is run in float32 only"
     return domain
 
 
