@@ -47,12 +47,14 @@ class RolloutBatch:
         payload: one domain-defined record per rollout (a trajectory, an edited solution, ...).
         extras: domain-defined batched tensors the policy needs to recompute log-probs
             (observations, prompts), keyed by name; each has ``N`` as its first dimension.
-        twin_of: ``[n_groups]`` long or None. A domain whose WM rollouts are not its real ones
-            (imagined robot rollouts) may append, after the groups of the sampled tasks, an
-            imagined *twin* group for each anchor task: ``twin_of[g]`` is the real group it mirrors
-            (its rollout j drawn with rollout j's sampling noise), -1 for every other group. Twins
-            are scored by the WM and never executed; ``ppi`` uses them for the task-level
-            correction ``g(t) - λ ĝ(t)`` (wmrl/ppi.py). None: no twins.
+        real_row: ``[N]`` long or None: the WM-row to real-row map. A domain whose WM rollouts are
+            not its real ones (imagined robot rollouts) may append, after the groups of the sampled
+            tasks, WM-only rows that stand for real rollouts: ``real_row[i]`` is the row of the real
+            rollout that row ``i``'s WM score stands for (e.g. an imagined *twin* drawn with that
+            rollout's sampling noise), -1 on every row that stands for itself. Rows that stand for
+            another are scored by the WM and never executed, and the real rows they stand for leave
+            the WM stream to them; ``ppi`` pairs them for its correction ``g(t) - λ ĝ(t)``
+            (wmrl/ppi.py). None: every row stands for itself.
         real_rewards: ``[N]`` float or None. A closed-loop domain's true rewards of the rows it rolled
             out for real while generating (NaN on the others): the trainer uses them as the anchor
             rows' true rewards with no execution job. None: every anchor row is executed.
@@ -65,7 +67,7 @@ class RolloutBatch:
     tasks: list[Any]
     payload: list[Any] = field(default_factory=list)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
-    twin_of: torch.Tensor | None = None
+    real_row: torch.Tensor | None = None
     real_rewards: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
@@ -82,10 +84,8 @@ class RolloutBatch:
             )
         if self.payload and len(self.payload) != n:
             raise ValueError(f"RolloutBatch.payload has {len(self.payload)} records for {n} rollouts")
-        if self.twin_of is not None and self.twin_of.shape != (len(self.tasks),):
-            raise ValueError(
-                f"RolloutBatch.twin_of has shape {tuple(self.twin_of.shape)}, expected ({len(self.tasks)},)"
-            )
+        if self.real_row is not None and self.real_row.shape != (n,):
+            raise ValueError(f"RolloutBatch.real_row has shape {tuple(self.real_row.shape)}, expected ({n},)")
         if self.real_rewards is not None and self.real_rewards.shape != (n,):
             raise ValueError(
                 f"RolloutBatch.real_rewards has shape {tuple(self.real_rewards.shape)}, expected ({n},)"
@@ -93,7 +93,7 @@ class RolloutBatch:
 
     def select(self, rows: torch.Tensor) -> RolloutBatch:
         """The rollouts ``rows`` (``[M]`` long). ``tasks`` and ``group_ids`` are kept as they are, so
-        ``tasks[group_ids[i]]`` still names row i's task."""
+        ``tasks[group_ids[i]]`` still names row i's task. ``real_row`` is dropped (row numbers change)."""
         idx = rows.tolist()
         return RolloutBatch(
             tokens=self.tokens[rows],
@@ -103,7 +103,6 @@ class RolloutBatch:
             tasks=self.tasks,
             payload=[self.payload[i] for i in idx] if self.payload else [],
             extras={k: v[rows] for k, v in self.extras.items()},
-            twin_of=self.twin_of,
             real_rewards=None if self.real_rewards is None else self.real_rewards[rows],
         )
 
@@ -121,7 +120,7 @@ class RolloutBatch:
             tasks=self.tasks,
             payload=self.payload,
             extras={k: v.to(dev) for k, v in self.extras.items()},
-            twin_of=None if self.twin_of is None else self.twin_of.to(dev),
+            real_row=self.real_row,
             real_rewards=self.real_rewards,
         )
 
@@ -214,7 +213,7 @@ class Domain(Protocol):
         whose rollouts do not depend on where they run (the toy, research edits) ignores it; a
         *closed-loop* domain (a robot) rolls anchor groups out in the real simulator here, hands
         their true rewards back in ``RolloutBatch.real_rewards`` (no execution job is then made for
-        them) and may append imagined twin groups of the anchor tasks (``RolloutBatch.twin_of``).
+        them) and may append imagined twins of them that stand for them (``RolloutBatch.real_row``).
         """
         ...
 

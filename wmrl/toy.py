@@ -194,7 +194,7 @@ class ToyDomain:
         ctx = torch.tensor(list(tasks)).repeat_interleave(group_size)  # [N]
         probs = torch.softmax(self.policy.theta.detach()[ctx], dim=-1)  # [N, A]
         tokens = torch.multinomial(probs, 1, generator=self.sample_gen)  # [N, 1]
-        tasks, twin_of = list(tasks), None
+        tasks, real_row = list(tasks), None
         if self.cfg.twin_anchors and anchor_groups.any():
             real = anchor_groups.nonzero().squeeze(-1)  # [n]
             rows = (real[:, None] * group_size + torch.arange(group_size)).flatten()  # [n * G]
@@ -205,7 +205,7 @@ class ToyDomain:
             )
             ctx, tokens = torch.cat([ctx, ctx[rows]]), torch.cat([tokens, twin_tokens])
             probs = torch.cat([probs, probs[rows]])
-            twin_of = torch.cat([torch.full((len(tasks),), -1), real])
+            real_row = torch.cat([torch.full((len(tasks) * group_size,), -1), rows])  # twins -> real rows
             tasks = tasks + [tasks[g] for g in real.tolist()]
         logprobs = probs.gather(1, tokens).log()
         return RolloutBatch(
@@ -215,7 +215,7 @@ class ToyDomain:
             group_ids=torch.arange(len(tasks)).repeat_interleave(group_size),
             tasks=tasks,
             extras={"context": ctx},
-            twin_of=twin_of,
+            real_row=real_row,
         )
 
     def execution_log(self, n_groups: int, group_size: int) -> list[tuple[list[float], list[float]]]:

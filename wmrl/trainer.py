@@ -265,12 +265,12 @@ class Trainer:
                 if self.acc is not None:
                     owner = group_owner(batch, len(tasks), self.world)
         batch.logprobs = batch.logprobs.float()  # sampled under autocast: the loss is in float32
-        # A domain may append imagined twin groups of the anchor tasks (batch.twin_of); never executed.
+        # A domain may append WM-only rows (imagined twins) that stand for real ones (batch.real_row).
         group_anchor = torch.zeros(batch.n_groups, dtype=torch.bool)
         group_anchor[: len(tasks)] = anchor_groups
         is_anchor = group_anchor[batch.group_ids]
         anchor_rows = is_anchor.nonzero().squeeze(-1)
-        anchor_task = group_anchor | (batch.twin_of >= 0) if batch.twin_of is not None else group_anchor
+        anchor_task = is_anchor | (batch.real_row >= 0) if batch.real_row is not None else is_anchor  # [N]
 
         # Real execution (anchor rows; data-parallel: this rank's) runs in a thread while the WM
         # scores the batch here.
@@ -373,7 +373,7 @@ class Trainer:
                         model=self.model,
                         autocast=self.autocast,
                         counted=None if counted is None else counted.to(dev),
-                        anchor=anchor_task[batch.group_ids].to(dev),
+                        anchor=anchor_task.to(dev),
                     )
                 )
             if refine_wm:
@@ -477,7 +477,7 @@ class Trainer:
         lam = self.tuner.lam(calibrate, var)
         n_anchors = int(group_anchor.sum())
         p = ppi_rows(
-            r_true, r_cal, batch.group_ids, group_anchor, batch.twin_of, n_tasks, lam, g.advantage, g.std_eps
+            r_true, r_cal, batch.group_ids, group_anchor, batch.real_row, n_tasks, lam, g.advantage, g.std_eps
         )
         gid, pair, adv_true, adv_wm = batch.group_ids, p.pair, p.adv_true, p.adv_wm
 

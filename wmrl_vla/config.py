@@ -109,7 +109,7 @@ class VLAConfig(DomainConfig):
     # pretraining, refitted on every step's anchors before the WM trains on them.
     wm_calibrate: bool = True
     # Imagine a twin group for every anchor group with the same sampling noise as its real rollouts
-    # (common random numbers), for `ppi`'s task-level correction (RolloutBatch.twin_of); other
+    # (common random numbers), for `ppi`'s task-level correction (RolloutBatch.real_row); other
     # methods ignore it.
     twin_anchors: bool = False
     # What the policy sees in imagination: "pixels" (frames decoded by the world model, the pixel

@@ -17,7 +17,8 @@ initial state and instruction.
 - ``world_model.update`` trains the WM on the anchor rollouts (and appends them to the LeRobot
   dataset of the run).
 - ``twin_anchors``: each anchor group also gets an imagined *twin* group (appended after the
-  sampled tasks' groups, ``RolloutBatch.twin_of``) from the same initial observation, whose rollout
+  sampled tasks' groups, its rows standing for the real ones: ``RolloutBatch.real_row``) from the
+  same initial observation, whose rollout
   j samples its actions with real rollout j's uniforms (common random numbers, inverse-CDF
   sampling): ``ppi``'s task-level correction ``g_real - λ ĝ_twin`` then has a low variance.
 
@@ -382,8 +383,11 @@ class VLADomain:
         # an imagined twin of every anchor group: rollout j drawn with real rollout j's uniforms
         twin_noise = noise[sim_groups].flatten(0, 1)
         rollouts += self._imagine([tasks[g] for g in sim_groups], group_size, noise=twin_noise)
-        twin_of = torch.tensor([-1] * n_groups + sim_groups)
-        return self._collate(rollouts, [*tasks, *(tasks[g] for g in sim_groups)], group_size, twin_of)
+        real_row = torch.tensor(
+            [-1] * (n_groups * group_size)
+            + [g * group_size + j for g in sim_groups for j in range(group_size)]
+        )
+        return self._collate(rollouts, [*tasks, *(tasks[g] for g in sim_groups)], group_size, real_row)
 
     def _from_sim(self, r: SimRollout) -> dict:
         return {
@@ -604,7 +608,7 @@ class VLADomain:
         rollouts: list[dict],
         tasks: Sequence[VLATask],
         group_size: int,
-        twin_of: torch.Tensor | None = None,
+        real_row: torch.Tensor | None = None,
     ) -> RolloutBatch:
         n = len(rollouts)
         t_max = max(len(r["actions"]) for r in rollouts)
@@ -656,7 +660,7 @@ class VLADomain:
                 "init_states": states[:, 0].clone(),
                 **latent_extras,
             },
-            twin_of=twin_of,
+            real_row=real_row,
             # the simulator's rewards of the anchor rollouts (NaN on imagined ones): the closed loop
             real_rewards=None if self.regrade else torch.tensor([float(r["reward"]) for r in rollouts]),
         )

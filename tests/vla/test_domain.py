@@ -312,7 +312,7 @@ def test_twin_groups_share_the_real_rollouts_sampling_noise(built):
         batch = domain.generate(tasks, 4, torch.tensor([True, False, True]))
     finally:
         domain.twin_anchors = False
-    assert batch.n_groups == 5 and batch.twin_of.tolist() == [-1, -1, -1, 0, 2]
+    assert batch.n_groups == 5 and batch.real_row.tolist() == [-1] * 12 + [0, 1, 2, 3, 8, 9, 10, 11]
     assert batch.tasks[3:] == [tasks[0], tasks[2]]
     kinds = [p["kind"] for p in batch.payload]
     assert kinds == ["sim"] * 4 + ["imagined"] * 4 + ["sim"] * 4 + ["imagined"] * 8
