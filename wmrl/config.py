@@ -346,7 +346,7 @@ class DomainConfig(draccus.ChoiceRegistry):
     domain offers ``prior_anchor_groups`` (``ppi.prior_from_log``)."""
 
     HELDOUT_SCORE = "score"
-    HELDOUT_SIZE = None
+    HELDOUT_SIZE: str | None = None
     HAS_EXECUTION_LOG = False  # the built domain offers prior_anchor_groups (ppi.prior_from_log)
 
     def build(self, run: RunConfig) -> Domain:  # pragma: no cover - interface
@@ -720,6 +720,6 @@ def _yaml_value(value: Any) -> str:
 def _default_of(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
     return dataclasses.MISSING

@@ -25,7 +25,7 @@ import os
 import torch
 
 from wmrl.config import RunConfig
-from wmrl.domain import RolloutBatch
+from wmrl.domain import RolloutBatch, log_probs
 
 
 def wants_distributed(cfg: RunConfig) -> bool:
@@ -59,7 +59,7 @@ class LogProbs(torch.nn.Module):
         self.policy = policy
 
     def forward(self, batch: RolloutBatch) -> torch.Tensor:
-        return self.policy.log_probs(batch)
+        return log_probs(self.policy, batch)
 
 
 def task_shares(n_tasks: int, world: int) -> list[range]:
@@ -144,7 +144,8 @@ def join_shares(
     total_real = sum(n for _, (_, n) in present)
     t_max = max(b.tokens.shape[1] for _, (b, _) in present)
     real_off, twin_off = 0, 0
-    gids, tasks, cols = [], {}, {k: [] for k in ("tokens", "logprobs", "mask")}
+    cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("tokens", "logprobs", "mask")}
+    gids, tasks = [], {}
     extras: dict[str, list[torch.Tensor]] = {}
     payload, src_rank, src_row, real_rows = [], [], [], []
     has_twins = any(b.real_row is not None for _, (b, _) in present)

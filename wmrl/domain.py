@@ -29,7 +29,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 
@@ -150,6 +150,11 @@ class Policy(Protocol):
         ...
 
 
+def log_probs(policy: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
+    """``policy.log_probs(batch)`` ``[N, T]`` of a policy module (a :class:`Policy`)."""
+    return cast(Policy, policy).log_probs(batch)
+
+
 @runtime_checkable
 class WorldModel(Protocol):
     """Predicts the outcome of rollouts without executing them; refined online on anchor data."""
@@ -199,8 +204,13 @@ class Domain(Protocol):
     """The members every domain has (docs/design.md section 3); the optional ones are
     :class:`DomainCapabilities`. :func:`check_domain` inspects both once, when the trainer starts."""
 
-    policy: torch.nn.Module  # a Policy: also ``log_probs(batch) -> [N, T]``
-    world_model: WorldModel
+    @property
+    def policy(self) -> torch.nn.Module:
+        """The policy being trained: a ``torch.nn.Module`` that is a :class:`Policy`."""
+        ...
+
+    @property
+    def world_model(self) -> WorldModel: ...
 
     def sample_tasks(self, n: int, split: str, generator: torch.Generator) -> list[Any]:
         """``n`` task specs from ``split`` ("train" or "eval"), drawn with ``generator``."""

@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import draccus
 from draccus.utils import DraccusException
@@ -224,7 +225,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
     except ConfigError:
         raise
     except (draccus.ParsingError, argparse.ArgumentError, ValueError, TypeError, KeyError) as e:
-        cause = e
+        cause: BaseException | None = e
         while cause is not None and not isinstance(cause, ConfigError):
             cause = cause.__cause__ or cause.__context__
         raise (cause or ConfigError(f"invalid grid spec {path}: {e}")) from None
@@ -592,7 +593,7 @@ def _run_ray(fn: Callable, args: list[tuple], ex: GridExecutorConfig):
 
     started = False
     if not ray.is_initialized():
-        kwargs = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
+        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
         try:
             if ex.ray_address is None:
                 _start_local_ray(ray, num_cpus=max(ex.workers, int(ex.num_cpus) or 1), **kwargs)

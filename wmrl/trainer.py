@@ -34,8 +34,8 @@ from wmrl.debias import OnlineDebiaser, centred_residual
 from wmrl.denoise import InverseVarianceDenoiser, normalise_weights, sample_weights
 from wmrl.device import autocast, check_precision, module_device
 from wmrl.distributed import gather_batches, gather_rewards, group_owner, task_shares
-from wmrl.domain import Domain, Prediction, RolloutBatch, check_domain
-from wmrl.executors import Executor, make_executor
+from wmrl.domain import Domain, JobRunner, Prediction, RolloutBatch, check_domain
+from wmrl.executors import make_executor
 from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_gradient, score_directions
 from wmrl.ppi import PowerTuner, anchor_moments, gradient_row_products, ppi_rows, variance_ratio
 from wmrl.tracking import (
@@ -73,7 +73,7 @@ def _quiet_dataset_bars():
     was = os.environ.get("HF_DATASETS_DISABLE_PROGRESS_BARS")
     os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when datasets is first imported
     enabled = datasets is not None and datasets.is_progress_bar_enabled()
-    if enabled:
+    if enabled and datasets is not None:
         datasets.disable_progress_bars()
     try:
         yield
@@ -82,7 +82,7 @@ def _quiet_dataset_bars():
             os.environ.pop("HF_DATASETS_DISABLE_PROGRESS_BARS", None)
         else:
             os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = was
-        if enabled:
+        if enabled and datasets is not None:
             datasets.enable_progress_bars()
 
 
@@ -141,7 +141,7 @@ class Trainer:
         self.saved_step = 0  # the step of the checkpoint on disk (0: none)
         self.ungraded_streak = 0  # steps in a row whose every anchor came back ungraded
         self.exec_error: str | None = None  # the first failed job's error of the last execution
-        self.executor: Executor | None = None
+        self.executor: JobRunner | None = None
         self.owns_executor = False  # False while the executor is the domain's (its close is the domain's)
         if resume:
             self._restore()
@@ -161,7 +161,8 @@ class Trainer:
                     )
             self.model, self.optimizer = accelerator.prepare(LogProbs(self.policy), self.optimizer)
         self.logger = MetricsLogger(self.run_dir, cfg, resume) if self.is_main else None
-        self._media = None  # (batch, predicted, true rewards) of a step whose media are due
+        # (batch, predicted, true rewards) of a step whose media are due
+        self._media: tuple[RolloutBatch, torch.Tensor | None, torch.Tensor] | None = None
 
     def _seed_tuner(self, groups: list[tuple[list[float], list[float]]] | None) -> None:
         """Start ``λ``'s window with the domain's prior anchor groups ``(raw WM scores, true
@@ -246,8 +247,8 @@ class Trainer:
         owner = local = src_row = None  # data-parallel: each group's rank; this rank's own batch
         with timed("generate"), torch.no_grad(), self.autocast():
             if self.shard:
-                if self.world > 1:  # this rank's sampling noise for this step (a resume redraws it)
-                    self.caps.shard_rng(self.rank, self.step)
+                if self.world > 1 and self.caps.shard_rng is not None:  # this rank's sampling noise
+                    self.caps.shard_rng(self.rank, self.step)  # for this step (a resume redraws it)
                 share = task_shares(len(tasks), self.world)[self.rank]
                 if len(share):
                     local = self.domain.generate(
@@ -279,14 +280,18 @@ class Trainer:
         )
         # A closed-loop domain's real rollouts came with their true rewards (batch.real_rewards):
         # taken as they are; the other anchor rows get execution jobs.
-        source, source_rows = (local, src_row[exec_rows]) if self.shard else (batch, exec_rows)
+        source, source_rows = (local, src_row[exec_rows]) if src_row is not None else (batch, exec_rows)
         r_true = torch.full((batch.n_rollouts,), float("nan"))
         job_rows = exec_rows
         if source is not None and source.real_rewards is not None:
             known = source.real_rewards[source_rows].float()
             r_true[exec_rows] = known
             job_rows, source_rows = exec_rows[known.isnan()], source_rows[known.isnan()]
-        jobs = self.domain.execution_jobs(source, source_rows.tolist()) if job_rows.numel() else []
+        jobs = (
+            self.domain.execution_jobs(source, source_rows.tolist())
+            if source is not None and job_rows.numel()
+            else []
+        )
         pred = None
         if jobs and self.executor is None:
             # The domain's own pool when it holds one (one set of sandbox workers, not two); else one
@@ -333,6 +338,7 @@ class Trainer:
 
         counted = None  # the rows the loss divides by (None: the used ones)
         if method == "ppi":
+            assert pred is not None, "ppi uses the world model"
             adv, used, counted, ppi_metrics = self._ppi(
                 batch, r_hat, pred.var, r_wm, r_true, group_anchor, len(tasks)
             )
@@ -422,8 +428,8 @@ class Trainer:
     def _log_media(self) -> None:
         """The domain's ``rollout_media(batch, predicted, true)`` of the step kept by train_step: its
         RNG draws (a WM decoding frames) are undone, so logging media never changes a run."""
-        if self._media is None:
-            return
+        if self._media is None or self.caps.rollout_media is None or self.logger is None:
+            return  # none due (_media_due checks the two others)
         batch, predicted, true = self._media
         self._media = None
         with torch.random.fork_rng(), torch.no_grad():
