@@ -16,9 +16,11 @@ learner the same small batch structure, :class:`RolloutBatch`.
   of the rows they rolled out for real in ``RolloutBatch.real_rewards``; the trainer takes them as
   they are and asks ``execution_jobs`` only for anchor rows without one.
 
-To add a domain: a config class registered on :class:`wmrl.config.DomainConfig` whose ``build(run)``
-returns the domain, named under ``[project.entry-points."wmrl.domains"]``; then
-``tests/core/test_domain_contract.py`` runs it through :func:`check_domain` and one step.
+To add a domain: implement :class:`Domain` (and the capabilities it needs); register a config
+dataclass on :class:`wmrl.config.DomainConfig` (``@DomainConfig.register_subclass("name")``) whose
+``build(run)`` returns the domain, in a light module (``wmrl_vla/plugin.py``,
+``wmrl_research/plugin.py``) named under ``[project.entry-points."wmrl.domains"]``; add it to
+``tests/test_domain_contract.py``, which runs each domain through :func:`check_domain` and one round.
 
 Shapes: ``N`` rollouts in ``N // G`` groups of ``G`` (group ``g`` holds rows ``g*G .. g*G+G-1``),
 ``T`` action tokens per rollout (padded; ``mask`` marks the real ones).
