@@ -56,3 +56,15 @@ def ray_cluster():
     RayExecutor(max_concurrent=2, timeout_s=60.0)  # ray.init, unless a cluster is already up
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def vla_debug(tmp_path_factory):
+    """The vla-debug preset built once per session (demos, SFT, WM cached under ``root/cache``)."""
+    from wmrl.config import load_config
+
+    root = tmp_path_factory.mktemp("vla")
+    cfg = load_config("vla-debug", [f"--out_dir={root / 'run'}", f"--domain.cache_dir={root / 'cache'}"])
+    domain = cfg.domain.build(cfg)
+    yield cfg, domain, root
+    domain.close()

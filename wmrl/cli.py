@@ -43,9 +43,13 @@ def _epilog() -> str:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    run_parser: argparse.ArgumentParser  # for `wmrl run PRESET --help`
+
+
+def build_parser() -> _Parser:
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="wmrl",
         description="World-model RL post-training: GRPO with anchor groups, online debiasing and denoising.",
         epilog=_epilog(),

@@ -350,7 +350,7 @@ class DomainConfig(draccus.ChoiceRegistry):
     domain offers ``prior_anchor_groups`` (``ppi.prior_from_log``)."""
 
     HELDOUT_SCORE = "score"
-    HELDOUT_SIZE = None
+    HELDOUT_SIZE: str | None = None
     HAS_EXECUTION_LOG = False  # the built domain offers prior_anchor_groups (ppi.prior_from_log)
 
     def build(self, run: RunConfig) -> Domain:  # pragma: no cover - interface

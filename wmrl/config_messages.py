@@ -49,7 +49,7 @@ def field_names(cls: type, prefix: str = "") -> list[str]:
     out = []
     for f in dataclasses.fields(cls):
         name, sub = prefix + f.name, hints.get(f.name)
-        if _is_registry(sub):
+        if sub is not None and _is_registry(sub):
             out.append(f"{name}.type")
             for choice in sub.get_known_choices().values():
                 out += field_names(choice, f"{name}.")
@@ -169,6 +169,6 @@ def _yaml_value(value: Any) -> str:
 def _default_of(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
     return dataclasses.MISSING

@@ -56,8 +56,9 @@ class OnlineDebiaser:
         """``f(r_hat)`` elementwise (``[N]``); the identity before the first fit. NaN stays NaN."""
         if not self.fitted:
             return r_hat.clone()
-        out = np.interp(r_hat.detach().double().numpy(), self.x_knots, self.y_knots)
-        out = torch.from_numpy(out).to(r_hat.dtype)
+        assert self.x_knots is not None and self.y_knots is not None  # fitted
+        mapped = np.interp(r_hat.detach().double().numpy(), self.x_knots, self.y_knots)
+        out = torch.from_numpy(mapped).to(r_hat.dtype)
         return torch.where(torch.isfinite(r_hat), out, r_hat)
 
     def state_dict(self) -> dict:

@@ -78,21 +78,22 @@ class InverseVarianceDenoiser:
     @property
     def s2(self) -> float | None:
         """The noise-to-signal ratio ``res_avg / var_avg`` (None before the first observation)."""
-        return None if self.res_avg is None else self.res_avg / self.var_avg
+        return None if self.res_avg is None or self.var_avg is None else self.res_avg / self.var_avg
 
     def observe(self, pred: torch.Tensor, true: torch.Tensor, group_ids: torch.Tensor) -> None:
         """Fold in the anchor groups of one step (``[M]`` tensors)."""
         res, var = residuals_and_variances(pred, true, group_ids)
         for r, v in zip(res.tolist(), var.tolist(), strict=True):
-            if self.res_avg is None:
+            if self.res_avg is None or self.var_avg is None:
                 self.res_avg, self.var_avg = r, v
             else:
                 self.res_avg = (1 - self.alpha) * self.res_avg + self.alpha * r
                 self.var_avg = (1 - self.alpha) * self.var_avg + self.alpha * v
             self.n_obs += 1
-            if self.c is None and self.n_obs >= self.cfg.warmup_obs:
+            s2 = self.s2
+            if self.c is None and s2 is not None and self.n_obs >= self.cfg.warmup_obs:
                 # c such that w == w_target now; a WM with no residual gets no up-weighting.
-                self.c = (self.cfg.w_target - 1.0) / self.s2 if self.s2 > 0 else 0.0
+                self.c = (self.cfg.w_target - 1.0) / s2 if s2 > 0 else 0.0
 
     @property
     def w(self) -> float:

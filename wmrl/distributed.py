@@ -25,7 +25,7 @@ import os
 import torch
 
 from wmrl.config import RunConfig
-from wmrl.domain import RolloutBatch
+from wmrl.domain import RolloutBatch, log_probs
 
 
 def wants_distributed(cfg: RunConfig) -> bool:
@@ -59,7 +59,7 @@ class LogProbs(torch.nn.Module):
         self.policy = policy
 
     def forward(self, batch: RolloutBatch) -> torch.Tensor:
-        return self.policy.log_probs(batch)
+        return log_probs(self.policy, batch)
 
 
 def task_shares(n_tasks: int, world: int) -> list[range]:
@@ -75,13 +75,13 @@ def task_shares(n_tasks: int, world: int) -> list[range]:
 
 def group_owner(batch: RolloutBatch, n_tasks: int, world: int) -> torch.Tensor:
     """``[n_groups]`` long: the rank that owns each group of a whole-step batch (real groups by
-    :func:`task_shares`; a twin group with its real group)."""
+    :func:`task_shares`; a group of twins with the group of the real rows they stand for)."""
     owner = torch.zeros(batch.n_groups, dtype=torch.long)
     for r, share in enumerate(task_shares(n_tasks, world)):
         owner[share.start : share.stop] = r
-    if batch.twin_of is not None:
-        twins = (batch.twin_of >= 0).nonzero().squeeze(-1)
-        owner[twins] = owner[batch.twin_of[twins]]
+    if batch.real_row is not None:
+        twins = (batch.real_row >= 0).nonzero().squeeze(-1)
+        owner[batch.group_ids[twins]] = owner[batch.group_ids[batch.real_row[twins]]]
     return owner
 
 
@@ -103,9 +103,9 @@ def gather_batches(
     """Every rank's share of the step, joined into the batch one process would have generated.
 
     ``local``: this rank's batch (None for a rank with no task this step), whose first ``n_real``
-    groups are its sampled tasks and any later ones imagined twins. The global batch holds all real
-    groups first (rank order, so task order is the global one), then all twins; rows are
-    group-major; token dimensions are right-padded (mask 0) to the longest share.
+    groups are its sampled tasks and any later ones imagined twins (``real_row``). The global batch
+    holds all real groups first (rank order, so task order is the global one), then all twins, its
+    ``real_row`` pointing at their real rows there; rows are group-major; token dimensions are right-padded (mask 0) to the longest share.
 
     Returns the batch, ``owner`` ``[n_groups]`` (rank of each group), and for each row its source
     rank and its row in that rank's own batch (``[N]`` each).
@@ -144,19 +144,22 @@ def join_shares(
     total_real = sum(n for _, (_, n) in present)
     t_max = max(b.tokens.shape[1] for _, (b, _) in present)
     real_off, twin_off = 0, 0
-    gids, tasks, twin_of, cols = [], {}, {}, {k: [] for k in ("tokens", "logprobs", "mask")}
+    cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("tokens", "logprobs", "mask")}
+    gids, tasks = [], {}
     extras: dict[str, list[torch.Tensor]] = {}
-    payload, src_rank, src_row = [], [], []
-    has_twins = any(b.twin_of is not None for _, (b, _) in present)
+    payload, src_rank, src_row, real_rows = [], [], [], []
+    has_twins = any(b.real_row is not None for _, (b, _) in present)
+    row_off = 0
     has_payload = all(b.payload for _, (b, _) in present)
     for r, (b, n) in present:
         n_twins = b.n_groups - n
         gmap = torch.cat([real_off + torch.arange(n), total_real + twin_off + torch.arange(n_twins)])
         for g in range(b.n_groups):
             tasks[int(gmap[g])] = b.tasks[g]
-            t_of = -1 if b.twin_of is None or b.twin_of[g] < 0 else real_off + int(b.twin_of[g])
-            twin_of[int(gmap[g])] = t_of
         gids.append(gmap[b.group_ids])
+        local = b.real_row if b.real_row is not None else torch.full((b.n_rollouts,), -1)
+        real_rows.append(torch.where(local >= 0, local + row_off, local))  # rows of the concatenation
+        row_off += b.n_rollouts
         pad = t_max - b.tokens.shape[1]
         for k in cols:
             cols[k].append(torch.nn.functional.pad(getattr(b, k), (0, pad)))
@@ -180,6 +183,10 @@ def join_shares(
     gid = torch.cat(gids)
     order = torch.argsort(gid, stable=True)
     n_groups = total_real + twin_off
+    position = torch.empty_like(order)
+    position[order] = torch.arange(order.numel())  # each concatenated row's row in the batch
+    real_row = torch.cat(real_rows)
+    real_row = torch.where(real_row >= 0, position[real_row.clamp(min=0)], real_row)[order]
     batch = RolloutBatch(
         tokens=torch.cat(cols["tokens"])[order],
         logprobs=torch.cat(cols["logprobs"])[order],
@@ -188,7 +195,7 @@ def join_shares(
         tasks=[tasks[g] for g in range(n_groups)],
         payload=[payload[i] for i in order.tolist()] if has_payload else [],
         extras={k: torch.cat(vs)[order] for k, vs in extras.items()},
-        twin_of=torch.tensor([twin_of[g] for g in range(n_groups)]) if has_twins else None,
+        real_row=real_row if has_twins else None,
     )
     rank_of_row, row_in_rank = torch.cat(src_rank)[order], torch.cat(src_row)[order]
     owner = torch.zeros(n_groups, dtype=torch.long)

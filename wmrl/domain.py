@@ -1,8 +1,26 @@
-"""The Domain protocol: what a domain adapter hands the shared trainer, and what it gets back.
+"""The Domain contract: what a domain adapter hands the shared trainer, and what it gets back.
 
-A domain (the toy problem, VLA robotics, AutoResearch) implements :class:`Domain`. The trainer only
-orchestrates; it never looks inside a task, a trajectory or a solution. Both domains hand the
+A domain (the toy problem, VLA robotics, AutoResearch) implements :class:`Domain`; the trainer only
+orchestrates and never looks inside a task, a trajectory or a solution. Every domain hands the
 learner the same small batch structure, :class:`RolloutBatch`.
+
+- **Required** (:class:`Domain`): ``policy`` (a :class:`Policy`), ``world_model`` (a
+  :class:`WorldModel`), ``sample_tasks``, ``generate``, ``execution_jobs``, ``evaluate``,
+  ``oracle_rewards``, ``state_dict``, ``load_state_dict``.
+- **Optional** (:class:`DomainCapabilities`): ``shard_rng``, ``extras_padding``,
+  ``worker_initializer``, ``executor``, ``step_metrics``, ``rollout_media``,
+  ``prior_anchor_groups``, ``bf16_unsupported``, ``close``.
+- :func:`check_domain` inspects a domain once, when the trainer starts, and refuses one that lacks
+  a required member or has a member of the wrong kind, in one line naming both.
+- **Closed-loop domains** (a robot whose real rollout *is* its execution) return the true rewards
+  of the rows they rolled out for real in ``RolloutBatch.real_rewards``; the trainer takes them as
+  they are and asks ``execution_jobs`` only for anchor rows without one.
+
+To add a domain: implement :class:`Domain` (and the capabilities it needs); register a config
+dataclass on :class:`wmrl.config.DomainConfig` (``@DomainConfig.register_subclass("name")``) whose
+``build(run)`` returns the domain, in a light module (``wmrl_vla/plugin.py``,
+``wmrl_research/plugin.py``) named under ``[project.entry-points."wmrl.domains"]``; add it to
+``tests/test_domain_contract.py``, which runs each domain through :func:`check_domain` and one round.
 
 Shapes: ``N`` rollouts in ``N // G`` groups of ``G`` (group ``g`` holds rows ``g*G .. g*G+G-1``),
 ``T`` action tokens per rollout (padded; ``mask`` marks the real ones).
@@ -10,9 +28,10 @@ Shapes: ``N`` rollouts in ``N // G`` groups of ``G`` (group ``g`` holds rows ``g
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 
@@ -30,12 +49,17 @@ class RolloutBatch:
         payload: one domain-defined record per rollout (a trajectory, an edited solution, ...).
         extras: domain-defined batched tensors the policy needs to recompute log-probs
             (observations, prompts), keyed by name; each has ``N`` as its first dimension.
-        twin_of: ``[n_groups]`` long or None. A domain whose WM rollouts are not its real ones
-            (imagined robot rollouts) may append, after the groups of the sampled tasks, an
-            imagined *twin* group for each anchor task: ``twin_of[g]`` is the real group it mirrors
-            (its rollout j drawn with rollout j's sampling noise), -1 for every other group. Twins
-            are scored by the WM and never executed; ``ppi`` uses them for the task-level
-            correction ``g(t) - λ ĝ(t)`` (wmrl/ppi.py). None: no twins.
+        real_row: ``[N]`` long or None: the WM-row to real-row map. A domain whose WM rollouts are
+            not its real ones (imagined robot rollouts) may append, after the groups of the sampled
+            tasks, WM-only rows that stand for real rollouts: ``real_row[i]`` is the row of the real
+            rollout that row ``i``'s WM score stands for (e.g. an imagined *twin* drawn with that
+            rollout's sampling noise), -1 on every row that stands for itself. Rows that stand for
+            another are scored by the WM and never executed, and the real rows they stand for leave
+            the WM stream to them; ``ppi`` pairs them for its correction ``g(t) - λ ĝ(t)``
+            (wmrl/ppi.py). None: every row stands for itself.
+        real_rewards: ``[N]`` float or None. A closed-loop domain's true rewards of the rows it rolled
+            out for real while generating (NaN on the others): the trainer uses them as the anchor
+            rows' true rewards with no execution job. None: every anchor row is executed.
     """
 
     tokens: torch.Tensor
@@ -45,7 +69,8 @@ class RolloutBatch:
     tasks: list[Any]
     payload: list[Any] = field(default_factory=list)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
-    twin_of: torch.Tensor | None = None
+    real_row: torch.Tensor | None = None
+    real_rewards: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = self.tokens.shape[0]
@@ -61,14 +86,16 @@ class RolloutBatch:
             )
         if self.payload and len(self.payload) != n:
             raise ValueError(f"RolloutBatch.payload has {len(self.payload)} records for {n} rollouts")
-        if self.twin_of is not None and self.twin_of.shape != (len(self.tasks),):
+        if self.real_row is not None and self.real_row.shape != (n,):
+            raise ValueError(f"RolloutBatch.real_row has shape {tuple(self.real_row.shape)}, expected ({n},)")
+        if self.real_rewards is not None and self.real_rewards.shape != (n,):
             raise ValueError(
-                f"RolloutBatch.twin_of has shape {tuple(self.twin_of.shape)}, expected ({len(self.tasks)},)"
+                f"RolloutBatch.real_rewards has shape {tuple(self.real_rewards.shape)}, expected ({n},)"
             )
 
     def select(self, rows: torch.Tensor) -> RolloutBatch:
         """The rollouts ``rows`` (``[M]`` long). ``tasks`` and ``group_ids`` are kept as they are, so
-        ``tasks[group_ids[i]]`` still names row i's task."""
+        ``tasks[group_ids[i]]`` still names row i's task. ``real_row`` is dropped (row numbers change)."""
         idx = rows.tolist()
         return RolloutBatch(
             tokens=self.tokens[rows],
@@ -78,7 +105,7 @@ class RolloutBatch:
             tasks=self.tasks,
             payload=[self.payload[i] for i in idx] if self.payload else [],
             extras={k: v[rows] for k, v in self.extras.items()},
-            twin_of=self.twin_of,
+            real_rewards=None if self.real_rewards is None else self.real_rewards[rows],
         )
 
     def to(self, device: torch.device | str) -> RolloutBatch:
@@ -95,7 +122,8 @@ class RolloutBatch:
             tasks=self.tasks,
             payload=self.payload,
             extras={k: v.to(dev) for k, v in self.extras.items()},
-            twin_of=None if self.twin_of is None else self.twin_of.to(dev),
+            real_row=self.real_row,
+            real_rewards=self.real_rewards,
         )
 
     @property
@@ -122,6 +150,11 @@ class Policy(Protocol):
     def log_probs(self, batch: RolloutBatch) -> torch.Tensor:
         """``[N, T]`` log-probs of ``batch.tokens`` under the current parameters (differentiable)."""
         ...
+
+
+def log_probs(policy: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
+    """``policy.log_probs(batch)`` ``[N, T]`` of a policy module (a :class:`Policy`)."""
+    return cast(Policy, policy).log_probs(batch)
 
 
 @runtime_checkable
@@ -152,19 +185,34 @@ class Job:
     args: tuple = ()
 
 
+PriorGroups = list[tuple[list[float], list[float]]]
+"""Anchor groups executed before training: per group ``(raw WM scores, true rewards)``, ``G`` each."""
+
+
+@runtime_checkable
+class JobRunner(Protocol):
+    """What :class:`wmrl.executors.Executor` offers: runs :class:`Job` s, returns one result per job
+    (with ``.reward``: the float, NaN when ungraded)."""
+
+    def run(self, jobs: list[Job]) -> list[Any]: ...
+
+    def cancel(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @runtime_checkable
 class Domain(Protocol):
-    """What a domain adapter implements. See docs/design.md section 3."""
+    """The members every domain has (docs/design.md section 3); the optional ones are
+    :class:`DomainCapabilities`. :func:`check_domain` inspects both once, when the trainer starts."""
 
-    policy: torch.nn.Module
-    world_model: WorldModel
-    # Optional: a picklable function each execution worker runs once before its first job (e.g.
-    # starting a sandbox), so that a worker's start-up does not count against a job's timeout.
-    # worker_initializer: Callable[[], object]
-    # Optional: an Executor the domain holds already (e.g. for its evaluation), built from the run's
-    # executor config; the trainer then runs its anchor jobs on it instead of starting a second
-    # pool, and leaves closing it to the domain.
-    # executor: Executor
+    @property
+    def policy(self) -> torch.nn.Module:
+        """The policy being trained: a ``torch.nn.Module`` that is a :class:`Policy`."""
+        ...
+
+    @property
+    def world_model(self) -> WorldModel: ...
 
     def sample_tasks(self, n: int, split: str, generator: torch.Generator) -> list[Any]:
         """``n`` task specs from ``split`` ("train" or "eval"), drawn with ``generator``."""
@@ -174,14 +222,16 @@ class Domain(Protocol):
         """Sample ``group_size`` rollouts per task with the policy (no grad).
 
         ``anchor_groups`` is ``[n_groups]`` bool: the groups that will be executed for real. A domain
-        whose rollouts do not depend on where they run (the toy, research edits) ignores it; a domain
-        whose rollout is closed-loop (a robot) rolls anchor groups out in the real simulator here,
-        and may append imagined twin groups of the anchor tasks (``RolloutBatch.twin_of``).
+        whose rollouts do not depend on where they run (the toy, research edits) ignores it; a
+        *closed-loop* domain (a robot) rolls anchor groups out in the real simulator here, hands
+        their true rewards back in ``RolloutBatch.real_rewards`` (no execution job is then made for
+        them) and may append imagined twins of them that stand for them (``RolloutBatch.real_row``).
         """
         ...
 
     def execution_jobs(self, batch: RolloutBatch, indices: Sequence[int]) -> list[Job]:
-        """One :class:`Job` per rollout in ``indices``, computing its true reward."""
+        """One :class:`Job` per rollout in ``indices``, computing its true reward. Called for the
+        anchor rows whose ``batch.real_rewards`` is NaN (every anchor row when it is None)."""
         ...
 
     def evaluate(self, split: str) -> dict[str, float]:
@@ -189,15 +239,8 @@ class Domain(Protocol):
         ...
 
     def oracle_rewards(self, batch: RolloutBatch) -> torch.Tensor | None:
-        """True rewards of every rollout, where the domain knows them without cost (the toy); else None.
-
-        Used only for diagnostics (the update error), never for training.
-        """
-        ...
-
-    def step_metrics(self) -> dict[str, float]:
-        """Domain counters the trainer logs after every step as ``domain/<name>`` (e.g. real
-        simulator steps so far); ``{}`` when there are none."""
+        """True rewards ``[N]`` of every rollout, where the domain knows them without cost (the toy);
+        else None. Used only for diagnostics (the update error), never for training."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -205,3 +248,155 @@ class Domain(Protocol):
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class DomainCapabilities:
+    """The optional members of a domain, as :func:`check_domain` found them (None: not offered).
+
+    Each is a member of the domain object under the same name; the trainer and the grid read them
+    here, never from the domain by name.
+    """
+
+    # Data-parallel ``generation="shard"``: ``shard_rng(rank, step)`` reseeds the domain's sampling
+    # generator before each step's generation (wmrl.distributed.shard_seed), so ranks draw
+    # independent rollouts and a resumed run draws what an uninterrupted one drew. Without it a
+    # sharded run is refused.
+    shard_rng: Callable[[int, int], None] | None = None
+    # Data-parallel: how each rank's ``extras[key]`` is padded to the longest share when gathered,
+    # ``{key: (side, value)}`` with side "left" (prompts) or "right"; keys not named are right-padded
+    # with 0.
+    extras_padding: dict[str, tuple[str, float]] | None = None
+    # A picklable function each execution worker runs once before its first job (e.g. starting a
+    # sandbox), so that a worker's start-up does not count against a job's timeout.
+    worker_initializer: Callable[[], object] | None = None
+    # An executor the domain holds already (e.g. for its evaluation): the trainer runs the anchor
+    # jobs on it instead of starting a second pool, and leaves closing it to the domain.
+    executor: JobRunner | None = None
+    # ``step_metrics() -> {name: float}``, called after every step, logged as ``domain/<name>``
+    # (e.g. real simulator steps so far).
+    step_metrics: Callable[[], dict[str, float]] | None = None
+    # ``rollout_media(batch, predicted [N] | None, true [N]) -> {key: media}``: wandb media of a
+    # step's rollouts (tables, videos) every ``tracking.media_every`` steps; its RNG draws are undone.
+    rollout_media: Callable[[RolloutBatch, torch.Tensor | None, torch.Tensor], dict[str, Any]] | None = None
+    # ``prior_anchor_groups() -> PriorGroups | None``: groups of the starting policy executed and
+    # WM-scored before training, called once when the trainer starts with ``ppi.prior_from_log``
+    # (they seed ppi's λ window); None when this build made none.
+    prior_anchor_groups: Callable[[], PriorGroups | None] | None = None
+    # Why this domain's policy cannot run under ``--precision=bf16`` (a str shown to the user).
+    bf16_unsupported: str | None = None
+    # ``close()``: release what the domain holds (simulator pools, executor workers) once the run is
+    # over; called by whoever built the domain.
+    close: Callable[[], None] | None = None
+
+    @classmethod
+    def of(cls, domain: object) -> DomainCapabilities:
+        """:func:`check_domain`."""
+        return check_domain(domain)
+
+    def close_domain(self) -> None:
+        """``close()`` when the domain has one."""
+        if self.close is not None:
+            self.close()
+
+
+class DomainContractError(TypeError, RuntimeError):
+    """A domain lacks a member of the contract or has one of the wrong kind (the message is one line;
+    a RuntimeError too, so ``wmrl`` prints it as its one-line error with exit code 2)."""
+
+
+# Required members: name -> the positional arguments it is called with (None: an attribute).
+REQUIRED: dict[str, tuple[str, ...] | None] = {
+    "policy": None,
+    "world_model": None,
+    "sample_tasks": ("n", "split", "generator"),
+    "generate": ("tasks", "group_size", "anchor_groups"),
+    "execution_jobs": ("batch", "indices"),
+    "evaluate": ("split",),
+    "oracle_rewards": ("batch",),
+    "state_dict": (),
+    "load_state_dict": ("state",),
+}
+WORLD_MODEL: dict[str, tuple[str, ...]] = {
+    "predict": ("batch",),
+    "update": ("batch", "indices", "rewards"),
+    "state_dict": (),
+    "load_state_dict": ("state",),
+}
+# Optional callables: name -> the positional arguments it is called with.
+OPTIONAL_CALLS: dict[str, tuple[str, ...]] = {
+    "shard_rng": ("rank", "step"),
+    "worker_initializer": (),
+    "step_metrics": (),
+    "rollout_media": ("batch", "predicted", "true"),
+    "prior_anchor_groups": (),
+    "close": (),
+}
+
+
+def _takes(fn: Any, args: tuple[str, ...]) -> bool:
+    """Whether ``fn`` is callable with ``len(args)`` positional arguments."""
+    if not callable(fn):
+        return False
+    try:
+        inspect.signature(fn).bind(*args)
+    except TypeError:
+        return False
+    except ValueError:  # a builtin without a signature: trust it
+        return True
+    return True
+
+
+def _call_form(name: str, args: tuple[str, ...]) -> str:
+    return f"{name}({', '.join(args)})"
+
+
+def check_domain(domain: object) -> DomainCapabilities:
+    """Check ``domain`` against the contract once, at the start of a run, and return what it offers.
+
+    Raises :class:`DomainContractError`, one line naming the domain's class and the member that is
+    missing or of the wrong kind, e.g. ``domain MyDomain has no generate(tasks, group_size,
+    anchor_groups) (the Domain contract, wmrl/domain.py)``.
+    """
+    name = type(domain).__name__
+
+    def refuse(what: str) -> DomainContractError:
+        return DomainContractError(f"domain {name} {what} (the Domain contract, wmrl/domain.py)")
+
+    for member, args in REQUIRED.items():
+        if not hasattr(domain, member):
+            raise refuse(f"has no {member if args is None else _call_form(member, args)}")
+        if args is not None and not _takes(getattr(domain, member), args):
+            raise refuse(f"has {member}, but it is not a method taking {_call_form(member, args)}")
+    policy = domain.policy  # type: ignore[attr-defined]
+    if not isinstance(policy, torch.nn.Module) or not _takes(getattr(policy, "log_probs", None), ("batch",)):
+        raise refuse(f"has policy {type(policy).__name__}, not a torch.nn.Module with log_probs(batch)")
+    wm = domain.world_model  # type: ignore[attr-defined]
+    for member, args in WORLD_MODEL.items():
+        if not _takes(getattr(wm, member, None), args):
+            raise refuse(f"has world_model {type(wm).__name__} without {_call_form(member, args)}")
+
+    found: dict[str, Any] = {}
+    for member, args in OPTIONAL_CALLS.items():
+        value = getattr(domain, member, None)
+        if value is not None and not _takes(value, args):
+            raise refuse(f"has {member}, but it is not a method taking {_call_form(member, args)}")
+        found[member] = value
+    executor = getattr(domain, "executor", None)
+    if executor is not None and not all(
+        callable(getattr(executor, m, None)) for m in ("run", "cancel", "close")
+    ):
+        raise refuse(f"has executor {type(executor).__name__}, not an executor with run, cancel and close")
+    padding = getattr(domain, "extras_padding", None)
+    if padding is not None and not (
+        isinstance(padding, dict)
+        and all(
+            isinstance(k, str) and isinstance(v, tuple) and len(v) == 2 and v[0] in ("left", "right")
+            for k, v in padding.items()
+        )
+    ):
+        raise refuse(f"has extras_padding {padding!r}, not a dict of key -> ('left' | 'right', value)")
+    bf16 = getattr(domain, "bf16_unsupported", None)
+    if bf16 is not None and not isinstance(bf16, str):
+        raise refuse(f"has bf16_unsupported {bf16!r}, not a str saying why")
+    return DomainCapabilities(executor=executor, extras_padding=padding, bf16_unsupported=bf16, **found)

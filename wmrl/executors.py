@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import Any
 
 from wmrl.config import ExecutorConfig
 from wmrl.domain import Job
@@ -191,7 +192,9 @@ class RayExecutor(Executor):
         self._ray = ray
         try:
             if not ray.is_initialized():
-                kwargs = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+                kwargs: dict[str, Any] = dict(
+                    include_dashboard=False, log_to_driver=False, configure_logging=False
+                )
                 if address is None:
                     _start_local_ray(ray, num_cpus=max(int(max_concurrent * num_cpus), 1), **kwargs)
                 else:

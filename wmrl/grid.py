@@ -50,10 +50,12 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import draccus
 
 from wmrl.config import ConfigError, ExecutorConfig, did_you_mean, load_config, presets
+from wmrl.domain import check_domain
 from wmrl.grid_spec import (
     CONTROLS,
     LEDGER,
@@ -297,8 +299,7 @@ def _evaluate(c: Cell, checkpoint: Path | None) -> dict:
 
 
 def _close(domain) -> None:
-    if hasattr(domain, "close"):
-        domain.close()
+    check_domain(domain).close_domain()
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -364,7 +365,7 @@ def _run_ray(fn: Callable, args: list[tuple], ex: ExecutorConfig):
 
     started = False
     if not ray.is_initialized():
-        kwargs = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
+        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
         try:
             if ex.ray_address is None:
                 _start_local_ray(ray, num_cpus=max(ex.workers, int(ex.num_cpus) or 1), **kwargs)

@@ -165,7 +165,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
     except ConfigError:
         raise
     except (draccus.ParsingError, argparse.ArgumentError, ValueError, TypeError, KeyError) as e:
-        cause = e
+        cause: BaseException | None = e
         while cause is not None and not isinstance(cause, ConfigError):
             cause = cause.__cause__ or cause.__context__
         raise (cause or ConfigError(f"invalid grid spec {path}: {e}")) from None

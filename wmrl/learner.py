@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from wmrl.config import GRPOConfig
-from wmrl.domain import RolloutBatch
+from wmrl.domain import RolloutBatch, log_probs
 
 
 def group_advantages(
@@ -171,7 +171,7 @@ def policy_gradient(
     keep = used.nonzero().squeeze(-1)
     sub = batch.select(keep)
     denom = group_denoms(batch.mask, batch.group_ids, used if counted is None else counted, cfg.loss_agg)
-    logp = policy.log_probs(sub)
+    logp = log_probs(policy, sub)
     loss, _ = clipped_policy_loss(
         logp,
         logp.detach(),
@@ -207,7 +207,7 @@ def score_directions(
     out = torch.zeros(rows.numel(), sum(p.numel() for p in params), dtype=torch.float64)
     for k, i in enumerate(rows.tolist()):
         one = batch.select(torch.tensor([i])).to(params[0].device)
-        logp = (policy.log_probs(one) * one.mask).sum()
+        logp = (log_probs(policy, one) * one.mask).sum()
         if loss_agg == "seq_mean":
             logp = logp / one.mask.sum().clamp(min=1)
         out[k] = _flat_grad(logp, params).double().cpu()
@@ -256,6 +256,7 @@ def grpo_update(
     groups = batch.group_ids[used | counted].unique()  # a counted group may have no used row
     anchor = None if anchor is None else anchor[keep]
     if accelerator is not None:
+        assert owned is not None and model is not None, "data-parallel updates need owned and model"
         return _grpo_update_dp(
             policy,
             optimizer,
@@ -276,7 +277,7 @@ def grpo_update(
     ref_logp = None
     if reference is not None and cfg.kl_coef > 0:
         with torch.no_grad(), autocast():
-            ref_logp = reference.log_probs(batch).float()
+            ref_logp = log_probs(reference, batch).float()
     sums: dict[str, float] = {}
     n_steps = 0
     for _ in range(cfg.epochs):
@@ -287,7 +288,7 @@ def grpo_update(
                 continue
             mb = batch.select(rows)
             with autocast():
-                logp = policy.log_probs(mb)
+                logp = log_probs(policy, mb)
             loss, stats = clipped_policy_loss(
                 logp.float(),
                 mb.logprobs.float(),
@@ -334,7 +335,9 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
     the norm before clipping."""
     if max_norm > 0:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    return torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None))
+    return torch.sqrt(
+        sum(((p.grad.detach() ** 2).sum() for p in params if p.grad is not None), torch.zeros(()))
+    )
 
 
 def _grpo_update_dp(
@@ -363,9 +366,9 @@ def _grpo_update_dp(
         ref_logp = torch.zeros_like(batch.logprobs, dtype=torch.float32)
         if mine_all.numel():
             with torch.no_grad(), autocast():
-                ref_logp[mine_all] = reference.log_probs(batch.select(mine_all)).to(ref_logp.dtype)
+                ref_logp[mine_all] = log_probs(reference, batch.select(mine_all)).to(ref_logp.dtype)
     params = [p for p in policy.parameters() if p.requires_grad]
-    names = ("loss", "clip_frac", "approx_kl", "kl_ref")
+    names: tuple[str, ...] = ("loss", "clip_frac", "approx_kl", "kl_ref")
     if anchor is not None:
         names += ("clipped_anchor", "tokens_anchor", "clipped_wm", "tokens_wm")
     sums = dict.fromkeys((*names, "grad_norm", "grad_clipped"), 0.0)

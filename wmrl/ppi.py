@@ -116,7 +116,7 @@ class PPIRows:
     counted: torch.Tensor  # rows whose tokens the loss divides by: the WM stream, draw-independent
     corrected: torch.Tensor  # WM rows of anchor tasks, λÂ(1 − N/n)
     paired: torch.Tensor  # corrected rows whose paired real rollout is graded: λ's moments
-    pair: torch.Tensor  # the real rollout each row is paired with (itself, or row j of a twin's group)
+    pair: torch.Tensor  # the real rollout each row is paired with (itself, or the one it stands for)
     adv_true: torch.Tensor
     adv_wm: torch.Tensor
 
@@ -126,7 +126,7 @@ def ppi_rows(
     r_wm: torch.Tensor,
     group_ids: torch.Tensor,
     group_anchor: torch.Tensor,
-    twin_of: torch.Tensor | None,
+    real_row: torch.Tensor | None,
     n_tasks: int,
     lam: float | torch.Tensor,
     advantage: str = "grpo",
@@ -136,32 +136,27 @@ def ppi_rows(
 
     Args:
         r_true: ``[R]`` true rewards, NaN off executed rows and on ungraded ones.
-        r_wm: ``[R]`` (calibrated) WM scores, NaN where the WM gave none; a real group with a twin
-            leaves the WM stream to its twin.
-        group_ids: ``[R]`` in ``0 .. n_groups-1``; with twins, group-major rows of equal group size.
+        r_wm: ``[R]`` (calibrated) WM scores, NaN where the WM gave none; a real row that another
+            row stands for leaves the WM stream to it.
+        group_ids: ``[R]`` in ``0 .. n_groups-1``.
         group_anchor: ``[n_groups]`` bool, the executed groups (the first ``n_tasks`` groups are the
-            tasks', twins are appended after them).
-        twin_of: ``[n_groups]`` long, the real group a twin mirrors (-1 elsewhere), or None.
+            tasks', groups of twins are appended after them).
+        real_row: ``[R]`` long, the real row a WM-only row stands for (a twin's), -1 on the rows
+            that stand for themselves; or None (``RolloutBatch.real_row``).
         n_tasks: ``N``; ``n = group_anchor.sum() >= 1``.
         lam: ``λ``, a float or per row ``[R]``.
     """
-    n_groups, n_rows = group_anchor.numel(), group_ids.numel()
-    twin_of = twin_of if twin_of is not None else torch.full((n_groups,), -1)
-    is_twin = twin_of >= 0
-    has_twin = torch.zeros(n_groups, dtype=torch.bool)
-    has_twin[twin_of[is_twin]] = True
-    rows = torch.arange(n_rows)
-    pair = rows
-    if is_twin.any():
-        size = n_rows // n_groups
-        if not torch.equal(group_ids, rows // size):
-            raise ValueError("twin groups need the group-major row layout with equal group sizes")
-        pair = torch.where(is_twin[group_ids], twin_of[group_ids] * size + rows % size, rows)
-    wm_stream = ~has_twin[group_ids]
+    rows = torch.arange(group_ids.numel())
+    real_row = real_row if real_row is not None else torch.full_like(rows, -1)
+    stands_in = real_row >= 0  # WM-only rows standing for a real rollout (twins)
+    pair = torch.where(stands_in, real_row, rows)
+    stood_for = torch.zeros_like(stands_in)
+    stood_for[real_row[stands_in]] = True
+    wm_stream = ~stood_for
     adv_true, true_used = group_advantages(r_true, group_ids, advantage, std_eps)
     r_wm = torch.where(wm_stream, r_wm, torch.full_like(r_wm, float("nan")))
     adv_wm, wm_used = group_advantages(r_wm, group_ids, advantage, std_eps)
-    corrected = (group_anchor | is_twin)[group_ids] & wm_used
+    corrected = (group_anchor[group_ids] | stands_in) & wm_used
     n_anchors = int(group_anchor.sum())
     adv, used = ppi_advantages(adv_true, true_used, adv_wm, wm_used, corrected, n_tasks, n_anchors, lam)
     paired = corrected & true_used[pair]

@@ -24,9 +24,10 @@ import base64
 import html
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from statistics import mean, stdev
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from wmrl.config import WM_METHODS, load_config
 from wmrl.grid_spec import (
@@ -94,7 +95,7 @@ TABLES = {
 TIME_KEYS = ("wall_clock_s", "time_generate", "time_execute", "time_wm", "time_update", "grid_wall_s")
 
 
-def _finite(v) -> bool:
+def _finite(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
@@ -149,7 +150,7 @@ def executions_to_reach(curve: list[tuple], target: float | None) -> float | Non
     return next((float(p[0]) for p in curve if p[2] >= target - 1e-12), None)
 
 
-def mean_se(values: list[float | None]) -> dict | None:
+def mean_se(values: Sequence[float | None]) -> dict | None:
     """``{"mean", "se", "n"}`` over the present values (se: sample std / sqrt(n), None for n < 2)."""
     vals = [v for v in values if v is not None]
     if not vals:
@@ -160,7 +161,7 @@ def mean_se(values: list[float | None]) -> dict | None:
 
 def paired(a: dict[int, float | None], b: dict[int, float | None]) -> dict | None:
     """Mean +- s.e. of ``a[seed] - b[seed]`` over the seeds where both are present."""
-    return mean_se([a[s] - b[s] for s in a if a[s] is not None and b.get(s) is not None])
+    return mean_se([x - y for s, x in a.items() if x is not None and (y := b.get(s)) is not None])
 
 
 # ---- the evidence standard -----------------------------------------------------------------------
@@ -216,11 +217,11 @@ def verdict(lower_bound: float | None, margin: float | None) -> str | None:
 def paired_evidence(a: dict[int, float | None], b: dict[int, float | None], seeds: list[int]) -> dict | None:
     """``a[s] − b[s]`` over those of ``seeds`` where both are present: the seeds, mean, s.e., n,
     the one-sided 95% lower bounds (t and BCa bootstrap) and the seeds where ``a`` is ahead."""
-    pairs = [(s, a[s] - b[s]) for s in seeds if a.get(s) is not None and b.get(s) is not None]
+    pairs = [(s, x - y) for s in seeds if (x := a.get(s)) is not None and (y := b.get(s)) is not None]
     if not pairs:
         return None
     d = [x for _, x in pairs]
-    return mean_se(d) | {
+    return (mean_se(d) or {}) | {
         "seeds": [s for s, _ in pairs],
         "lb_t": lower_bound_t(d),
         "lb_bootstrap": lower_bound_bootstrap(d),
@@ -236,7 +237,7 @@ def clears(controls: list[dict | None]) -> bool | None:
         return None
     if any(c is None or (c["lb_t"] is not None and c["lb_t"] <= 0) for c in controls):
         return False
-    return None if any(c["lb_t"] is None for c in controls) else True
+    return None if any(c is not None and c["lb_t"] is None for c in controls) else True
 
 
 def domain_evidence(per_cell: dict, methods: list[str], seeds: list[int], margin: float | None) -> dict:
@@ -263,7 +264,7 @@ def domain_evidence(per_cell: dict, methods: list[str], seeds: list[int], margin
             "exploratory_seeds": exploratory,
             "vs_anchors_only": vs,
             "margin": margin,
-            "verdict": verdict(vs and vs["lb_t"], margin),
+            "verdict": verdict(vs["lb_t"] if vs else None, margin),
         }
         if m not in CONTROLS:
             ctl = {c: paired_evidence(final(m), final(c), fresh) for c in controls_of(m) if c in methods}
@@ -461,7 +462,8 @@ EVIDENCE_NOTES = [
 
 def seed_list(seeds: list[int]) -> str:
     """``0-3, 6`` for [0, 1, 2, 3, 6]."""
-    out, run = [], []
+    out: list[str] = []
+    run: list[int] = []
     for s in sorted(seeds):
         if run and s != run[-1] + 1:
             out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))

@@ -66,8 +66,7 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
     try:
         last = trainer.train()
     finally:
-        if hasattr(domain, "close"):  # e.g. the VLA domain's simulator pool
-            domain.close()
+        trainer.caps.close_domain()  # e.g. the VLA domain's simulator pool
     if not main:
         return last
     if not last:  # killed after its last checkpoint but before summary.json: the last row is the summary

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from wmrl.config import ConfigError, DomainConfig, RunConfig
-from wmrl.domain import Job, Prediction, RolloutBatch
-from wmrl.methods import method_of
+from wmrl.domain import Job, Prediction, PriorGroups, RolloutBatch
 
 
 @DomainConfig.register_subclass("toy")
@@ -73,10 +72,7 @@ class ToyConfig(DomainConfig):
             )
 
     def build(self, run: RunConfig) -> ToyDomain:
-        domain = ToyDomain(self, seed=run.seed)
-        if method_of(run).wants_execution_log(run):
-            domain.prior_anchor_groups = domain.execution_log(self.log_groups, run.grpo.group_size)
-        return domain
+        return ToyDomain(self, seed=run.seed, group_size=run.grpo.group_size)
 
     @classmethod
     def task_lines(cls) -> list[str]:
@@ -173,9 +169,10 @@ class ToyWorldModel:
 
 
 class ToyDomain:
-    def __init__(self, cfg: ToyConfig, seed: int):
+    def __init__(self, cfg: ToyConfig, seed: int, group_size: int = 8):
         self.cfg = cfg
         self.seed = seed
+        self.group_size = group_size  # the run's, for the execution log's groups
         self.problem = Problem.make(cfg)
         self.policy = SoftmaxPolicy(cfg.n_contexts, cfg.n_actions)
         self.sample_gen = torch.Generator().manual_seed(seed * 7919 + 17)
@@ -197,7 +194,7 @@ class ToyDomain:
         ctx = torch.tensor(list(tasks)).repeat_interleave(group_size)  # [N]
         probs = torch.softmax(self.policy.theta.detach()[ctx], dim=-1)  # [N, A]
         tokens = torch.multinomial(probs, 1, generator=self.sample_gen)  # [N, 1]
-        tasks, twin_of = list(tasks), None
+        tasks, real_row = list(tasks), None
         if self.cfg.twin_anchors and anchor_groups.any():
             real = anchor_groups.nonzero().squeeze(-1)  # [n]
             rows = (real[:, None] * group_size + torch.arange(group_size)).flatten()  # [n * G]
@@ -208,7 +205,7 @@ class ToyDomain:
             )
             ctx, tokens = torch.cat([ctx, ctx[rows]]), torch.cat([tokens, twin_tokens])
             probs = torch.cat([probs, probs[rows]])
-            twin_of = torch.cat([torch.full((len(tasks),), -1), real])
+            real_row = torch.cat([torch.full((len(tasks) * group_size,), -1), rows])  # twins -> real rows
             tasks = tasks + [tasks[g] for g in real.tolist()]
         logprobs = probs.gather(1, tokens).log()
         return RolloutBatch(
@@ -218,7 +215,7 @@ class ToyDomain:
             group_ids=torch.arange(len(tasks)).repeat_interleave(group_size),
             tasks=tasks,
             extras={"context": ctx},
-            twin_of=twin_of,
+            real_row=real_row,
         )
 
     def execution_log(self, n_groups: int, group_size: int) -> list[tuple[list[float], list[float]]]:
@@ -239,6 +236,11 @@ class ToyDomain:
         wm = ToyWorldModel(self.problem, torch.Generator().manual_seed(self.seed * 7919 + 43))
         r_hat, r = wm.predict(batch).mean.view(n_groups, -1), self.oracle_rewards(batch).view(n_groups, -1)
         return [(h.tolist(), t.tolist()) for h, t in zip(r_hat, r, strict=True)]
+
+    def prior_anchor_groups(self) -> PriorGroups:
+        """``cfg.log_groups`` groups of the starting policy as a pre-training execution log
+        (``ppi.prior_from_log``): :meth:`execution_log`, the same on every call."""
+        return self.execution_log(self.cfg.log_groups, self.group_size)
 
     def execution_jobs(self, batch: RolloutBatch, indices: Sequence[int]) -> list[Job]:
         r = self.oracle_rewards(batch)

@@ -25,7 +25,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import draccus
 import numpy as np
@@ -201,7 +201,7 @@ class MetricsLogger:
             self._wandb = wandb.init(
                 project=cfg.tracking.project,
                 dir=str(run_dir),
-                mode=cfg.tracking.wandb,
+                mode=cast(Literal["online", "offline", "disabled"], cfg.tracking.wandb),
                 config=to_dict(cfg),
                 id=_wandb_id(run_dir),
                 resume="allow" if resume else None,
@@ -357,7 +357,7 @@ def rng_state() -> dict:
         "torch": torch.get_rng_state(),
         "numpy": (
             str(name),
-            torch.from_numpy(keys.astype(np.int64)),
+            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
             int(pos),
             int(has_gauss),
             float(cached),

@@ -37,8 +37,8 @@ from wmrl.debias import OnlineDebiaser
 from wmrl.denoise import InverseVarianceDenoiser
 from wmrl.device import autocast, check_precision, module_device
 from wmrl.distributed import gather_batches, gather_rewards, group_owner, task_shares
-from wmrl.domain import Domain, Prediction, RolloutBatch
-from wmrl.executors import Executor, make_executor
+from wmrl.domain import Domain, JobRunner, Prediction, RolloutBatch, check_domain
+from wmrl.executors import make_executor
 from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_gradient
 from wmrl.methods import Advantages, Step, method_of
 from wmrl.methods.base import nanmean
@@ -79,7 +79,7 @@ def _quiet_dataset_bars():
     was = os.environ.get("HF_DATASETS_DISABLE_PROGRESS_BARS")
     os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when datasets is first imported
     enabled = datasets is not None and datasets.is_progress_bar_enabled()
-    if enabled:
+    if enabled and datasets is not None:
         datasets.disable_progress_bars()
     try:
         yield
@@ -88,7 +88,7 @@ def _quiet_dataset_bars():
             os.environ.pop("HF_DATASETS_DISABLE_PROGRESS_BARS", None)
         else:
             os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = was
-        if enabled:
+        if enabled and datasets is not None:
             datasets.enable_progress_bars()
 
 
@@ -110,6 +110,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, domain: Domain, resume: bool = False, accelerator=None):
         self.cfg = cfg
         self.domain = domain
+        self.caps = check_domain(domain)  # the domain's optional members (wmrl/domain.py)
         self.run_dir = Path(cfg.out_dir)
         self.acc = accelerator
         self.world = 1 if accelerator is None else accelerator.num_processes
@@ -120,7 +121,7 @@ class Trainer:
         torch.set_num_threads(cfg.torch_threads)
         self.policy = domain.policy
         dev = module_device(self.policy)
-        check_precision(cfg.precision, dev, getattr(domain, "bf16_unsupported", None))
+        check_precision(cfg.precision, dev, self.caps.bf16_unsupported)
         # --precision=bf16: the policy's and the WM's forward passes under torch.autocast
         self.autocast = lambda: autocast(cfg.precision, dev)
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -133,7 +134,8 @@ class Trainer:
         self.denoiser = InverseVarianceDenoiser(cfg.denoise)
         self.tuner = PowerTuner(cfg.ppi, cfg.grpo.advantage, cfg.grpo.std_eps)
         if self.method.wants_execution_log(cfg) and not resume:  # a resumed run restores what it began
-            self.method.start_from_log(self, getattr(domain, "prior_anchor_groups", None))
+            prior = self.caps.prior_anchor_groups
+            self.method.start_from_log(self, None if prior is None else prior())
         self.task_gen = torch.Generator().manual_seed(cfg.seed)
         self.update_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.step = 0
@@ -144,7 +146,7 @@ class Trainer:
         self.ungraded_streak = 0  # steps in a row whose every anchor came back ungraded
         self.exec_error: str | None = None  # the first failed job's error of the last execution
         self._times: dict[str, float] = {}  # the step in progress's time/<phase> seconds
-        self.executor: Executor | None = None
+        self.executor: JobRunner | None = None
         self.owns_executor = False  # False while the executor is the domain's (its close is the domain's)
         if resume:
             self._restore()
@@ -156,8 +158,7 @@ class Trainer:
             from wmrl.distributed import LogProbs
 
             if self.shard and self.world > 1:  # one process keeps the domain's own sampling
-                shard_rng = getattr(domain, "shard_rng", None)
-                if shard_rng is None:
+                if self.caps.shard_rng is None:
                     raise ConfigError(
                         f"distributed.generation='shard' needs a domain with shard_rng (independent "
                         f"sampling noise per rank); {type(domain).__name__} has none: use "
@@ -165,7 +166,8 @@ class Trainer:
                     )
             self.model, self.optimizer = accelerator.prepare(LogProbs(self.policy), self.optimizer)
         self.logger = MetricsLogger(self.run_dir, cfg, resume) if self.is_main else None
-        self._media = None  # (batch, predicted, true rewards) of a step whose media are due
+        # (batch, predicted, true rewards) of a step whose media are due
+        self._media: tuple[RolloutBatch, torch.Tensor | None, torch.Tensor] | None = None
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -221,7 +223,7 @@ class Trainer:
         with self._timed("generate"), torch.no_grad(), self.autocast():
             batch, ranks = self._generate(tasks, anchor_groups)
         batch.logprobs = batch.logprobs.float()  # sampled under autocast: the loss is in float32
-        # A domain may append imagined twin groups of the anchor tasks (batch.twin_of); never executed.
+        # A domain may append WM-only rows (imagined twins) that stand for real ones (batch.real_row).
         group_anchor = torch.zeros(batch.n_groups, dtype=torch.bool)
         group_anchor[: len(tasks)] = anchor_groups
         step = Step(batch, len(tasks), group_anchor, torch.full((batch.n_rollouts,), float("nan")))
@@ -240,9 +242,8 @@ class Trainer:
 
         self.step += 1
         metrics.update(self._step_summary(step, result))
-        step_metrics = getattr(self.domain, "step_metrics", None)  # optional part of the protocol
-        if step_metrics is not None:
-            metrics.update({f"domain/{k}": float(v) for k, v in step_metrics().items()})
+        if self.caps.step_metrics is not None:
+            metrics.update({f"domain/{k}": float(v) for k, v in self.caps.step_metrics().items()})
         if self._media_due():  # logged by train() after the step's metrics
             self._media = (batch, None if step.pred is None else step.pred.mean.float(), step.r_true)
         step_time = time.perf_counter() - t_step
@@ -262,8 +263,8 @@ class Trainer:
         cfg = self.cfg
         owner = local = src_row = None  # data-parallel: each group's rank; this rank's own batch
         if self.shard:
-            if self.world > 1:  # this rank's sampling noise for this step (a resume redraws it)
-                self.domain.shard_rng(self.rank, self.step)
+            if self.world > 1 and self.caps.shard_rng is not None:  # this rank's sampling noise
+                self.caps.shard_rng(self.rank, self.step)  # for this step (a resume redraws it)
             share = task_shares(len(tasks), self.world)[self.rank]
             if len(share):
                 local = self.domain.generate(
@@ -272,8 +273,7 @@ class Trainer:
                     anchor_groups[share.start : share.stop],
                 )
                 self.generated_tasks += len(share)
-            padding = getattr(self.domain, "extras_padding", None)
-            batch, owner, _, src_row = gather_batches(local, len(share), self.acc, padding)
+            batch, owner, _, src_row = gather_batches(local, len(share), self.acc, self.caps.extras_padding)
         else:
             batch = self.domain.generate(tasks, cfg.grpo.group_size, anchor_groups)
             self.generated_tasks += len(tasks)
@@ -289,13 +289,21 @@ class Trainer:
         exec_rows = (
             anchor_rows if owner is None else anchor_rows[owner[batch.group_ids[anchor_rows]] == self.rank]
         )
-        jobs = []
-        if exec_rows.numel():
-            jobs = (
-                self.domain.execution_jobs(ranks.local, ranks.src_row[exec_rows].tolist())
-                if self.shard
-                else self.domain.execution_jobs(batch, exec_rows.tolist())
-            )
+        # A closed-loop domain's real rollouts came with their true rewards (batch.real_rewards):
+        # taken as they are; the other anchor rows get execution jobs.
+        source, source_rows = (
+            (ranks.local, ranks.src_row[exec_rows]) if ranks.src_row is not None else (batch, exec_rows)
+        )
+        job_rows = exec_rows
+        if source is not None and source.real_rewards is not None:
+            known = source.real_rewards[source_rows].float()
+            step.r_true[exec_rows] = known
+            job_rows, source_rows = exec_rows[known.isnan()], source_rows[known.isnan()]
+        jobs = (
+            self.domain.execution_jobs(source, source_rows.tolist())
+            if source is not None and job_rows.numel()
+            else []
+        )
         if jobs and self.executor is None:
             self._start_executor()
         with ThreadPoolExecutor(max_workers=1) as pool:
@@ -308,7 +316,7 @@ class Trainer:
             if future is not None:
                 results = future.result()
                 self._times["time/execute"] = time.perf_counter() - t0
-                step.r_true[exec_rows] = torch.tensor([res.reward for res in results], dtype=torch.float32)
+                step.r_true[job_rows] = torch.tensor([res.reward for res in results], dtype=torch.float32)
         if self.acc is not None and anchor_rows.numel():  # every rank's true rewards, to every rank
             step.r_true = gather_rewards(
                 exec_rows.tolist(), step.r_true[exec_rows].tolist(), batch.n_rollouts
@@ -320,10 +328,10 @@ class Trainer:
         # created here, in the calling (main) thread, never in the worker thread of
         # _execute_and_predict: a local Ray cluster started from a thread that exits loses its GCS
         # and raylet within seconds.
-        self.executor = getattr(self.domain, "executor", None)
+        self.executor = self.caps.executor
         self.owns_executor = self.executor is None
         if self.owns_executor:
-            init = getattr(self.domain, "worker_initializer", None)
+            init = self.caps.worker_initializer
             self.executor = make_executor(self.cfg.executor, self.cfg.anchors.max_concurrent, init)
 
     def _predict(self, batch: RolloutBatch) -> Prediction:
@@ -340,8 +348,9 @@ class Trainer:
         cfg, batch, r_true, anchor_rows = self.cfg, step.batch, step.r_true, step.anchor_rows
         graded = anchor_rows[torch.isfinite(r_true[anchor_rows])]  # an ungraded rollout teaches nothing
         refine_wm = self.method.uses_wm and graded.numel() > 0
-        # the rows of anchor tasks: executed groups and their imagined twins
-        anchor_task = step.group_anchor if batch.twin_of is None else step.group_anchor | (batch.twin_of >= 0)
+        # [R] the rows of anchor tasks: executed rows and the WM-only rows standing for them (twins)
+        is_anchor = step.group_anchor[batch.group_ids]
+        anchor_task = is_anchor if batch.real_row is None else is_anchor | (batch.real_row >= 0)
         metrics: dict[str, float] = {}
 
         def wm_update() -> dict[str, float]:
@@ -368,7 +377,7 @@ class Trainer:
                         model=self.model,
                         autocast=self.autocast,
                         counted=None if result.counted is None else result.counted.to(dev),
-                        anchor=anchor_task[batch.group_ids].to(dev),
+                        anchor=anchor_task.to(dev),
                     )
                 )
             if refine_wm:
@@ -403,18 +412,18 @@ class Trainer:
             and self.step % every == 0
             and self.logger is not None
             and self.logger.wandb_active
-            and hasattr(self.domain, "rollout_media")
+            and self.caps.rollout_media is not None
         )
 
     def _log_media(self) -> None:
         """The domain's ``rollout_media(batch, predicted, true)`` of the step kept by train_step: its
         RNG draws (a WM decoding frames) are undone, so logging media never changes a run."""
-        if self._media is None:
-            return
+        if self._media is None or self.caps.rollout_media is None or self.logger is None:
+            return  # none due (_media_due checks the two others)
         batch, predicted, true = self._media
         self._media = None
         with torch.random.fork_rng(), torch.no_grad():
-            media = self.domain.rollout_media(batch, predicted, true)
+            media = self.caps.rollout_media(batch, predicted, true)
         self.logger.log_media(self.step, media)
 
     def _ppi(

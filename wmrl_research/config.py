@@ -1,5 +1,5 @@
-"""AutoResearch domain config (registers ``research``). Light to import: torch and transformers load
-in ``build``.
+"""AutoResearch domain config: its fields and checks (``wmrl_research.plugin`` registers it as
+``research``). Light to import: torch and transformers load in ``build``.
 
 ``build`` prepares everything the trainer needs, each stage cached on disk under ``cache_dir`` keyed
 by the fields it depends on, so a second run (or another method from the same start) reuses it:
@@ -10,15 +10,8 @@ tokenizer -> policy + SFT on knob-space edits -> execution log (SFT samples exec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from wmrl.config import ConfigError, DomainConfig, check_ids
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from wmrl.config import RunConfig
-    from wmrl.domain import Domain
 
 WORLD_MODELS = ("surrogate", "surrogate_hgb", "code", "encoder", "lm")
 # What an unset (null) task list means.
@@ -29,7 +22,6 @@ DEFAULT_TASKS = {
 EDIT_MODES = ("knobs", "free")
 
 
-@DomainConfig.register_subclass("research")
 @dataclass
 class ResearchConfig(DomainConfig):
     HELDOUT_SCORE, HELDOUT_SIZE = "score_mean", "eval_samples_per_task"
@@ -219,25 +211,6 @@ class ResearchConfig(DomainConfig):
                     f"{split} split (`wmrl tasks research` lists each task's split); move "
                     f"{'it' if len(wrong) == 1 else 'them'} to domain.{other}"
                 )
-
-    def build(self, run: RunConfig) -> Domain:
-        from wmrl_research.pipeline import build_domain
-
-        return build_domain(self, run)
-
-    def sft_data_parallel(self, run: RunConfig, accelerator) -> None:
-        """The SFT stage on every process of a data-parallel run, before :meth:`build` (which then
-        reads the cached SFT policy)."""
-        from wmrl_research.pipeline import sft_data_parallel
-
-        sft_data_parallel(self, run, accelerator)
-
-    def export(self, run: RunConfig, state: dict, out: Path, adapter: bool = False) -> dict[str, Any]:
-        """``wmrl export``: the agent (transformers folder or LoRA adapter) and the outcome WM of a
-        run's checkpoint (wmrl_research.export)."""
-        from wmrl_research.export import export_research
-
-        return export_research(self, run, state, out, adapter)
 
     @classmethod
     def task_lines(cls) -> list[str]:

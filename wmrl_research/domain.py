@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from wmrl.domain import Job, Prediction, RolloutBatch
+from wmrl.domain import Job, Prediction, PriorGroups, RolloutBatch
 from wmrl.executors import Executor
 from wmrl_research.agent import ResearchPolicy, build_prompt
 from wmrl_research.constrain import EXTRA_ALLOWED
@@ -220,6 +220,7 @@ class ResearchDomain:
         seed: int = 0,
         reference_scores: dict[str, float] | None = None,
         prompt_style: str = "full",
+        prior_groups: PriorGroups | None = None,
     ):
         if not train_tasks or not eval_tasks:
             raise ValueError(f"need train and eval tasks, got {len(train_tasks)} and {len(eval_tasks)}")
@@ -247,6 +248,7 @@ class ResearchDomain:
         self._start_eval: tuple[str, dict[str, float]] | None = None  # remember_start_evaluation
         # Figures measured while building (SFT validity, WM quality, ...); see pipeline.build_domain.
         self.build_info: dict[str, Any] = {}
+        self._prior_groups = prior_groups
 
     # ---- rollouts --------------------------------------------------------------------------------
     def _pool(self, split: str) -> list[Any]:
@@ -299,6 +301,11 @@ class ResearchDomain:
 
     def generate(self, tasks: Sequence[Any], group_size: int, anchor_groups: torch.Tensor) -> RolloutBatch:
         return self.rollouts(tasks, group_size, self.gen)
+
+    def prior_anchor_groups(self) -> PriorGroups | None:
+        """The SFT-sample execution log as anchor groups (``ppi.prior_from_log``;
+        :func:`wmrl_research.pipeline.prior_anchor_groups`), None when the build made none."""
+        return self._prior_groups
 
     def execution_jobs(self, batch: RolloutBatch, indices: Sequence[int]) -> list[Job]:
         from wmrl_research.grading import reward

@@ -1,4 +1,4 @@
-"""Export a research run (``wmrl export``; the core's hook is :meth:`wmrl_research.config.ResearchConfig.export`).
+"""Export a research run (``wmrl export``; the core's hook is :meth:`wmrl_research.plugin.ResearchPlugin.export`).
 
 The agent is rebuilt as the pipeline builds it before SFT (:func:`wmrl_research.pipeline.untrained_policy`:
 the tokenizer from the run's cache, the model from its config or base checkpoint, LoRA adapters)

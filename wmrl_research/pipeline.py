@@ -691,6 +691,18 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     world_model = ResearchWorldModel(
         wm, {t.id: t for t in all_tasks}, run_log, cfg.wm_update_steps, cfg.wm_input
     )
+    prior_groups = None
+    if method_of(run).wants_execution_log(run):
+        prior_groups = prior_anchor_groups(
+            cfg,
+            run,
+            sft_examples,
+            random_examples,
+            cache,
+            _log_name(log_path, random_examples, random_path),
+            policy.tokenizer,
+            module_device(policy),
+        )
     domain = ResearchDomain(
         policy,
         world_model,
@@ -704,6 +716,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         cfg.eval_seed,
         seed=run.seed,
         prompt_style=cfg.prompt_style,
+        prior_groups=prior_groups,
     )
     eval_path = (
         cache
@@ -720,17 +733,6 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         "sft_runnable_frac": sft_eval["runnable_frac"],
     }
     domain.remember_start_evaluation(sft_eval)
-    if method_of(run).wants_execution_log(run):
-        domain.prior_anchor_groups = prior_anchor_groups(
-            cfg,
-            run,
-            sft_examples,
-            random_examples,
-            cache,
-            _log_name(log_path, random_examples, random_path),
-            policy.tokenizer,
-            module_device(policy),
-        )
     runnable = [e.reward > FAILURE_SCORE for e in examples]
     info = {
         "cache": str(cache),

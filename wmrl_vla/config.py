@@ -1,4 +1,4 @@
-"""VLA domain config (registers ``vla``). Light to import: torch, MuJoCo and lerobot load in ``build``.
+"""VLA domain config: its fields and checks (``wmrl_vla.plugin`` registers it as ``vla``). Light to import.
 
 ``build`` runs the whole preparation, each stage cached on disk under ``cache_dir`` keyed by the
 fields it depends on, so a second run (or another method from the same SFT checkpoint) reuses them:
@@ -8,16 +8,9 @@ record expert demos (LeRobot dataset) -> SFT of the policy -> world-model pretra
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from wmrl.config import ConfigError, DomainConfig, did_you_mean
 from wmrl_vla.lerobot_env import LeRobotEnvConfig
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from wmrl.config import RunConfig
-    from wmrl.domain import Domain
 
 OWN_TASKS_DEFAULT = ["wmrl/ReachColor-v0", "wmrl/PushColor-v0", "wmrl/PressButton-v0"]
 POLICIES = ("small_vla", "lerobot_act", "lerobot_smolvla")
@@ -27,7 +20,6 @@ IMAGINE_INPUTS = ("pixels", "latent")
 WM_OUTCOMES = ("latent", "state")
 
 
-@DomainConfig.register_subclass("vla")
 @dataclass
 class VLAConfig(DomainConfig):
     HELDOUT_SCORE, HELDOUT_SIZE = "success", "eval_episodes_per_task"
@@ -117,7 +109,7 @@ class VLAConfig(DomainConfig):
     # pretraining, refitted on every step's anchors before the WM trains on them.
     wm_calibrate: bool = True
     # Imagine a twin group for every anchor group with the same sampling noise as its real rollouts
-    # (common random numbers), for `ppi`'s task-level correction (RolloutBatch.twin_of); other
+    # (common random numbers), for `ppi`'s task-level correction (RolloutBatch.real_row); other
     # methods ignore it.
     twin_anchors: bool = False
     # What the policy sees in imagination: "pixels" (frames decoded by the world model, the pixel
@@ -251,24 +243,6 @@ class VLAConfig(DomainConfig):
                 f"domain.tasks must share state and action dims (one policy acts in all): {dims}; "
                 "train such tasks in separate runs"
             )
-
-    def build(self, run: RunConfig) -> Domain:
-        from wmrl_vla.pipeline import build_domain
-
-        return build_domain(self, run)
-
-    def sft_data_parallel(self, run: RunConfig, accelerator) -> None:
-        """The SFT stage on every process of a data-parallel run, before :meth:`build` (which then
-        reads the cached SFT policy)."""
-        from wmrl_vla.pipeline import sft_data_parallel
-
-        sft_data_parallel(self, run, accelerator)
-
-    def export(self, run: RunConfig, state: dict, out: Path, adapter: bool = False) -> dict[str, Any]:
-        """``wmrl export``: the policy and the world model of a run's checkpoint (wmrl_vla.export)."""
-        from wmrl_vla.export import export_vla
-
-        return export_vla(self, run, state, out, adapter)
 
     @classmethod
     def task_lines(cls) -> list[str]:

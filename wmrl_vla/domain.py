@@ -4,8 +4,9 @@ One task = (task id, reset seed, env split). A GRPO group = G rollouts of the po
 initial state and instruction.
 
 - **Anchor groups** are rolled out in the real simulator (sim anchor rollouts), the policy acting on
-  rendered frames. Their execution job returns the reward recorded during that real rollout
-  (``regrade=True``: re-simulate the recorded actions from the seed without rendering and grade them).
+  rendered frames: a closed loop, so the real rollout is the execution, and its reward goes back in
+  ``RolloutBatch.real_rewards`` (``regrade=True``: none does; the anchors' execution jobs re-simulate
+  the recorded actions from the seed without rendering and grade them).
 - **Other groups** are imagined entirely in the world model: the first frame comes from the
   simulator's reset (the task's initial observation, not an execution), then the policy acts on
   predicted frames.
@@ -16,7 +17,8 @@ initial state and instruction.
 - ``world_model.update`` trains the WM on the anchor rollouts (and appends them to the LeRobot
   dataset of the run).
 - ``twin_anchors``: each anchor group also gets an imagined *twin* group (appended after the
-  sampled tasks' groups, ``RolloutBatch.twin_of``) from the same initial observation, whose rollout
+  sampled tasks' groups, its rows standing for the real ones: ``RolloutBatch.real_row``) from the
+  same initial observation, whose rollout
   j samples its actions with real rollout j's uniforms (common random numbers, inverse-CDF
   sampling): ``ppi``'s task-level correction ``g_real - λ ĝ_twin`` then has a low variance.
 
@@ -50,7 +52,6 @@ from wmrl_vla.rollout import (
     goal_or_zeros,
     goal_xy,
     policy_actor,
-    recorded_reward,
     replay_reward,
     run_episodes,
 )
@@ -260,6 +261,7 @@ class VLADomain:
         twin_anchors: bool = False,
         imagine_input: str = "pixels",
         latent_refresh_steps: int = 5,
+        bf16_unsupported: str | None = None,
     ) -> None:
         import sims
 
@@ -305,6 +307,7 @@ class VLADomain:
         self.latent_adapter: LatentAdapter | None = None
         self.latent_optimizer: torch.optim.Optimizer | None = None
         self.latent_metrics: dict[str, float] = {}
+        self.bf16_unsupported = bf16_unsupported  # why --precision=bf16 is refused (a lerobot policy)
 
     def shard_rng(self, rank: int, step: int) -> None:
         """Data-parallel ``generation="shard"`` (wmrl/distributed.py), before each step's generation:
@@ -380,8 +383,11 @@ class VLADomain:
         # an imagined twin of every anchor group: rollout j drawn with real rollout j's uniforms
         twin_noise = noise[sim_groups].flatten(0, 1)
         rollouts += self._imagine([tasks[g] for g in sim_groups], group_size, noise=twin_noise)
-        twin_of = torch.tensor([-1] * n_groups + sim_groups)
-        return self._collate(rollouts, [*tasks, *(tasks[g] for g in sim_groups)], group_size, twin_of)
+        real_row = torch.tensor(
+            [-1] * (n_groups * group_size)
+            + [g * group_size + j for g in sim_groups for j in range(group_size)]
+        )
+        return self._collate(rollouts, [*tasks, *(tasks[g] for g in sim_groups)], group_size, real_row)
 
     def _from_sim(self, r: SimRollout) -> dict:
         return {
@@ -602,7 +608,7 @@ class VLADomain:
         rollouts: list[dict],
         tasks: Sequence[VLATask],
         group_size: int,
-        twin_of: torch.Tensor | None = None,
+        real_row: torch.Tensor | None = None,
     ) -> RolloutBatch:
         n = len(rollouts)
         t_max = max(len(r["actions"]) for r in rollouts)
@@ -654,7 +660,9 @@ class VLADomain:
                 "init_states": states[:, 0].clone(),
                 **latent_extras,
             },
-            twin_of=twin_of,
+            real_row=real_row,
+            # the simulator's rewards of the anchor rollouts (NaN on imagined ones): the closed loop
+            real_rewards=None if self.regrade else torch.tensor([float(r["reward"]) for r in rollouts]),
         )
 
     # ------------------------------------------------------------------ media
@@ -751,6 +759,9 @@ class VLADomain:
 
     # ------------------------------------------------------------------ execution
     def execution_jobs(self, batch: RolloutBatch, indices: Sequence[int]) -> list[Job]:
+        """A second real execution of sim rollouts ``indices``: their recorded actions re-simulated
+        from the seed, without rendering (the trainer asks for it with ``regrade=True`` only; else
+        the rewards recorded in the closed loop, ``RolloutBatch.real_rewards``, are the true ones)."""
         jobs = []
         for i in indices:
             p = batch.payload[int(i)]
@@ -760,14 +771,8 @@ class VLADomain:
                     "(passed to generate as anchor_groups) can be executed"
                 )
             task = batch.tasks[int(batch.group_ids[int(i)])]
-            if self.regrade:
-                jobs.append(
-                    Job(
-                        replay_reward, (p["task_id"], p["seed"], task.env_split, p["actions"], self.max_steps)
-                    )
-                )
-            else:
-                jobs.append(Job(recorded_reward, (p["reward"],)))
+            args = (p["task_id"], p["seed"], task.env_split, p["actions"], self.max_steps)
+            jobs.append(Job(replay_reward, args))
         return jobs
 
     def oracle_rewards(self, batch: RolloutBatch) -> torch.Tensor | None:

@@ -1,4 +1,4 @@
-"""Export a VLA run (``wmrl export``; the core's hook is :meth:`wmrl_vla.config.VLAConfig.export`).
+"""Export a VLA run (``wmrl export``; the core's hook is :meth:`wmrl_vla.plugin.VLAPlugin.export`).
 
 The policy and the world model are rebuilt from the run's config (the architectures the pipeline
 builds, see :mod:`wmrl_vla.pipeline`) and filled from the run's last checkpoint, strictly: a key

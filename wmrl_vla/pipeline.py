@@ -532,13 +532,22 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         twin_anchors=cfg.twin_anchors and method_of(run).uses_twins,  # only ppi's update uses them
         imagine_input=cfg.imagine_input,
         latent_refresh_steps=cfg.latent_refresh_steps,
+        # --precision=bf16 (wmrl.device.check_precision)
+        bf16_unsupported=None
+        if cfg.policy == "small_vla" and cfg.policy_path is None
+        else f"{_policy_setting(cfg)} (a lerobot policy) is run in float32 only",
     )
     if cfg.imagine_input == "latent":
         with stage(f"[vla] fitting the latent adapter ({cfg.latent_adapter_steps} steps)", show):
             domain.fit_latent_adapter(steps=cfg.latent_adapter_steps)
-    if cfg.policy != "small_vla":  # --precision=bf16 (wmrl.device.check_precision)
-        domain.bf16_unsupported = f"domain.policy={cfg.policy} (a lerobot policy) is run in float32 only"
     return domain
+
+
+def _policy_setting(cfg: VLAConfig) -> str:
+    """The setting that names the run's policy, as the user wrote it."""
+    if cfg.policy_path is not None:
+        return f"domain.policy_path={cfg.policy_path}"
+    return f"domain.policy={cfg.policy}"
 
 
 def mean_success(records: list[dict]) -> float:

@@ -249,11 +249,6 @@ def replay_reward(
     return rollout_reward(np.array(prog), np.array(succ))
 
 
-def recorded_reward(reward: float) -> float:
-    """The job of an anchor rollout that was already executed in the simulator during generation."""
-    return float(reward)
-
-
 def run_expert_episodes(
     specs: Sequence[tuple[str, int]], pool: EnvPool, split: str = "train"
 ) -> list[SimRollout]:

@@ -102,12 +102,12 @@ def test_join_shares_gives_the_one_process_layout():
     ]
     batch, owner, src_rank, src_row = join_shares(parts)
     assert batch.tasks == [4, 7, 1, 9, 2, 4, 9, 2]
-    assert batch.twin_of.tolist() == [-1, -1, -1, -1, -1, 0, 3, 4]
+    # the twin groups 5, 6, 7 stand for the real groups 0, 3, 4 (rows 2g, 2g + 1)
+    assert batch.real_row.tolist() == [-1] * 10 + [0, 1, 6, 7, 8, 9]
     assert batch.group_ids.tolist() == torch.arange(8).repeat_interleave(2).tolist()
     assert torch.equal(batch.extras["context"], torch.tensor(batch.tasks)[batch.group_ids])
     twins = batch.group_ids >= 5
-    real_rows = batch.twin_of[batch.group_ids[twins]] * 2 + torch.arange(twins.sum()) % 2
-    assert torch.equal(batch.tokens[twins], batch.tokens[real_rows])  # common-noise twins
+    assert torch.equal(batch.tokens[twins], batch.tokens[batch.real_row[twins]])  # common-noise twins
     assert owner.tolist() == [0, 0, 0, 2, 2, 0, 2, 2]
     assert torch.equal(src_rank, owner[batch.group_ids])
     for r, part in ((0, parts[0]), (2, parts[2])):

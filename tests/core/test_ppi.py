@@ -244,7 +244,7 @@ def test_the_prior_log_is_the_starting_policys_and_leaves_the_runs_draws_alone(t
     plain = _cfg(tmp_path / "a", "--method=ppi", "--ppi.lam=0.5")
     prior = _cfg(tmp_path / "b", "--method=ppi", "--ppi.lam=0.5", "--ppi.prior_from_log=true")
     d_plain, d_prior = plain.domain.build(plain), prior.domain.build(prior)
-    groups = d_prior.prior_anchor_groups
+    groups = d_prior.prior_anchor_groups()
     assert len(groups) == 8 and all(len(h) == len(r) == prior.grpo.group_size for h, r in groups)
     r_true = torch.tensor([r for _, r in groups])
     h = torch.tensor([h for h, _ in groups])

@@ -39,7 +39,7 @@ def _rollouts(context: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Ten
     return tokens, (torch.arange(T) < lengths[:, None]).double()
 
 
-def _batch(tokens, mask, context, group_ids, twin_of=None) -> RolloutBatch:
+def _batch(tokens, mask, context, group_ids, real_row=None) -> RolloutBatch:
     return RolloutBatch(
         tokens=tokens,
         logprobs=torch.zeros(tokens.shape, dtype=torch.float64),
@@ -47,7 +47,7 @@ def _batch(tokens, mask, context, group_ids, twin_of=None) -> RolloutBatch:
         group_ids=group_ids,
         tasks=list(range(int(group_ids.max()) + 1)),
         extras={"context": context},
-        twin_of=twin_of,
+        real_row=real_row,
     )
 
 
@@ -180,12 +180,14 @@ def test_twin_groups_with_an_ungraded_real_row_are_unbiased():
         tokens = torch.where(real_row[:, None], real_tokens[rows], imag_tokens[rows])
         ctx = torch.where(real_row, real_ctx[rows], imag_ctx[rows])
         gids = torch.arange(N + 2).repeat_interleave(G)
-        twin_of = torch.cat([torch.full((N,), -1), anchor.nonzero().squeeze(-1)])
-        batch = _batch(tokens, torch.ones(rows.numel(), T, dtype=torch.float64), ctx, gids, twin_of)
+        twin_of = torch.cat([torch.full((N,), -1), anchor.nonzero().squeeze(-1)])  # [N + 2] groups
+        stands_for = twin_of[gids] * G + torch.arange(gids.numel()) % G  # a twin row -> its real row
+        twin_rows = torch.where(twin_of[gids] >= 0, stands_for, torch.full_like(gids, -1))
+        batch = _batch(tokens, torch.ones(rows.numel(), T, dtype=torch.float64), ctx, gids, twin_rows)
         r_seen = torch.where(real_row, r[rows], torch.full_like(r[rows], float("nan")))
         r_wm = torch.where(real_row, torch.full_like(r[rows], float("nan")), r_hat[rows])
         group_anchor = torch.cat([anchor, torch.zeros(2, dtype=torch.bool)])
-        p = ppi_rows(r_seen, r_wm, gids, group_anchor, twin_of, N, 0.9, CFG.advantage, CFG.std_eps)
+        p = ppi_rows(r_seen, r_wm, gids, group_anchor, twin_rows, N, 0.9, CFG.advantage, CFG.std_eps)
         steps.append(_sgd_step(policy, batch, p.adv, p.used, p.counted))
     assert _rel_err(torch.stack(steps).mean(0), target) < 1e-6
 

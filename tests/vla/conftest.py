@@ -7,17 +7,4 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-
-import pytest  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def vla_debug(tmp_path_factory):
-    """The vla-debug preset built once per session (demos, SFT, WM cached under ``root/cache``)."""
-    from wmrl.config import load_config
-
-    root = tmp_path_factory.mktemp("vla")
-    cfg = load_config("vla-debug", [f"--out_dir={root / 'run'}", f"--domain.cache_dir={root / 'cache'}"])
-    domain = cfg.domain.build(cfg)
-    yield cfg, domain, root
-    domain.close()
+# vla_debug, the vla-debug preset built once per session: tests/conftest.py (the domain contract's test uses it too)

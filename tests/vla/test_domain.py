@@ -83,14 +83,15 @@ def test_log_probs_recompute_the_sampling_log_probs(built, batch):
 
 def test_execution_jobs_grade_the_real_rollouts(built, batch):
     cfg, domain, _ = built
+    # the closed loop: the sim rollouts' rewards come back with the batch (no execution job)
+    recorded = [p["reward"] for p in batch.payload[:4]]
+    assert batch.real_rewards[:4].tolist() == pytest.approx(recorded) and batch.real_rewards[4:].isnan().all()
+    # a job is a second real execution: the recorded actions re-simulated from the seed, the same reward
     jobs = domain.execution_jobs(batch, [0, 1, 2, 3])
-    rewards = [j.fn(*j.args) for j in jobs]
-    assert rewards == [p["reward"] for p in batch.payload[:4]]
-    # re-simulating the recorded actions from the seed is deterministic: same reward
+    assert [j.fn(*j.args) for j in jobs] == pytest.approx(recorded, abs=1e-6)
     p = batch.payload[0]
-    assert replay_reward(
-        p["task_id"], p["seed"], "train", p["actions"], cfg.domain.max_steps
-    ) == pytest.approx(rewards[0], abs=1e-6)
+    assert jobs[0].fn is replay_reward and jobs[0].args[:2] == (p["task_id"], p["seed"])
+    assert jobs[0].args[4] == cfg.domain.max_steps
     with pytest.raises(ValueError, match="imagined"):
         domain.execution_jobs(batch, [5])
 
@@ -312,7 +313,7 @@ def test_twin_groups_share_the_real_rollouts_sampling_noise(built):
         batch = domain.generate(tasks, 4, torch.tensor([True, False, True]))
     finally:
         domain.twin_anchors = False
-    assert batch.n_groups == 5 and batch.twin_of.tolist() == [-1, -1, -1, 0, 2]
+    assert batch.n_groups == 5 and batch.real_row.tolist() == [-1] * 12 + [0, 1, 2, 3, 8, 9, 10, 11]
     assert batch.tasks[3:] == [tasks[0], tasks[2]]
     kinds = [p["kind"] for p in batch.payload]
     assert kinds == ["sim"] * 4 + ["imagined"] * 4 + ["sim"] * 4 + ["imagined"] * 8

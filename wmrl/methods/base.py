@@ -30,7 +30,7 @@ import torch
 from wmrl.config import ConfigError, did_you_mean
 from wmrl.debias import centred_residual
 from wmrl.denoise import normalise_weights, sample_weights
-from wmrl.domain import Prediction, RolloutBatch
+from wmrl.domain import Prediction, PriorGroups, RolloutBatch
 from wmrl.learner import group_advantages
 
 if TYPE_CHECKING:
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
     from wmrl.trainer import Trainer
 
 EXECUTES = ("all", "anchors", "none")
-LogGroups = list[tuple[list[float], list[float]]]
-"""A domain's pre-training execution log as anchor groups: ``(raw WM scores, true rewards)`` each."""
 
 
 @dataclass
@@ -47,7 +45,7 @@ class Step:
     """What one training step hands its method.
 
     ``batch``: the step's rollouts (``R`` rows); ``n_tasks``: the tasks sampled and generated (the
-    groups after them, if any, are imagined twins of the anchor tasks, ``batch.twin_of``);
+    groups after them, if any, are WM-only twins of the anchor tasks, ``batch.real_row``);
     ``group_anchor`` ``[n_groups]`` bool: the groups executed for real; ``r_true`` ``[R]``: true
     rewards, NaN off executed rows and on ungraded ones; ``pred``: the WM's prediction as the method
     sees it (None for a method without a WM); ``r_wm`` ``[R]``: the rewards the method gives the WM
@@ -116,7 +114,7 @@ class Method:
     # Whether anchor advantages are weighted by the denoiser's w (wmrl/denoise.py).
     denoises: bool = False
     # Whether a closed-loop domain should add imagined twin groups of the anchor tasks
-    # (RolloutBatch.twin_of): only a method that pairs the WM's and the real rollouts of a task uses them.
+    # (RolloutBatch.real_row): only a method that pairs the WM's and the real rollouts of a task uses them.
     uses_twins: bool = False
     # The RunConfig sections that change what it does, besides grpo (a reader's and a tool's guide:
     # the others' values are ignored by it).
@@ -154,7 +152,7 @@ class Method:
         return {"w": f"{metrics['denoise/w']:.2f}"}
 
     # ---- the training step's hooks (called by wmrl.trainer.Trainer, in this order) ---------------
-    def start_from_log(self, trainer: Trainer, prior_groups: LogGroups | None) -> None:
+    def start_from_log(self, trainer: Trainer, prior_groups: PriorGroups | None) -> None:
         """Once, before the first step of a new run for which :meth:`wants_execution_log` holds:
         ``prior_groups`` is the domain's execution log as ``(raw WM scores, true rewards)`` groups."""
 
@@ -166,7 +164,7 @@ class Method:
         """The WM's prediction ``[R]`` as the method sees it."""
         return pred
 
-    def prior_groups(self, groups: LogGroups, seed: int) -> LogGroups:
+    def prior_groups(self, groups: PriorGroups, seed: int) -> PriorGroups:
         """The execution log's ``(WM scores, true rewards)`` groups as the method sees them."""
         return groups
 
@@ -252,7 +250,7 @@ class Control(Method):
     def progress(self, metrics: dict[str, float]) -> dict[str, str]:
         return self.base.progress(metrics)
 
-    def start_from_log(self, trainer: Trainer, prior_groups: LogGroups | None) -> None:
+    def start_from_log(self, trainer: Trainer, prior_groups: PriorGroups | None) -> None:
         self.base.start_from_log(trainer, prior_groups)
 
     def select_tasks(self, tasks: list, anchor_groups: torch.Tensor) -> tuple[list, torch.Tensor]:
@@ -261,7 +259,7 @@ class Control(Method):
     def prediction(self, pred: Prediction, group_ids: torch.Tensor, seed: int, step: int) -> Prediction:
         return self.base.prediction(pred, group_ids, seed, step)
 
-    def prior_groups(self, groups: LogGroups, seed: int) -> LogGroups:
+    def prior_groups(self, groups: PriorGroups, seed: int) -> PriorGroups:
         return self.base.prior_groups(groups, seed)
 
     def wm_scores(self, trainer: Trainer, step: Step) -> tuple[torch.Tensor, dict[str, float]]:

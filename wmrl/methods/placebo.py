@@ -9,8 +9,8 @@ import torch
 
 from wmrl.config import ConfigError
 from wmrl.controls import placebo_groups, placebo_prediction
-from wmrl.domain import Prediction
-from wmrl.methods.base import Control, LogGroups, wm_methods
+from wmrl.domain import Prediction, PriorGroups
+from wmrl.methods.base import Control, wm_methods
 
 if TYPE_CHECKING:
     from wmrl.config import RunConfig
@@ -36,5 +36,5 @@ class Placebo(Control):
     def prediction(self, pred: Prediction, group_ids: torch.Tensor, seed: int, step: int) -> Prediction:
         return placebo_prediction(self.base.prediction(pred, group_ids, seed, step), group_ids, seed, step)
 
-    def prior_groups(self, groups: LogGroups, seed: int) -> LogGroups:
+    def prior_groups(self, groups: PriorGroups, seed: int) -> PriorGroups:
         return placebo_groups(self.base.prior_groups(groups, seed), seed)

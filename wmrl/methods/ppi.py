@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from wmrl.config import ConfigError
+from wmrl.domain import PriorGroups
 from wmrl.learner import score_directions
-from wmrl.methods.base import Advantages, Control, LogGroups, Method, Step, register_method
+from wmrl.methods.base import Advantages, Control, Method, Step, register_method
 from wmrl.ppi import anchor_moments, gradient_row_products, ppi_rows, variance_ratio
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class PPI(Method):
     def progress(self, metrics: dict[str, float]) -> dict[str, str]:
         return {"lam": f"{metrics['ppi/lambda']:.2f}", "rho": f"{metrics['ppi/rho']:.2f}"}
 
-    def start_from_log(self, trainer: Trainer, prior_groups: LogGroups | None) -> None:
+    def start_from_log(self, trainer: Trainer, prior_groups: PriorGroups | None) -> None:
         """Start ``λ``'s window with the domain's prior anchor groups ``(raw WM scores, true
         rewards)`` (``ppi.prior_from_log``), as the run's method sees them (the placebo: permuted)."""
         if prior_groups is None:
@@ -73,9 +74,10 @@ class PPI(Method):
         return r_cal, self.observe_anchors(trainer, step)
 
     def advantages(self, trainer: Trainer, step: Step) -> Advantages:
-        var = None if step.pred is None else step.pred.var
-        args = (step.batch, step.r_hat, var, step.r_wm, step.r_true, step.group_anchor, step.n_tasks)
-        adv, used, counted, metrics = trainer._ppi(*args)  # prediction_powered_advantages, below
+        assert step.pred is not None and step.r_wm is not None, "ppi uses the world model"
+        adv, used, counted, metrics = trainer._ppi(  # prediction_powered_advantages, below
+            step.batch, step.r_hat, step.pred.var, step.r_wm, step.r_true, step.group_anchor, step.n_tasks
+        )
         return Advantages(adv, used, counted, metrics)
 
 
@@ -102,7 +104,7 @@ def prediction_powered_advantages(
     lam = tuner.lam(calibrate, var)
     n_anchors = int(group_anchor.sum())
     p = ppi_rows(
-        r_true, r_cal, batch.group_ids, group_anchor, batch.twin_of, n_tasks, lam, g.advantage, g.std_eps
+        r_true, r_cal, batch.group_ids, group_anchor, batch.real_row, n_tasks, lam, g.advantage, g.std_eps
     )
     gid, pair, adv_true, adv_wm = batch.group_ids, p.pair, p.adv_true, p.adv_wm
 
