@@ -77,7 +77,8 @@ def run_one(python: str, root: Path, args: argparse.Namespace, params_out: Path)
     cmd = [python, str(Path(__file__).resolve()), "--worker", "--preset", args.preset, "--method", args.method,
            "--steps", str(args.steps), "--seed", str(args.seed), "--cache-dir", str(args.cache_dir),
            "--params-out", str(params_out), *(f"--override={o}" for o in args.override)]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+    env = {k: v for k, v in os.environ.items() if k != "LP_NUM_THREADS"}  # each checkout's own default
+    env |= {"HF_HUB_OFFLINE": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
     out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"the run in {root} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")

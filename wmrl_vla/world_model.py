@@ -3,6 +3,7 @@ rollout by imagining its own actions, online refinement on anchor rollouts, a ca
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -115,30 +116,42 @@ class VLAWorldModel:
         self.episodes.extend(r.as_episode() for r in new)
         if len(self.episodes) > self.max_episodes:
             self.episodes = self.episodes[-self.max_episodes :]
-        if self.dataset is not None:
-            from wmrl_vla.data import append_episodes
-
-            root, repo_id = self.dataset
-            append_episodes(
-                root, repo_id, [to_frames(r) for r in new], [r.task_id for r in new], [r.seed for r in new]
+        # The anchors go to the run's LeRobot dataset in a thread beside the training (it writes and
+        # re-reads PNG frames for seconds per episode; the training never reads it); both finish here.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="anchor-dataset") as pool:
+            recorded = None if self.dataset is None else pool.submit(self._record, new)
+            self.model.train()
+            _, hist = train_dynamics(
+                self.model,
+                self.episodes,
+                self.update_steps,
+                self.batch_size,
+                self.horizon,
+                seed=self.seed + self.n_updates,
+                optimizer=self.optimizer,
+                state_horizon=self.state_horizon,
             )
-        self.model.train()
-        _, hist = train_dynamics(
-            self.model,
-            self.episodes,
-            self.update_steps,
-            self.batch_size,
-            self.horizon,
-            seed=self.seed + self.n_updates,
-            optimizer=self.optimizer,
-            state_horizon=self.state_horizon,
-        )
+            if recorded is not None:
+                recorded.result()  # its error, if any, is raised here
         self.n_updates += 1
         return {
             "update_loss": float(np.mean(hist)) if hist else float("nan"),
             "episodes": float(len(self.episodes)),
             **calib,
         }
+
+    def _record(self, rollouts: list[SimRollout]) -> None:
+        """Append ``rollouts`` to the LeRobot dataset ``self.dataset`` (root, repo id)."""
+        from wmrl_vla.data import append_episodes
+
+        root, repo_id = self.dataset
+        append_episodes(
+            root,
+            repo_id,
+            [to_frames(r) for r in rollouts],
+            [r.task_id for r in rollouts],
+            [r.seed for r in rollouts],
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {
