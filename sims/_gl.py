@@ -14,10 +14,6 @@ if "mujoco" not in sys.modules and not os.environ.get("DISPLAY"):
     os.environ.setdefault("MUJOCO_GL", "egl")
 if os.environ.get("MUJOCO_GL", "").lower() in ("egl", "osmesa"):
     os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"].lower())
-    # Mesa's software rasteriser (llvmpipe, where there is no GPU) draws our small frames in the
-    # calling thread rather than handing tiles to its worker threads: the same pixels, less time per
-    # frame on a busy CPU (benchmarks/vla_step_speed.py). A GPU's EGL driver ignores it.
-    os.environ.setdefault("LP_NUM_THREADS", "0")
 
 import mujoco  # noqa: E402
 

@@ -128,38 +128,3 @@ def test_state_is_proprioception_only(make):
     adr = env.model.jnt_qposadr[env.model.joint("puck0").id]
     env.data.qpos[adr] += 0.05
     np.testing.assert_array_equal(env._state(), before)
-
-
-_RENDER_SCRIPT = """
-import hashlib, os
-import numpy as np
-import sims
-env = sims.make("wmrl/ReachColor-v0", image_size=32, split="train")
-env.reset(seed=5)
-h = hashlib.sha256()
-for t in range(6):
-    h.update(env.step(np.full(4, 0.3 * (-1) ** t, np.float32))[0]["image"].tobytes())
-env.close()
-print(os.environ.get("LP_NUM_THREADS"), h.hexdigest())
-"""
-
-
-def test_software_rendering_in_the_calling_thread_draws_the_same_pixels():
-    """sims sets llvmpipe's ``LP_NUM_THREADS=0`` (draw in the calling thread) unless the user set it;
-    the frames are the very pixels its worker threads draw."""
-    import os
-    import subprocess
-    import sys
-
-    def frames(lp: str | None) -> tuple[str, str]:
-        env = {k: v for k, v in os.environ.items() if k != "LP_NUM_THREADS"}
-        env["MUJOCO_GL"] = "egl"
-        if lp is not None:
-            env["LP_NUM_THREADS"] = lp
-        out = subprocess.run([sys.executable, "-c", _RENDER_SCRIPT], env=env, capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return tuple(out.stdout.split())
-
-    default, threaded = frames(None), frames("2")
-    assert default[0] == "0" and threaded[0] == "2"
-    assert default[1] == threaded[1]
