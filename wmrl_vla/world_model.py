@@ -16,6 +16,7 @@ from world_models.vla_dynamics import (
     calibration_stats,
     fit_variance_calibration,
     rollout_score,
+    success_auc,
     train_dynamics,
 )
 
@@ -29,7 +30,9 @@ class VLAWorldModel:
     episodes at pretraining (``calibration``), then refitted at every ``update`` on the last
     ``calib_window`` anchor pairs, each scored by the WM *before* it trains on them (held out). The
     z^2 of each step's anchors under the calibration fitted before them is logged
-    (``wm/z2_raw``, ``wm/z2``).
+    (``wm/z2_raw``, ``wm/z2``), and so is ``wm/success_auc``: the ROC AUC of those held-out scores
+    against the anchors' real success, over the same window (NaN until it holds a success and a
+    failure): when it falls, the WM no longer tells this policy's successes from its failures.
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class VLAWorldModel:
         self.calibrate = calibrate
         self.calib_window = calib_window
         self.calib_pairs: list[tuple[float, float]] = []  # (squared error, raw variance) of anchors
+        self.outcome_pairs: list[tuple[float, float]] = []  # (held-out score, real success) of anchors
         self.episodes = list(episodes)  # replay: demos, then anchor rollouts
         self.update_steps = update_steps
         self.batch_size = batch_size
@@ -90,7 +94,7 @@ class VLAWorldModel:
         self, batch: RolloutBatch, indices: torch.Tensor, rewards: torch.Tensor
     ) -> dict[str, float]:
         """Score the new anchors (held out: the WM has not trained on them), log their z^2 under the
-        calibration so far, add them to the window and refit."""
+        calibration so far, add them to the window and refit; log the window's success AUC."""
         pred = self.raw_predict(batch.select(indices))
         if pred.var is None:
             return {}
@@ -105,7 +109,17 @@ class VLAWorldModel:
         ]
         pairs = np.asarray(self.calib_pairs)
         self.var_scale, self.var_floor = fit_variance_calibration(pairs[:, 0], pairs[:, 1])
-        return {**out, "var_scale": self.var_scale, "var_floor": self.var_floor}
+        success = [float(batch.payload[int(i)]["success"]) for i in indices]
+        self.outcome_pairs = (self.outcome_pairs + list(zip(pred.mean.tolist(), success, strict=True)))[
+            -self.calib_window :
+        ]
+        scores, labels = np.asarray(self.outcome_pairs).T
+        return {
+            **out,
+            "var_scale": self.var_scale,
+            "var_floor": self.var_floor,
+            "success_auc": success_auc(scores, labels),
+        }
 
     def update(self, batch: RolloutBatch, indices: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
         new = [batch.payload[int(i)]["rollout"] for i in indices]
@@ -160,6 +174,7 @@ class VLAWorldModel:
             "n_updates": self.n_updates,
             "calibration": [self.var_scale, self.var_floor],
             "calib_pairs": list(self.calib_pairs),
+            "outcome_pairs": list(self.outcome_pairs),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -169,6 +184,7 @@ class VLAWorldModel:
         if "calibration" in state:  # checkpoints from before the calibration keep the raw variance
             self.var_scale, self.var_floor = (float(c) for c in state["calibration"])
             self.calib_pairs = [tuple(p) for p in state["calib_pairs"]]
+            self.outcome_pairs = [tuple(p) for p in state.get("outcome_pairs", [])]
 
 
 def to_frames(r: SimRollout) -> list[tuple]:
