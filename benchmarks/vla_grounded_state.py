@@ -26,7 +26,7 @@ import torch
 
 def measure(preset: str, n_tasks: int, extra: list[str]) -> dict:
     from wmrl.config import load_config
-    from world_models.vla_dynamics import _auc
+    from world_models.vla_dynamics import success_auc
 
     cfg = load_config(preset, [f"--out_dir={tempfile.mkdtemp(prefix='wmrl-grounded-')}", *extra])
     cfg.tracking.progress = False
@@ -66,10 +66,10 @@ def measure(preset: str, n_tasks: int, extra: list[str]) -> dict:
     report = {
         "preset": preset, "overrides": extra, "rollouts": len(real), "success_rate": float(label.mean()),
         "hand_error_m": {str(k): float(np.mean([e[min(k, len(e)) - 1] for e in err])) for k in (1, 5, 10, 20, 30, 40, 50)},
-        "geometric_success_auc_rolled": _auc(np.array(geo_rolled), label),
-        "geometric_success_auc_real": _auc(np.array(geo_real), label),
-        "head_success_auc_rolled": _auc(np.array(head_rolled), label),
-        "head_success_auc_real_states": _auc(np.array(head_real), label),
+        "geometric_success_auc_rolled": success_auc(np.array(geo_rolled), label),
+        "geometric_success_auc_real": success_auc(np.array(geo_real), label),
+        "head_success_auc_rolled": success_auc(np.array(head_rolled), label),
+        "head_success_auc_real_states": success_auc(np.array(head_real), label),
     }  # fmt: skip
     domain.close()
     return report

@@ -83,7 +83,7 @@ def side_by_side_gif(wm, real, twin_images: np.ndarray, path: Path) -> None:
     clips = [real.images, replay["images"][0].numpy(), twin_images]
     t_len = max(len(c) for c in clips)
     clips = [np.concatenate([c, np.repeat(c[-1:], t_len - len(c), 0)]) for c in clips]
-    from wmrl_vla.domain import save_gif
+    from wmrl_vla.media import save_gif
 
     save_gif(np.concatenate(clips, axis=3), path)
 
@@ -118,7 +118,7 @@ def measure(preset: str, groups: int, out: Path, extra: list[str]) -> dict:
     from scipy.stats import spearmanr
 
     from wmrl.config import load_config
-    from world_models.vla_dynamics import _auc, calibration_stats, fit_variance_calibration
+    from world_models.vla_dynamics import calibration_stats, fit_variance_calibration, success_auc
 
     cfg = load_config(preset, [f"--out_dir={tempfile.mkdtemp(prefix='wmrl-wm-quality-')}", *extra])
     cfg.tracking.progress = False
@@ -167,13 +167,13 @@ def measure(preset: str, groups: int, out: Path, extra: list[str]) -> dict:
             "frame_psnr_per_step": [_psnr(m) for m in per_step],
             "frame_psnr_step1": _psnr(per_step[0]),
             "frame_psnr_mean_over_horizon": _psnr(float(np.nanmean(mse))),
-            "success_auc": _auc(score[:n], success),
+            "success_auc": success_auc(score[:n], success),
             "reward_spearman": float(spearmanr(score[:n], reward).statistic),
             "score_mae": float(np.abs(score[:n] - reward).mean()),
             # a successful episode ends early: how much of the score's ranking is episode length
-            "success_auc_of_shorter_episode": _auc(-lengths, success),
+            "success_auc_of_shorter_episode": success_auc(-lengths, success),
             "score_length_spearman": float(spearmanr(score[:n], lengths).statistic),
-            f"success_auc_first{FIRST_STEPS}_steps": _auc(early, success),
+            f"success_auc_first{FIRST_STEPS}_steps": success_auc(early, success),
             "z2_raw": calibration_stats(sq, var[:n]),
             "z2_pretraining_calibration": calibration_stats(sq, var[:n], *pre_calib),
             "z2_cross_fitted": {"z2_mean": float(z2_cross.mean()), "z2_median": float(np.median(z2_cross))},

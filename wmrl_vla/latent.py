@@ -14,16 +14,20 @@ pixel encoder itself learns from the simulated (anchor) rollouts only.
 The adapter is distilled from the pixel encoder on the world model's own rollouts:
 ``adapter(z, z0, f0, s) ~ encoder(decode(z), s)`` (:func:`distill_loss`, a mean squared error of the
 change since the first frame, standardised per column, :func:`feature_stats`), first at build time
-on imagined rollouts of the SFT policy (``VLADomain.fit_latent_adapter``), then refreshed after each
+on imagined rollouts of the SFT policy (:func:`fit_latent_adapter`), then refreshed after each
 imagined batch on a sample of its latents decoded for that purpose only
-(``VLADomain.refresh_latent_adapter``), so it follows the world model's and the encoder's updates.
+(:func:`refresh_latent_adapter`), so it follows the world model's and the encoder's updates.
 """
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from world_models.vla_dynamics import instruction_ids
 
 
 def feature_stats(targets: torch.Tensor, min_std: float = 1e-3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,3 +219,139 @@ class LatentActor:
     def stacked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """bins ``[B, T, A]``, log-probs ``[B, T, A]``, features ``[B, T, F]``."""
         return torch.stack(self.bins, 1), torch.stack(self.logprobs, 1), torch.stack(self.features, 1)
+
+
+# Distillation steps between two held-out checks when the adapter is first fitted.
+LATENT_CHECK_EVERY = 50
+# Latents (rollout steps) decoded per refresh of the latent adapter after an imagined batch.
+LATENT_REFRESH_SAMPLES = 64
+
+
+def fit_latent_adapter(
+    policy,
+    wm,
+    imgs: torch.Tensor,
+    sts: torch.Tensor,
+    texts: list[str],
+    goals: torch.Tensor,
+    limits: torch.Tensor,
+    group_size: int,
+    temperature: float,
+    gen: torch.Generator,
+    steps: int = 500,
+) -> tuple[LatentAdapter, torch.optim.Optimizer, dict[str, float]]:
+    """Distill a new :class:`LatentAdapter` from ``policy``'s pixel encoder on the world model ``wm``'s
+    own rollouts: ``B`` rollouts (``group_size`` consecutive ones per task) from first frames ``imgs``
+    ``[B, 3, H, W]`` uint8, states ``sts`` ``[B, S]``, instructions ``texts``, goals ``[B, 2]``, imagined
+    for ``limits`` ``[B]`` steps with the policy acting on decoded frames at ``temperature``. Every
+    5th task is held out to stop the distillation early (the state of lowest held-out loss, checked every
+    ``LATENT_CHECK_EVERY`` steps, the untrained copy of the first frame included) and to measure
+    the fit (so the held-out figures are slightly optimistic): ``latent/heldout_mse`` (squared
+    error of the features standardised by their spread), ``latent/heldout_tv`` (total variation between the policy's per-dimension
+    action distributions from the adapter's features and from the encoder's, mean over steps and
+    dimensions), ``latent/heldout_agreement`` (how often their greedy bins agree), and the same
+    two for copying the first frame's features (``..._first_frame``, the baseline to beat).
+    Returns (adapter, its optimizer, those figures)."""
+    pol, dev = policy, policy.centers.device
+    instr = pol.tokenizer.encode(texts)
+    horizon = int(limits.max())
+    pol.eval()
+    wm.eval()
+
+    def act(f: torch.Tensor, s: torch.Tensor, t: int) -> torch.Tensor:
+        return pol.act(f, s, instr, temperature, gen)[2]
+
+    out = wm.imagine(
+        imgs,
+        sts,
+        act,
+        horizon,
+        success_threshold=2.0,
+        generator=gen,
+        instr=instruction_ids(texts),
+        goal=goals,
+    )  # the whole horizon
+    mask = torch.arange(horizon).unsqueeze(0) < limits.unsqueeze(1)  # [B, T]
+    b = mask.shape[0]
+    rows = torch.arange(b).unsqueeze(1).expand_as(mask)[mask]
+    with torch.no_grad():
+        targets = pol.visual_features(out["images"][mask].to(dev), instr[rows].to(dev))
+        f0 = pol.visual_features(imgs.to(dev), instr.to(dev))[rows]
+        sentence = pol.sentence(instr[rows].to(dev))
+    z = out["latents"].to(dev)
+    inputs = (z[mask.to(dev)], z[:, 0][rows.to(dev)], f0, sentence)
+    held = (rows // group_size % 5 == 4).to(dev)
+    adapter = LatentAdapter(z.shape[-1], sentence.shape[1], pol.feature_dim).to(dev)
+    adapter.set_normalisation(targets[~held], f0[~held])
+    opt = torch.optim.Adam(adapter.parameters(), lr=1e-3)
+    fit = tuple(x[~held] for x in inputs)
+    h_in = tuple(x[held] for x in inputs)
+
+    def held_loss() -> float:
+        with torch.no_grad():
+            return float(distill_loss(adapter, h_in, targets[held]))
+
+    # early stopping on the held-out tasks, checked every LATENT_CHECK_EVERY steps; step 0 (the
+    # untrained adapter: the first frame's features) included
+    best, best_state, hist = held_loss(), copy.deepcopy(adapter.state_dict()), []
+    for done in range(0, steps, LATENT_CHECK_EVERY):
+        hist += distill(
+            adapter, opt, fit, targets[~held], min(LATENT_CHECK_EVERY, steps - done), generator=gen
+        )
+        if (loss := held_loss()) < best:
+            best, best_state = loss, copy.deepcopy(adapter.state_dict())
+    adapter.load_state_dict(best_state)
+    with torch.no_grad():
+        st, ins = out["states"][mask].to(dev)[held], instr[rows].to(dev)[held]
+        p_pix = torch.softmax(pol.logits_from_features(targets[held], st, ins), -1)  # [M, A, K]
+        err = ((adapter(*h_in) - targets[held]) / adapter.in_std) ** 2
+        stats = {"latent/fit_samples": float((~held).sum()), "latent/fit_loss": hist[-1],
+                 "latent/heldout_mse": float(err.mean())}  # fmt: skip
+        for name, feats in (("", adapter(*h_in)), ("_first_frame", h_in[2])):
+            p = torch.softmax(pol.logits_from_features(feats, st, ins), -1)
+            stats[f"latent/heldout_tv{name}"] = float(0.5 * (p - p_pix).abs().sum(-1).mean())
+            stats[f"latent/heldout_agreement{name}"] = float(
+                (p.argmax(-1) == p_pix.argmax(-1)).float().mean()
+            )
+    return adapter, opt, stats
+
+
+def refresh_latent_adapter(
+    adapter: LatentAdapter,
+    optimizer: torch.optim.Optimizer,
+    policy,
+    wm,
+    imgs: torch.Tensor,
+    latents: torch.Tensor,
+    f0: torch.Tensor,
+    instr: torch.Tensor,
+    lengths: list[int],
+    steps: int,
+    generator: torch.Generator,
+    samples: int = LATENT_REFRESH_SAMPLES,
+) -> float:
+    """``steps`` distillation steps of ``adapter`` on up to ``samples`` latents of the batch just
+    imagined (``latents`` ``[B, T, D]``, rollout ``i`` real for ``lengths[i]`` steps, first frames
+    ``imgs`` ``[B, 3, H, W]`` whose features are ``f0`` ``[B, F]``), decoded now for this purpose only,
+    with the current encoder's targets. Returns the loss before these steps (held out)."""
+    b, t = latents.shape[:2]
+    real = torch.arange(t).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)  # [B, T]
+    rows, cols = real.nonzero(as_tuple=True)
+    pick = torch.randperm(rows.numel(), generator=generator)[:samples]
+    rows, cols = rows[pick], cols[pick]
+    dev = policy.centers.device
+    policy.eval()
+    z = latents[rows, cols].to(dev)
+    targets = encoder_targets(policy, wm, imgs[rows], z, instr[rows])
+    with torch.no_grad():
+        sentence = policy.sentence(instr[rows].to(dev))
+    inputs = (z, latents[rows, 0].to(dev), f0[rows.to(f0.device)].to(dev), sentence)
+    hist = distill(
+        adapter,
+        optimizer,
+        inputs,
+        targets,
+        steps,
+        generator=generator,
+    )
+    return hist[0]

@@ -166,6 +166,31 @@ LOC_UNIT = 0.1
 OFFSET_SCALE = 30.0
 
 
+# Frames per int32 key of :func:`frame_colours`: the frame's index within its block in the top 7 bits.
+COLOUR_BLOCK = 127
+
+
+def frame_colours(px: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distinct (frame, colour) pairs of ``b`` frames' pixels ``px`` ``[b * H * W, 3]`` uint8
+    (row-major, frame by frame): (their frames ``[U]`` long, their colours ``[U, 3]``, ``inverse``
+    ``[b * H * W]`` with ``(frames, colours)[inverse[i]]`` pixel ``i``'s pair), sorted by frame, then by
+    colour ``(r << 16) | (g << 8) | b``: ``torch.unique`` of the key ``(frame << 24) | colour``, taken
+    over blocks of ``COLOUR_BLOCK`` frames so that each block's key fits an int32 (an int64 sort of an
+    update's millions of keys cost ~2x as much)."""
+    hw = px.shape[0] // b
+    colour = (px[:, 0].int() << 16) | (px[:, 1].int() << 8) | px[:, 2].int()  # [b * H * W]
+    frame = torch.arange(COLOUR_BLOCK, dtype=torch.int32, device=px.device).repeat_interleave(hw) << 24
+    keys, inverse, found = [], [], 0
+    for first in range(0, b, COLOUR_BLOCK):
+        pixels = slice(first * hw, min(b, first + COLOUR_BLOCK) * hw)
+        key, inv = torch.unique(frame[: pixels.stop - pixels.start] | colour[pixels], return_inverse=True)
+        keys.append(key.long() + (first << 24))
+        inverse.append(inv + found)
+        found += key.numel()
+    key = torch.cat(keys)
+    return key >> 24, torch.stack([(key >> 16) & 255, (key >> 8) & 255, key & 255], -1), torch.cat(inverse)
+
+
 class TargetLocator(nn.Module):
     """Where is the named object? An instruction-conditioned attention map over every pixel.
 
@@ -198,11 +223,7 @@ class TargetLocator(nn.Module):
             # A pixel's score depends on its colour and its frame's query alone, and a frame has far
             # fewer distinct colours than pixels (a rendered 64x64 frame ~120, a decoded one
             # ~1,300): score each (frame, colour) pair once, the same values at a fraction of the cost.
-            kd = torch.int32 if b < 128 else torch.int64  # an int32 key sorts ~2x faster
-            px = px.to(kd)
-            key = (rows.to(kd) << 24) | (px[:, 0] << 16) | (px[:, 1] << 8) | px[:, 2]
-            key, inverse = torch.unique(key, return_inverse=True)
-            rows, px = (key >> 24).long(), torch.stack([(key >> 16) & 255, (key >> 8) & 255, key & 255], -1)
+            rows, px, inverse = frame_colours(px, b)
         else:
             inverse = None
         # ``self.pixels`` as matmuls over channels-last pixels: the maps of its 1x1 convolutions

@@ -378,3 +378,27 @@ def test_a_grounded_world_model_gets_each_tasks_goal_from_its_reset(built):
         assert np.allclose(wm.episodes[-1]["goal"], batch.extras["wm_goal"][2].numpy())
     finally:
         domain.close()
+
+
+def test_update_logs_the_success_auc_of_held_out_scores_over_the_window(built, batch):
+    """``wm/success_auc``: sklearn's ROC AUC of the anchors' scores, each taken before the WM trained
+    on it, against their real success, over every anchor of the window so far."""
+    import copy
+    import dataclasses
+
+    from sklearn.metrics import roc_auc_score
+
+    _, domain, _ = built
+    wm = copy.deepcopy(domain.world_model)  # the module's other tests see the domain's WM untouched
+    wm.dataset, wm.update_steps, wm.outcome_pairs = None, 1, []  # an empty window
+    # successes and failures among the anchors, whatever this tiny policy achieved
+    labelled = dataclasses.replace(
+        batch, payload=[dict(p, success=float(k % 2)) for k, p in enumerate(batch.payload)]
+    )
+    rewards = torch.tensor([p["reward"] for p in batch.payload[:4]])
+    first = wm.raw_predict(labelled.select(torch.arange(2))).mean
+    assert wm.update(labelled, torch.arange(2), rewards[:2])["success_auc"] == roc_auc_score([0, 1], first)
+    second = wm.raw_predict(labelled.select(torch.arange(2, 4))).mean  # after the first update
+    metrics = wm.update(labelled, torch.arange(2, 4), rewards[2:])
+    assert metrics["success_auc"] == pytest.approx(roc_auc_score([0, 1, 0, 1], torch.cat([first, second])))
+    assert [p[1] for p in wm.outcome_pairs] == [0.0, 1.0, 0.0, 1.0]

@@ -179,3 +179,24 @@ def test_trailing_padding_changes_nothing():
             alone = m(images[i : i + 1], states[i : i + 1], instr[i : i + 1])
             assert torch.allclose(batch[i], alone[0], atol=1e-5)
         assert torch.allclose(m(images, states, instr[:, :9]), batch, atol=1e-6)  # 8 words at most
+
+
+@pytest.mark.parametrize("b", [1, 127, 128, 300])
+def test_frame_colours_is_torch_unique_of_the_frame_colour_key(b):
+    """The locator's distinct (frame, colour) pairs, taken over blocks of int32 keys, are exactly one
+    ``torch.unique`` over the int64 key ``(frame << 24) | colour``: same pairs, same order, same inverse."""
+    from wmrl_vla.policy import frame_colours
+
+    gen = torch.Generator().manual_seed(b)
+    palette = torch.randint(0, 256, (40, 3), generator=gen, dtype=torch.uint8)
+    px = palette[torch.randint(0, 40, (b * 64,), generator=gen)]  # b frames of 8x8 pixels
+    frame = torch.arange(b).repeat_interleave(64)
+    p = px.long()
+    key, inverse = torch.unique(
+        (frame << 24) | (p[:, 0] << 16) | (p[:, 1] << 8) | p[:, 2], return_inverse=True
+    )
+    frames, colours, inv = frame_colours(px, b)
+    assert torch.equal(frames, key >> 24)
+    assert torch.equal(colours, torch.stack([(key >> 16) & 255, (key >> 8) & 255, key & 255], -1))
+    assert torch.equal(inv, inverse)
+    assert torch.equal(colours[inv], p) and torch.equal(frames[inv], frame)

@@ -266,7 +266,8 @@ def test_instruction_ids_hash_words_the_same_way_everywhere():
 def test_an_instruction_conditioned_world_model_tells_which_disc_was_named():
     """Success is decided by the instruction alone: the conditioned model learns it, the model that
     does not see the instruction cannot rank better than chance."""
-    from world_models.vla_dynamics import _auc, score_episodes
+    from world_models.vla_dynamics import score_episodes
+    from world_models.vla_dynamics import success_auc as _auc
 
     train, held = _named_disc_episodes(96, seed=0), _named_disc_episodes(48, seed=1)
     auc = {}
@@ -327,7 +328,8 @@ def test_grounded_heads_rank_long_episodes_by_where_the_hand_ends_up():
     their training window, rank the long (failing) episodes first, as measured on our tasks; the
     grounded heads roll the state forward and read the goal, so they tell reaching it from wandering
     and replay the hand's path to within 2 cm."""
-    from world_models.vla_dynamics import _auc, score_episodes
+    from world_models.vla_dynamics import score_episodes
+    from world_models.vla_dynamics import success_auc as _auc
 
     train, held = _goal_episodes(160, seed=0), _goal_episodes(60, seed=1)
     auc = {}
@@ -357,3 +359,21 @@ def test_grounded_heads_rank_long_episodes_by_where_the_hand_ends_up():
                             torch.ones(1, 2))  # fmt: skip
     with pytest.raises(ValueError, match="outcome_input"):
         VLADynamicsConfig(outcome_input="pixels")
+
+
+def test_success_auc_is_the_mann_whitney_statistic_with_ties_counted_half():
+    """Against scipy's Mann-Whitney U (U / (n_pos n_neg), ties half), on scores with ties; NaN when
+    only one class occurs."""
+    from scipy.stats import mannwhitneyu
+
+    from world_models.vla_dynamics import success_auc
+
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 5, size=40).astype(np.float32)  # many ties
+    labels = (rng.random(40) < 0.4).astype(np.float64)
+    pos, neg = scores[labels > 0.5], scores[labels <= 0.5]
+    u = float(mannwhitneyu(pos.astype(np.float64), neg.astype(np.float64)).statistic)
+    assert success_auc(scores, labels) == pytest.approx(u / (len(pos) * len(neg)), abs=1e-12)
+    assert success_auc(-scores, labels) == pytest.approx(1 - u / (len(pos) * len(neg)), abs=1e-12)
+    assert math.isnan(success_auc(scores, np.ones(40)))
+    assert math.isnan(success_auc(scores, np.zeros(40)))

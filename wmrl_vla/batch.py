@@ -1,0 +1,111 @@
+"""The VLA domain's rollouts as the core's :class:`~wmrl.domain.RolloutBatch`.
+
+A rollout is a payload dict (``kind`` "sim" or "imagined", ``task_id``, ``seed``, ``instruction``,
+``images`` ``[T, 3, H, W]`` uint8 (the frames the policy saw), ``states`` ``[T, S]``, ``actions``
+``[T, A]``, ``bins`` / ``logprobs`` ``[T, A]``, ``reward``, ``success``, ``goal`` ``[2]``, ``rollout``:
+the :class:`~wmrl_vla.rollout.SimRollout` of a simulated one, else None; latent imagination adds
+``features`` ``[T, F]`` and ``latents`` ``[T, D]``).
+
+Batch layout (``T`` = longest rollout in steps, ``A`` = action dims; tokens step-major):
+``tokens``/``logprobs``/``mask`` ``[N, T*A]``; ``extras``: ``images`` ``[N, T, 3, H, W]`` uint8 (the
+frames the policy saw), ``states`` ``[N, T, S]``, ``instr`` ``[N, L]``, ``actions`` ``[N, T, A]``,
+``step_mask`` ``[N, T]``, ``init_images`` ``[N, 3, H, W]``, ``init_states`` ``[N, S]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from wmrl.domain import RolloutBatch
+from wmrl_vla.rollout import SimRollout, goal_or_zeros
+from world_models.vla_dynamics import instruction_ids
+
+
+def sim_payload(r: SimRollout) -> dict:
+    """A simulated rollout's payload dict (its frames without the last observation)."""
+    return {
+        "kind": "sim",
+        "task_id": r.task_id,
+        "seed": r.seed,
+        "instruction": r.instruction,
+        "images": r.images[:-1],
+        "states": r.states[:-1],
+        "actions": r.actions,
+        "bins": r.bins,
+        "logprobs": r.logprobs,
+        "reward": r.reward,
+        "success": float(r.success.max()),
+        "goal": goal_or_zeros(r.goal),
+        "rollout": r,
+    }
+
+
+def collate(
+    rollouts: list[dict],
+    tasks: Sequence[Any],
+    group_size: int,
+    image_size: int,
+    tokenizer,
+    real_row: torch.Tensor | None = None,
+    real_rewards: torch.Tensor | None = None,
+) -> RolloutBatch:
+    """Payload dicts (``group_size`` consecutive ones per task of ``tasks``) -> a padded batch (the
+    module docstring's layout); ``tokenizer`` encodes the policy's instructions. ``real_row`` and
+    ``real_rewards`` ``[N]`` go into the batch as they are (``RolloutBatch``'s fields)."""
+    n = len(rollouts)
+    t_max = max(len(r["actions"]) for r in rollouts)
+    a = rollouts[0]["actions"].shape[1]
+    s_dim = rollouts[0]["states"].shape[1]
+    h = image_size
+    images = torch.zeros(n, t_max, 3, h, h, dtype=torch.uint8)
+    states = torch.zeros(n, t_max, s_dim)
+    actions = torch.zeros(n, t_max, a)
+    tokens = torch.zeros(n, t_max, a, dtype=torch.long)
+    logprobs = torch.zeros(n, t_max, a)
+    step_mask = torch.zeros(n, t_max)
+    for i, r in enumerate(rollouts):
+        t = len(r["actions"])
+        images[i, :t] = torch.as_tensor(r["images"][:t])
+        states[i, :t] = torch.as_tensor(r["states"][:t])
+        actions[i, :t] = torch.as_tensor(r["actions"])
+        tokens[i, :t] = torch.as_tensor(r["bins"])
+        logprobs[i, :t] = torch.as_tensor(r["logprobs"])
+        step_mask[i, :t] = 1
+    mask = step_mask.unsqueeze(-1).expand(n, t_max, a).reshape(n, t_max * a).contiguous()
+    latent_extras = {}
+    if any("features" in r for r in rollouts):  # latent imagination: what the policy read
+        f_dim = next(r["features"].shape[1] for r in rollouts if "features" in r)
+        features = torch.zeros(n, t_max, f_dim)
+        for i, r in enumerate(rollouts):
+            if "features" in r:
+                features[i, : len(r["actions"])] = r["features"]
+        latent_extras = {
+            "features": features,
+            "latent": torch.tensor(["features" in r for r in rollouts]),
+        }
+    return RolloutBatch(
+        tokens=tokens.reshape(n, t_max * a),
+        logprobs=logprobs.reshape(n, t_max * a),
+        mask=mask,
+        group_ids=torch.arange(len(tasks)).repeat_interleave(group_size),
+        tasks=list(tasks),
+        payload=rollouts,
+        extras={
+            "images": images,
+            "states": states,
+            "instr": tokenizer.encode([r["instruction"] for r in rollouts]),
+            "wm_instr": instruction_ids([r["instruction"] for r in rollouts]),  # the WM's words
+            "wm_goal": torch.from_numpy(np.stack([r["goal"] for r in rollouts])),  # [N, 2]
+            "actions": actions,
+            "step_mask": step_mask,
+            "init_images": images[:, 0].clone(),
+            "init_states": states[:, 0].clone(),
+            **latent_extras,
+        },
+        real_row=real_row,
+        real_rewards=real_rewards,
+    )

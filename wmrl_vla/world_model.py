@@ -1,0 +1,205 @@
+"""The core's WorldModel interface over the VLA world model (:class:`VLAWorldModel`): scoring every
+rollout by imagining its own actions, online refinement on anchor rollouts, a calibrated variance."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from wmrl.domain import Prediction, RolloutBatch
+from wmrl_vla.rollout import SimRollout
+from world_models.vla_dynamics import (
+    VLADynamics,
+    calibration_stats,
+    fit_variance_calibration,
+    rollout_score,
+    success_auc,
+    train_dynamics,
+)
+
+
+class VLAWorldModel:
+    """The core's WorldModel interface over :class:`VLADynamics`, with online refinement and a
+    calibrated variance.
+
+    ``predict``'s variance is ``var_scale * (ensemble variance) + var_floor``
+    (:func:`~world_models.vla_dynamics.fit_variance_calibration`): fitted first on held-out real
+    episodes at pretraining (``calibration``), then refitted at every ``update`` on the last
+    ``calib_window`` anchor pairs, each scored by the WM *before* it trains on them (held out). The
+    z^2 of each step's anchors under the calibration fitted before them is logged
+    (``wm/z2_raw``, ``wm/z2``), and so is ``wm/success_auc``: the ROC AUC of those held-out scores
+    against the anchors' real success, over the same window (NaN until it holds a success and a
+    failure): when it falls, the WM no longer tells this policy's successes from its failures.
+    """
+
+    def __init__(
+        self,
+        model: VLADynamics,
+        episodes: list[dict],
+        update_steps: int = 20,
+        batch_size: int = 32,
+        horizon: int = 8,
+        state_horizon: int = 50,
+        lr: float = 3e-4,
+        max_episodes: int = 2000,
+        dataset: tuple[str, str] | None = None,
+        seed: int = 0,
+        calibration: tuple[float, float] = (1.0, 0.0),
+        calibrate: bool = True,
+        calib_window: int = 256,
+    ) -> None:
+        self.model = model
+        self.var_scale, self.var_floor = (float(c) for c in calibration)
+        self.calibrate = calibrate
+        self.calib_window = calib_window
+        self.calib_pairs: list[tuple[float, float]] = []  # (squared error, raw variance) of anchors
+        self.outcome_pairs: list[tuple[float, float]] = []  # (held-out score, real success) of anchors
+        self.episodes = list(episodes)  # replay: demos, then anchor rollouts
+        self.update_steps = update_steps
+        self.batch_size = batch_size
+        self.horizon = horizon
+        self.state_horizon = state_horizon
+        self.max_episodes = max_episodes
+        self.dataset = dataset  # (root, repo_id) of the LeRobot dataset anchor rollouts go to
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        self.n_updates = 0
+        self.seed = seed
+
+    @torch.no_grad()
+    def raw_predict(self, batch: RolloutBatch) -> Prediction:
+        """The members' mean rollout score and their (uncalibrated) variance ``[N]``."""
+        ex = batch.extras
+        prog, succ = self.model.score_actions(
+            ex["init_images"],
+            ex["init_states"],
+            ex["actions"],
+            ex["step_mask"].float(),
+            ex["wm_instr"],
+            ex["wm_goal"],
+        )  # [K, N, T]
+        scores = rollout_score(prog.cpu(), succ.cpu())  # [K, N]
+        var = scores.var(0, unbiased=False) if scores.shape[0] > 1 else None
+        return Prediction(mean=scores.mean(0), var=var)
+
+    def predict(self, batch: RolloutBatch) -> Prediction:
+        pred = self.raw_predict(batch)
+        if pred.var is None:
+            return pred
+        return Prediction(mean=pred.mean, var=self.var_scale * pred.var + self.var_floor)
+
+    def _calibrate(
+        self, batch: RolloutBatch, indices: torch.Tensor, rewards: torch.Tensor
+    ) -> dict[str, float]:
+        """Score the new anchors (held out: the WM has not trained on them), log their z^2 under the
+        calibration so far, add them to the window and refit; log the window's success AUC."""
+        pred = self.raw_predict(batch.select(indices))
+        if pred.var is None:
+            return {}
+        sq = ((pred.mean - rewards.float().cpu()) ** 2).numpy()
+        var = pred.var.numpy()
+        out = {
+            "z2_raw": calibration_stats(sq, var)["z2_mean"],
+            "z2": calibration_stats(sq, var, self.var_scale, self.var_floor)["z2_mean"],
+        }
+        self.calib_pairs = (self.calib_pairs + list(zip(sq.tolist(), var.tolist(), strict=True)))[
+            -self.calib_window :
+        ]
+        pairs = np.asarray(self.calib_pairs)
+        self.var_scale, self.var_floor = fit_variance_calibration(pairs[:, 0], pairs[:, 1])
+        success = [float(batch.payload[int(i)]["success"]) for i in indices]
+        self.outcome_pairs = (self.outcome_pairs + list(zip(pred.mean.tolist(), success, strict=True)))[
+            -self.calib_window :
+        ]
+        scores, labels = np.asarray(self.outcome_pairs).T
+        return {
+            **out,
+            "var_scale": self.var_scale,
+            "var_floor": self.var_floor,
+            "success_auc": success_auc(scores, labels),
+        }
+
+    def update(self, batch: RolloutBatch, indices: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
+        new = [batch.payload[int(i)]["rollout"] for i in indices]
+        new = [r for r in new if r is not None]
+        if not new:
+            return {}
+        calib = self._calibrate(batch, indices, rewards) if self.calibrate else {}
+        self.episodes.extend(r.as_episode() for r in new)
+        if len(self.episodes) > self.max_episodes:
+            self.episodes = self.episodes[-self.max_episodes :]
+        # The anchors go to the run's LeRobot dataset in a thread beside the training (it writes and
+        # re-reads PNG frames for seconds per episode; the training never reads it); both finish here.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="anchor-dataset") as pool:
+            recorded = None if self.dataset is None else pool.submit(self._record, new)
+            self.model.train()
+            _, hist = train_dynamics(
+                self.model,
+                self.episodes,
+                self.update_steps,
+                self.batch_size,
+                self.horizon,
+                seed=self.seed + self.n_updates,
+                optimizer=self.optimizer,
+                state_horizon=self.state_horizon,
+            )
+            if recorded is not None:
+                recorded.result()  # its error, if any, is raised here
+        self.n_updates += 1
+        return {
+            "update_loss": float(np.mean(hist)) if hist else float("nan"),
+            "episodes": float(len(self.episodes)),
+            **calib,
+        }
+
+    def _record(self, rollouts: list[SimRollout]) -> None:
+        """Append ``rollouts`` to the LeRobot dataset ``self.dataset`` (root, repo id)."""
+        from wmrl_vla.data import append_episodes
+
+        root, repo_id = self.dataset
+        append_episodes(
+            root,
+            repo_id,
+            [to_frames(r) for r in rollouts],
+            [r.task_id for r in rollouts],
+            [r.seed for r in rollouts],
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "n_updates": self.n_updates,
+            "calibration": [self.var_scale, self.var_floor],
+            "calib_pairs": list(self.calib_pairs),
+            "outcome_pairs": list(self.outcome_pairs),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.n_updates = int(state["n_updates"])
+        if "calibration" in state:  # checkpoints from before the calibration keep the raw variance
+            self.var_scale, self.var_floor = (float(c) for c in state["calibration"])
+            self.calib_pairs = [tuple(p) for p in state["calib_pairs"]]
+            self.outcome_pairs = [tuple(p) for p in state.get("outcome_pairs", [])]
+
+
+def to_frames(r: SimRollout) -> list[tuple]:
+    """A rollout as :func:`wmrl_vla.data.append_episodes` frames (plus the final observation)."""
+    frames = [
+        (
+            {"image": r.images[t].transpose(1, 2, 0), "state": r.states[t]},
+            r.actions[t],
+            float(r.progress[t]),
+            bool(r.success[t]),
+            r.instruction,
+        )
+        for t in range(r.length)
+    ]
+    frames.append(
+        ({"image": r.images[-1].transpose(1, 2, 0), "state": r.states[-1]}, None, None, None, r.instruction)
+    )
+    return frames
