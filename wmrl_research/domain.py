@@ -19,10 +19,11 @@ import torch
 
 from wmrl.domain import Job, Prediction, RolloutBatch
 from wmrl.executors import Executor
-from wmrl_research.agent import ResearchPolicy, build_prompt
 from wmrl_research.constrain import EXTRA_ALLOWED
 from wmrl_research.edits import apply_edits, knobs_view
 from wmrl_research.grading import warm_up
+from wmrl_research.policy import ResearchPolicy
+from wmrl_research.prompts import build_prompt
 from wmrl_research.tasks import FAILURE_SCORE
 from world_models.outcome import ExecutionLog, OutcomeExample
 

@@ -26,14 +26,6 @@ from wmrl.device import module_device, resolve_device
 from wmrl.distributed import writes_run_dir
 from wmrl.executors import make_executor
 from wmrl.tracking import say, stage
-from wmrl_research.agent import (
-    ResearchPolicy,
-    add_lora,
-    build_prompt,
-    build_tokenizer,
-    load_lm,
-    return_freed_memory,
-)
 from wmrl_research.config import DEFAULT_TASKS, WORLD_MODELS
 from wmrl_research.domain import (
     ResearchDomain,
@@ -51,6 +43,9 @@ from wmrl_research.edits import (
     sample_knob_edit,
     synthetic_task,
 )
+from wmrl_research.lm import add_lora, build_tokenizer, load_lm, return_freed_memory
+from wmrl_research.policy import ResearchPolicy
+from wmrl_research.prompts import build_prompt
 from wmrl_research.sft import SFTConfig, edit_validity, run_sft
 from wmrl_research.tasks import FAILURE_SCORE, list_tasks
 from wmrl_research.tasks.base import DATA_LAYOUT_VERSION

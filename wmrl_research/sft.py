@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from wmrl.distributed import task_shares
-from wmrl_research.agent import ResearchPolicy, build_prompt, encode_prompts, sequence_nll
 from wmrl_research.edits import apply_edits, randomise_knobs, sample_knob_edit, synthetic_task
+from wmrl_research.policy import ResearchPolicy, sequence_nll
+from wmrl_research.prompts import build_prompt, encode_prompts
 
 
 @dataclass
