@@ -2,7 +2,10 @@
 
 The targets are random knobs-mode edits (1..``max_changes`` knobs set to another candidate value),
 so after SFT the policy writes well-formed, applicable edits and spreads its choices over the knob
-space; GRPO then learns which choices score well.
+space; GRPO then learns which choices score well. In ``free`` mode (``SFTConfig.mode``) the prompts show the
+whole solution and the targets are random free-form code edits
+(:func:`wmrl_research.code_edits.sample_code_edit`: mutations outside the knobs block, half of them
+with a knob edit too), so the policy learns to copy lines of the program into SEARCH texts.
 
 With ``synthetic_fraction > 0`` that fraction of each batch comes from synthetic tasks (random knobs
 blocks in the same format, :func:`wmrl_research.edits.synthetic_task`), drawn fresh every step: a
@@ -40,6 +43,20 @@ class SFTConfig:
     prompt_style: str = "full"
     synthetic_fraction: float = 0.0
     randomise_fraction: float = 0.0
+    mode: str = "knobs"
+
+
+def sft_target(source: str, knob_space: Any, rng: random.Random, max_changes: int, mode: str) -> str:
+    """One SFT completion for ``source``: a random knob edit (``knobs``), or a random free-form code
+    edit (``free``; a knob edit where the program offers no code mutation, e.g. a synthetic task)."""
+    if mode == "free":
+        from wmrl_research.code_edits import sample_code_edit
+
+        try:
+            return sample_code_edit(source, rng, max_changes, knob_space)
+        except ValueError:
+            pass
+    return sample_knob_edit(source, knob_space, rng, max_changes)
 
 
 def sft_examples(
@@ -50,26 +67,27 @@ def sft_examples(
     style: str = "full",
     synthetic_fraction: float = 0.0,
     randomise_fraction: float = 0.0,
+    mode: str = "knobs",
 ) -> list[tuple[str, str]]:
-    """``n`` (prompt, completion) pairs, prompts in knobs mode: each one, with probability
+    """``n`` (prompt, completion) pairs, prompts and targets in ``mode`` (:func:`sft_target`): each one, with probability
     ``synthetic_fraction``, from a fresh synthetic task, else from a task of ``tasks`` (uniformly),
     whose knobs are, with probability ``randomise_fraction``, first moved to a random point of its
     knob space (:func:`~wmrl_research.edits.randomise_knobs`; the edit then starts from there)."""
     if not tasks and synthetic_fraction < 1:
         raise ValueError("SFT needs at least one task")
-    prompts = {t.id: build_prompt(t, t.baseline_source, "knobs", style) for t in tasks}
+    prompts = {t.id: build_prompt(t, t.baseline_source, mode, style) for t in tasks}
     out = []
     for _ in range(n):
         if synthetic_fraction > 0 and rng.random() < synthetic_fraction:
             t = synthetic_task(rng)
-            src, prompt = t.baseline_source, build_prompt(t, t.baseline_source, "knobs", style)
+            src, prompt = t.baseline_source, build_prompt(t, t.baseline_source, mode, style)
         else:
             t = rng.choice(list(tasks))
             src, prompt = t.baseline_source, prompts[t.id]
             if randomise_fraction > 0 and rng.random() < randomise_fraction:
                 src = randomise_knobs(src, t.knob_space, rng)
-                prompt = build_prompt(t, src, "knobs", style)
-        out.append((prompt, sample_knob_edit(src, t.knob_space, rng, max_changes)))
+                prompt = build_prompt(t, src, mode, style)
+        out.append((prompt, sft_target(src, t.knob_space, rng, max_changes, mode)))
     return out
 
 
@@ -134,6 +152,7 @@ def run_sft(policy: ResearchPolicy, tasks: Sequence[Any], cfg: SFTConfig, accele
             cfg.prompt_style,
             cfg.synthetic_fraction,
             cfg.randomise_fraction,
+            cfg.mode,
         )
         opt.zero_grad()
         if model is None:
