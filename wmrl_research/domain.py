@@ -197,9 +197,11 @@ class ResearchWorldModel:
         examples, rejected = [], []
         for i, r in zip(indices.tolist(), rewards.tolist(), strict=True):
             p = batch.payload[i]
-            if p.applied and r == r:  # executed and graded (NaN: ungraded, skipped)
+            if r != r:  # NaN: ungraded, skipped
+                continue
+            if p.applied:  # executed and graded
                 examples.append(to_example(self.tasks[p.task_id], p.source, r, "anchor"))
-            elif not p.applied:
+            else:  # graded the failure score without a run (rejected_reward)
                 rejected.append(rejected_example(self.tasks[p.task_id], p))
         if self.log is not None and rejected:
             self.log.append(rejected)
