@@ -156,8 +156,8 @@ class ResearchWorldModel:
 
     ``update`` appends the anchor executions to the execution log on disk (with the full knobs view)
     and refines the outcome model on them (plus replay); anchor edits that did not apply are logged
-    with their reason (:func:`rejected_example`) and not learnt from. ``wm_input`` is what the outcome model reads
-    of a solution: ``view`` (its knobs view) or ``edit`` (:func:`edit_text`).
+    with their reason (:func:`rejected_example`) and not learnt from. ``wm_input`` is what the outcome
+    model reads of a solution: ``view`` (its knobs view) or ``edit`` (:func:`edit_text`).
     """
 
     def __init__(

@@ -2,8 +2,8 @@
 
 The targets are random knobs-mode edits (1..``max_changes`` knobs set to another candidate value),
 so after SFT the policy writes well-formed, applicable edits and spreads its choices over the knob
-space; GRPO then learns which choices score well. In ``free`` mode (``SFTConfig.mode``) the prompts show the
-whole solution and the targets are random free-form code edits
+space; GRPO then learns which choices score well. In ``free`` mode (``SFTConfig.mode``) the prompts
+show the whole solution and the targets are random free-form code edits
 (:func:`wmrl_research.code_edits.sample_code_edit`: mutations outside the knobs block, half of them
 with a knob edit too), so the policy learns to copy lines of the program into SEARCH texts.
 
@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from wmrl.distributed import task_shares
+from wmrl_research.code_edits import sample_code_edit
 from wmrl_research.edits import apply_edits, randomise_knobs, sample_knob_edit, synthetic_task
 from wmrl_research.policy import ResearchPolicy, sequence_nll
 from wmrl_research.prompts import build_prompt, encode_prompts
@@ -50,8 +51,6 @@ def sft_target(source: str, knob_space: Any, rng: random.Random, max_changes: in
     """One SFT completion for ``source``: a random knob edit (``knobs``), or a random free-form code
     edit (``free``; a knob edit where the program offers no code mutation, e.g. a synthetic task)."""
     if mode == "free":
-        from wmrl_research.code_edits import sample_code_edit
-
         try:
             return sample_code_edit(source, rng, max_changes, knob_space)
         except ValueError:
@@ -69,10 +68,11 @@ def sft_examples(
     randomise_fraction: float = 0.0,
     mode: str = "knobs",
 ) -> list[tuple[str, str]]:
-    """``n`` (prompt, completion) pairs, prompts and targets in ``mode`` (:func:`sft_target`): each one, with probability
-    ``synthetic_fraction``, from a fresh synthetic task, else from a task of ``tasks`` (uniformly),
-    whose knobs are, with probability ``randomise_fraction``, first moved to a random point of its
-    knob space (:func:`~wmrl_research.edits.randomise_knobs`; the edit then starts from there)."""
+    """``n`` (prompt, completion) pairs, prompts and targets in ``mode`` (:func:`sft_target`): each one,
+    with probability ``synthetic_fraction``, from a fresh synthetic task, else from a task of ``tasks``
+    (uniformly), whose knobs are, with probability ``randomise_fraction``, first moved to a random
+    point of its knob space (:func:`~wmrl_research.edits.randomise_knobs`; the edit then starts from
+    there)."""
     if not tasks and synthetic_fraction < 1:
         raise ValueError("SFT needs at least one task")
     prompts = {t.id: build_prompt(t, t.baseline_source, mode, style) for t in tasks}
