@@ -96,7 +96,8 @@ def _policy_fields(cfg: ResearchConfig, run: RunConfig, train: list[Any]) -> dic
         "sft": (cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr)
         + ((True,) if cfg.sft_include_heldout else ())
         + ((("synthetic", cfg.sft_synthetic),) if cfg.sft_synthetic else ())
-        + ((("randomise", cfg.sft_randomise),) if cfg.sft_randomise else ()),
+        + ((("randomise", cfg.sft_randomise),) if cfg.sft_randomise else ())
+        + ((("max_prompt_tokens", cfg.max_prompt_tokens),) if cfg.max_prompt_tokens != 512 else ()),
         "tasks": [t.id for t in train],
         "seed": run.seed,
         "v": 2,  # 2: the tokenizer never reads held-out text
@@ -236,6 +237,7 @@ def build_policy(
                     synthetic_fraction=cfg.sft_synthetic,
                     randomise_fraction=cfg.sft_randomise,
                     mode=cfg.edit_mode,
+                    max_prompt_tokens=cfg.max_prompt_tokens,
                 ),
                 accelerator,
             )
@@ -252,8 +254,10 @@ def build_policy(
     gen = torch.Generator().manual_seed(run.seed + 7)
     info["temperature"] = policy.temperature  # of the validity samples below
     with _stage(run, "SFT: sampling edits to measure how many apply"):
-        info["validity_train"] = edit_validity(policy, train, 8, gen, cfg.edit_mode, cfg.prompt_style)
-        info["validity_heldout"] = edit_validity(policy, heldout, 8, gen, cfg.edit_mode, cfg.prompt_style)
+        for name, tasks in (("validity_train", train), ("validity_heldout", heldout)):
+            info[name] = edit_validity(
+                policy, tasks, 8, gen, cfg.edit_mode, cfg.prompt_style, cfg.max_prompt_tokens
+            )
     _say(run, f"SFT edits apply: train {info['validity_train']['apply_fraction']:.2f}, "
          f"held-out {info['validity_heldout']['apply_fraction']:.2f}")  # fmt: skip
     torch.save({k: v.cpu() for k, v in policy.state_dict().items()}, path)

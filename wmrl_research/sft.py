@@ -45,6 +45,8 @@ class SFTConfig:
     synthetic_fraction: float = 0.0
     randomise_fraction: float = 0.0
     mode: str = "knobs"
+    # Prompts longer than this keep their last tokens, as in rollouts (domain.max_prompt_tokens).
+    max_prompt_tokens: int = 512
 
 
 def sft_target(source: str, knob_space: Any, rng: random.Random, max_changes: int, mode: str) -> str:
@@ -95,12 +97,13 @@ class SummedNLL(torch.nn.Module):
     """``forward(prompts, completions)`` -> the summed NLL of the completions' real tokens (+ EOS),
     a module so that DDP / FSDP (which hook ``forward``) wrap the policy's SFT loss."""
 
-    def __init__(self, policy: ResearchPolicy):
+    def __init__(self, policy: ResearchPolicy, max_prompt_tokens: int = 512):
         super().__init__()
         self.policy = policy
+        self.max_prompt_tokens = max_prompt_tokens
 
     def forward(self, prompts: Sequence[str], completions: Sequence[str]) -> torch.Tensor:
-        p_ids, p_mask = encode_prompts(self.policy.tokenizer, prompts)
+        p_ids, p_mask = encode_prompts(self.policy.tokenizer, prompts, self.max_prompt_tokens)
         c_ids, c_mask = self.policy.encode_completions(completions)
         lp = self.policy.completion_log_probs(p_ids, p_mask, c_ids, temperature=1.0)
         return -(lp * c_mask.to(lp.device)).sum()
@@ -139,7 +142,7 @@ def run_sft(policy: ResearchPolicy, tasks: Sequence[Any], cfg: SFTConfig, accele
     )
     model = None
     if accelerator is not None:  # the scheduler stays on the plain optimizer: one step per step
-        model, opt = accelerator.prepare(SummedNLL(policy), opt)
+        model, opt = accelerator.prepare(SummedNLL(policy, cfg.max_prompt_tokens), opt)
         params = [p for p in model.parameters() if p.requires_grad]  # FSDP's own (flat) parameters
     policy.train()
     losses = []
@@ -156,7 +159,7 @@ def run_sft(policy: ResearchPolicy, tasks: Sequence[Any], cfg: SFTConfig, accele
         )
         opt.zero_grad()
         if model is None:
-            loss = sequence_nll(policy, [p for p, _ in pairs], [c for _, c in pairs])
+            loss = sequence_nll(policy, [p for p, _ in pairs], [c for _, c in pairs], cfg.max_prompt_tokens)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
         else:
@@ -180,13 +183,15 @@ def edit_validity(
     generator: torch.Generator,
     mode: str = "knobs",
     style: str = "full",
+    max_prompt_tokens: int = 512,
 ) -> dict[str, float]:
     """Fraction of sampled completions that parse and apply (``apply_fraction``), and that change
-    the solution (``change_fraction``), over ``samples_per_task`` samples per task."""
+    the solution (``change_fraction``), over ``samples_per_task`` samples per task (prompts cut to
+    their last ``max_prompt_tokens`` tokens, as in rollouts)."""
     prompts = [
         build_prompt(t, t.baseline_source, mode, style) for t in tasks for _ in range(samples_per_task)
     ]
-    ids, mask = encode_prompts(policy.tokenizer, prompts)
+    ids, mask = encode_prompts(policy.tokenizer, prompts, max_prompt_tokens)
     s = policy.sample(ids, mask, generator)
     owners = [t for t in tasks for _ in range(samples_per_task)]
     applied = changed = 0

@@ -156,3 +156,30 @@ def test_a_tiny_free_form_run_executes_and_scores_edits_outside_the_knobs_block(
     assert any(r.reward > FAILURE_SCORE for r in code_anchors)  # and some of them ran and scored
     rejected = [r for r in records if r.source == "rejected"]
     assert all(r.status.startswith("rejected: ") and len(r.status) > 12 for r in rejected)
+
+
+def test_sft_cuts_prompts_where_rollouts_do():
+    """A free-mode prompt (the whole program) is longer than 512 tokens for a real LM: SFT and its
+    validity samples cut it to ``domain.max_prompt_tokens`` as rollouts do, and that length keys
+    the SFT cache (unchanged at the default 512)."""
+    from wmrl_research.lm import build_tokenizer, tiny_lm
+    from wmrl_research.pipeline import _policy_fields
+    from wmrl_research.policy import ResearchPolicy, sequence_nll
+    from wmrl_research.sft import SFTConfig, run_sft
+
+    pairs = sft_examples([IRIS], 4, random.Random(3), mode="free")
+    tok = build_tokenizer([p + c for p, c in pairs], vocab_size=300)
+    policy = ResearchPolicy(tiny_lm(tok, hidden=32, layers=1), tok)
+    cut = 24
+    # the first step's loss is the batch's NLL before any update: rebuild that batch's pairs
+    expected = {
+        n: float(sequence_nll(policy, [p for p, _ in pairs], [c for _, c in pairs], n)) for n in (cut, 512)
+    }
+    cfg = SFTConfig(steps=1, batch_size=4, lr=0.0, seed=3, mode="free", max_prompt_tokens=cut)
+    (loss,) = run_sft(policy, [IRIS], cfg)
+    assert loss == pytest.approx(expected[cut], rel=1e-5) and expected[cut] != pytest.approx(expected[512])
+    base = load_config("research-free-tiny", [])
+    longer = load_config("research-free-tiny", ["--domain.max_prompt_tokens=1536"])
+    train, _ = select_tasks(base.domain)
+    assert "max_prompt_tokens" not in str(_policy_fields(base.domain, base, train))
+    assert _policy_fields(longer.domain, longer, train) != _policy_fields(base.domain, base, train)
