@@ -10,7 +10,7 @@ with depth (the logits).
 - ``train``: one SFT / GRPO update (``ResearchPolicy.completion_log_probs`` with gradients, LoRA on
   every linear layer, then backward) at ``--batch`` rows x ``--prompt`` prompt tokens +
   ``--completion`` completion tokens: ``plain``, with gradient checkpointing (``checkpointing``), and
-  with it and ``agent.return_freed_memory`` (``checkpointing_mallopt``, what the pipeline does for
+  with it and ``lm.return_freed_memory`` (``checkpointing_mallopt``, what the pipeline does for
   every policy but tiny). Run it also under ``MALLOC_MMAP_THRESHOLD_=1048576`` to see how much of
   the peak is freed memory that glibc keeps (by default it serves blocks of up to 32 MB from its heap
   once a block that size has been freed, and keeps what is freed there).
@@ -62,13 +62,13 @@ def case(kind: str, layers: int, variant: str, args: argparse.Namespace) -> dict
     model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **SMOLLM2))
     t0 = time.perf_counter()
     if kind == "train":
-        from wmrl_research.agent import add_lora
+        from wmrl_research.lm import add_lora
 
         model = add_lora(model, r=8, alpha=16)
         if variant in ("checkpointing", "checkpointing_mallopt"):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if variant == "checkpointing_mallopt":  # what the pipeline does for every policy but tiny
-            from wmrl_research.agent import return_freed_memory
+            from wmrl_research.lm import return_freed_memory
 
             assert return_freed_memory()
         model.train()

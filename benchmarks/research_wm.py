@@ -255,9 +255,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from wmrl.config import ExecutorConfig
     from wmrl.executors import make_executor
-    from wmrl_research.agent import build_tokenizer
     from wmrl_research.config import ResearchConfig
     from wmrl_research.domain import wm_example
+    from wmrl_research.lm import build_tokenizer
     from wmrl_research.pipeline import build_random_log, random_log_path, select_tasks, tokenizer_corpus
     from wmrl_research.tasks import list_tasks
 

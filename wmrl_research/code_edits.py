@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from wmrl_research.cache_keys import cache_key, data_key
 from wmrl_research.edits import Edit, apply_edits, knobs_span, sample_knob_edit
 from world_models.outcome import ExecutionLog
 
@@ -373,12 +374,10 @@ def code_log_path(
 ) -> Path:
     """The free-form-edit log's cache file, keyed like the knob log (``pipeline.random_log_path``):
     the train tasks' definitions, size, seed, sandbox timeout, the generator and the data layout."""
-    from wmrl_research.pipeline import _data_key, _key
-
     tasks = [
         (t.id, t.data_version, hashlib.sha256(t.baseline_source.encode()).hexdigest()[:12]) for t in train
     ]
-    key = _key([tasks, per_task, seed, timeout_s, CODE_EDITS_VERSION, *_data_key()])
+    key = cache_key([tasks, per_task, seed, timeout_s, CODE_EDITS_VERSION, *data_key()])
     return Path(cache_dir) / f"code_log-{key}.jsonl"
 
 

@@ -20,6 +20,9 @@ DEFAULT_TASKS = {
     "heldout_tasks": "the held-out tasks of the train tasks' cost tiers",
 }
 EDIT_MODES = ("knobs", "free")
+# The outcome WM of each edit mode when domain.world_model is unset: knob edits are read best by the
+# knob surrogate, free-form code edits by the code WM (benchmarks/research_wm_code.py).
+DEFAULT_WORLD_MODEL = {"knobs": "surrogate", "free": "code"}
 
 
 @dataclass
@@ -34,7 +37,7 @@ class ResearchConfig(DomainConfig):
     tiny_layers: int = 2
     vocab_size: int = 1024
     # Tiny tokenizer pre-tokens: "knobs" (`NAME =` fused, then space-led words: copying a knob's
-    # current value is a one-token lookup, see agent.build_tokenizer) or "bytelevel" (GPT-2's).
+    # current value is a one-token lookup, see lm.build_tokenizer) or "bytelevel" (GPT-2's).
     pretokenizer: str = "bytelevel"
     # LoRA adapters (peft) on every linear layer; only the adapters train (SFT and RL).
     lora: bool = False
@@ -43,7 +46,10 @@ class ResearchConfig(DomainConfig):
     # backward pass instead of kept (SmolLM2 at batch 8 x 640 tokens: ~9 GB of activations kept
     # without it, benchmarks/research_policy_memory.py). None: on for every policy but "tiny".
     gradient_checkpointing: bool | None = None
-    # "knobs": edits may only touch the knobs block (prompt shows the knobs); "free": any edit.
+    # "knobs": edits may only touch the knobs block (prompt shows the knobs); "free": free-form
+    # SEARCH/REPLACE edits anywhere in solution.py (the prompt shows the whole file, SFT targets are
+    # random code mutations, the random log is code_edits.py's and the default WM is "code"; an edit
+    # that does not apply or leaves a file that does not parse is rejected with its reason).
     edit_mode: str = "knobs"
     # Prompt: "short" (task id/kind/metric + one line per knob with its choices; for tiny models, knobs
     # mode only) or "full" (description, choices, current solution, instructions).
@@ -93,8 +99,9 @@ class ResearchConfig(DomainConfig):
     # free-form code edits: frozen MiniLM + token codes -> pooled extra trees, knob edits to the
     # surrogate; world_models/code_outcome.py, benchmarks/research_wm_code.py), "encoder"
     # (transformer-encoder ensemble over the text) or "lm" (causal LM answering
-    # `runs: ..; valid: ..; quality: q`, sampled wm_lm_samples times).
-    world_model: str = "surrogate"
+    # `runs: ..; valid: ..; quality: q`, sampled wm_lm_samples times). null: "surrogate" in knobs
+    # mode, "code" in free mode (DEFAULT_WORLD_MODEL).
+    world_model: str | None = None
     # Ensemble members (surrogate_hgb: bootstrap resamples; encoder: independently initialised
     # encoders; the extra-trees surrogate always grows 200 trees).
     wm_members: int = 4
@@ -129,14 +136,16 @@ class ResearchConfig(DomainConfig):
 
     def __post_init__(self) -> None:
         self._check_tasks()  # here, before anything is built
+        if self.edit_mode not in EDIT_MODES:
+            raise ConfigError(f"domain.edit_mode={self.edit_mode!r} is not one of {', '.join(EDIT_MODES)}")
+        if self.world_model is None:
+            self.world_model = DEFAULT_WORLD_MODEL[self.edit_mode]
         if self.world_model not in WORLD_MODELS:
             raise ConfigError(
                 f"domain.world_model={self.world_model!r} is not one of {', '.join(WORLD_MODELS)}"
             )
         if self.wm_input not in ("view", "edit"):
             raise ConfigError(f"domain.wm_input={self.wm_input!r} is not one of view, edit")
-        if self.edit_mode not in EDIT_MODES:
-            raise ConfigError(f"domain.edit_mode={self.edit_mode!r} is not one of {', '.join(EDIT_MODES)}")
         if self.prompt_style not in ("short", "full"):
             raise ConfigError(f"domain.prompt_style={self.prompt_style!r} is not one of short, full")
         if self.prompt_style == "short" and self.edit_mode != "knobs":

@@ -19,10 +19,11 @@ import torch
 
 from wmrl.domain import Job, Prediction, PriorGroups, RolloutBatch
 from wmrl.executors import Executor
-from wmrl_research.agent import ResearchPolicy, build_prompt
 from wmrl_research.constrain import EXTRA_ALLOWED
 from wmrl_research.edits import apply_edits, knobs_view
 from wmrl_research.grading import warm_up
+from wmrl_research.policy import ResearchPolicy
+from wmrl_research.prompts import build_prompt
 from wmrl_research.tasks import FAILURE_SCORE
 from world_models.outcome import ExecutionLog, OutcomeExample
 
@@ -92,6 +93,21 @@ def to_example(task: Any, source: str, reward: float, origin: str, status: str =
     )
 
 
+def rejected_example(task: Any, rollout: EditRollout) -> OutcomeExample:
+    """The log record of an anchor edit that did not apply: what the agent wrote (as its
+    ``solution_text``), the failure score, ``status = "rejected: <reason>"`` and ``source =
+    "rejected"``, so that a run's log says why each failed edit failed (no WM ever trains on it:
+    the rejection is exact and free)."""
+    return OutcomeExample(
+        task.id,
+        task_text(task),
+        rollout.completion,
+        rejected_reward(),
+        f"rejected: {rollout.reason}",
+        "rejected",
+    )
+
+
 WM_INPUTS = ("view", "edit")
 
 
@@ -139,8 +155,9 @@ class ResearchWorldModel:
     """The domain's WM: rejected edits -> failure score (exact); applied edits -> the outcome model.
 
     ``update`` appends the anchor executions to the execution log on disk (with the full knobs view)
-    and refines the outcome model on them (plus replay). ``wm_input`` is what the outcome model reads
-    of a solution: ``view`` (its knobs view) or ``edit`` (:func:`edit_text`).
+    and refines the outcome model on them (plus replay); anchor edits that did not apply are logged
+    with their reason (:func:`rejected_example`) and not learnt from. ``wm_input`` is what the outcome
+    model reads of a solution: ``view`` (its knobs view) or ``edit`` (:func:`edit_text`).
     """
 
     def __init__(
@@ -177,11 +194,17 @@ class ResearchWorldModel:
         return Prediction(mean, var)
 
     def update(self, batch: RolloutBatch, indices: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
-        examples = []
+        examples, rejected = [], []
         for i, r in zip(indices.tolist(), rewards.tolist(), strict=True):
             p = batch.payload[i]
-            if p.applied and r == r:  # executed and graded (NaN: ungraded, skipped)
+            if r != r:  # NaN: ungraded, skipped
+                continue
+            if p.applied:  # executed and graded
                 examples.append(to_example(self.tasks[p.task_id], p.source, r, "anchor"))
+            else:  # graded the failure score without a run (rejected_reward)
+                rejected.append(rejected_example(self.tasks[p.task_id], p))
+        if self.log is not None and rejected:
+            self.log.append(rejected)
         if not examples:
             return {"update_examples": 0.0}
         if self.log is not None:

@@ -20,7 +20,9 @@ Two modes:
   the block's knobs, each value accepted by ``ast.literal_eval``), so the fixed evaluation/IO code
   cannot change and a knob line cannot carry code (``C = 1.0; np.save = ...``). Meant for small
   models.
-- ``"free"``: any exact edit of the file is allowed. Meant for large models.
+- ``"free"``: any exact edit of the file is allowed, as long as the edited file still parses as
+  Python (a syntax error is rejected here rather than crashing in the sandbox). The knobs block may
+  be edited too, or removed. ``--domain.edit_mode=free`` trains the agent in this mode.
 """
 
 from __future__ import annotations
@@ -151,6 +153,15 @@ def check_knobs_block(block: str, names: set[str] | None = None) -> None:
         lines |= span
 
 
+def check_parses(source: str) -> None:
+    """Raise :class:`EditError` unless ``source`` parses as Python (what free mode asks of an edit)."""
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        raise EditError(f"the edited solution is not valid Python: {getattr(e, 'msg', e)}{where}") from None
+
+
 def apply_edits(
     source: str,
     text: str,
@@ -183,6 +194,8 @@ def apply_edits(
             source = source[:pos] + e.replace + source[pos + len(e.search) :]
         if mode == "knobs":
             check_knobs_block(knobs_block(source, start, end), names)
+        else:
+            check_parses(source)
         return EditResult(True, source, "", len(edits))
     except EditError as err:
         return EditResult(False, None, str(err), 0)

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 def export_research(
     cfg: ResearchConfig, run: RunConfig, state: dict, out: Path, adapter: bool = False
 ) -> dict[str, Any]:
-    from wmrl_research.agent import build_prompt
     from wmrl_research.pipeline import (
         build_world_model,
         policy_cache,
@@ -39,6 +38,7 @@ def export_research(
         surrogate_tasks,
         untrained_policy,
     )
+    from wmrl_research.prompts import build_prompt
 
     if adapter and not cfg.lora:
         raise ValueError("--adapter exports LoRA adapters; this run trained every weight (domain.lora=false)")
@@ -151,7 +151,7 @@ def export_research(
     wm_info["files"] = sorted(p.relative_to(out).as_posix() for p in wm_dir.rglob("*") if p.is_file())
     notes = [
         "Prompts: `wmrl_agent.json` holds the run's prompt format and an example prompt "
-        "(`wmrl_research.agent.build_prompt`); the agent answers with SEARCH/REPLACE blocks. Sample at "
+        "(`wmrl_research.prompts.build_prompt`); the agent answers with SEARCH/REPLACE blocks. Sample at "
         f"temperature {cfg.temperature} with at most {cfg.max_new_tokens} new tokens, "
         + ("a BOS token first. " if tok.bos_token_id is not None else "")
         + (

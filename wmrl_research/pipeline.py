@@ -27,14 +27,9 @@ from wmrl.distributed import writes_run_dir
 from wmrl.executors import make_executor
 from wmrl.methods import method_of
 from wmrl.tracking import say, stage
-from wmrl_research.agent import (
-    ResearchPolicy,
-    add_lora,
-    build_prompt,
-    build_tokenizer,
-    load_lm,
-    return_freed_memory,
-)
+from wmrl_research.cache_keys import cache_key as _key
+from wmrl_research.cache_keys import data_key as _data_key
+from wmrl_research.code_edits import build_code_log, code_log_path, sample_code_edit
 from wmrl_research.config import DEFAULT_TASKS, WORLD_MODELS
 from wmrl_research.domain import (
     ResearchDomain,
@@ -52,9 +47,11 @@ from wmrl_research.edits import (
     sample_knob_edit,
     synthetic_task,
 )
+from wmrl_research.lm import add_lora, build_tokenizer, load_lm, return_freed_memory
+from wmrl_research.policy import ResearchPolicy
+from wmrl_research.prompts import build_prompt
 from wmrl_research.sft import SFTConfig, edit_validity, run_sft
 from wmrl_research.tasks import FAILURE_SCORE, list_tasks
-from wmrl_research.tasks.base import DATA_LAYOUT_VERSION
 from world_models.knob_surrogate import KnobSurrogateOutcomeModel
 from world_models.outcome import EncoderOutcomeModel, ExecutionLog, LMOutcomeModel, outcome_metrics
 
@@ -65,10 +62,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 WM_ANSWER_TEMPLATE = " runs: yes; valid: no; quality: 0 1 2 3 4 5 6 7 8 9"
 SYNTHETIC_TOKENIZER_TASKS = 400
-
-
-def _key(d: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def _say(run: RunConfig, msg: str) -> None:
@@ -104,7 +97,8 @@ def _policy_fields(cfg: ResearchConfig, run: RunConfig, train: list[Any]) -> dic
         "sft": (cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr)
         + ((True,) if cfg.sft_include_heldout else ())
         + ((("synthetic", cfg.sft_synthetic),) if cfg.sft_synthetic else ())
-        + ((("randomise", cfg.sft_randomise),) if cfg.sft_randomise else ()),
+        + ((("randomise", cfg.sft_randomise),) if cfg.sft_randomise else ())
+        + ((("max_prompt_tokens", cfg.max_prompt_tokens),) if cfg.max_prompt_tokens != 512 else ()),
         "tasks": [t.id for t in train],
         "seed": run.seed,
         "v": 2,  # 2: the tokenizer never reads held-out text
@@ -114,13 +108,6 @@ def _policy_fields(cfg: ResearchConfig, run: RunConfig, train: list[Any]) -> dic
 def constrained(cfg: ResearchConfig) -> bool:
     """Whether the policy decodes SEARCH texts under the knob-line constraint (knobs mode only)."""
     return cfg.search_constraint and cfg.edit_mode == "knobs"
-
-
-def _data_key() -> list[Any]:
-    """What executed rewards depend on besides the config: the task data's layout (layout 2: secret
-    splits, scores normalised against each build's own baseline and reference), so that execution
-    logs and evaluations cached on layout 1's splits are not reused."""
-    return [] if DATA_LAYOUT_VERSION == 1 else [f"data-layout-{DATA_LAYOUT_VERSION}"]
 
 
 def _decoding_key(cfg: ResearchConfig) -> list[Any]:
@@ -134,9 +121,10 @@ def _decoding_key(cfg: ResearchConfig) -> list[Any]:
     return [["search_constraint", "replace"]] if cfg.search_constraint_replace else [["search_constraint"]]
 
 
-def tokenizer_corpus(tasks: list[Any], seed: int, synthetic: bool = False) -> list[str]:
+def tokenizer_corpus(tasks: list[Any], seed: int, synthetic: bool = False, free: bool = False) -> list[str]:
     """The tiny tokenizer's training text: prompts, random knob edits and WM prompts of ``tasks``
-    (plus synthetic tasks' with ``synthetic``) and the structured WM answer."""
+    (plus synthetic tasks' with ``synthetic``, and random free-form code edits with ``free``) and
+    the structured WM answer."""
     rng = random.Random(seed)
     corpus: list[str] = []
     for t in tasks:
@@ -147,6 +135,8 @@ def tokenizer_corpus(tasks: list[Any], seed: int, synthetic: bool = False) -> li
         ]
         corpus += [sample_knob_edit(t.baseline_source, t.knob_space, rng) for _ in range(20)]
         corpus += [f"Task: {task_text(t)}\nSolution:\n{solution_text(t, t.baseline_source)}\nOutcome:"]
+        if free:
+            corpus += [sample_code_edit(t.baseline_source, rng, 2, t.knob_space) for _ in range(20)]
     if synthetic:
         for _ in range(SYNTHETIC_TOKENIZER_TASKS):
             s = synthetic_task(rng)
@@ -172,7 +162,7 @@ def untrained_policy(
     sft_tasks = train + (heldout if cfg.sft_include_heldout else [])
     tokenizer = None
     if cfg.policy == "tiny":
-        corpus = tokenizer_corpus(sft_tasks, run.seed, cfg.sft_synthetic > 0)
+        corpus = tokenizer_corpus(sft_tasks, run.seed, cfg.sft_synthetic > 0, cfg.edit_mode == "free")
         tokenizer = build_tokenizer(corpus, cfg.vocab_size, cache / "tokenizer", cfg.pretokenizer)
     model, tokenizer = load_lm(
         cfg.policy,
@@ -247,6 +237,8 @@ def build_policy(
                     prompt_style=cfg.prompt_style,
                     synthetic_fraction=cfg.sft_synthetic,
                     randomise_fraction=cfg.sft_randomise,
+                    mode=cfg.edit_mode,
+                    max_prompt_tokens=cfg.max_prompt_tokens,
                 ),
                 accelerator,
             )
@@ -263,8 +255,10 @@ def build_policy(
     gen = torch.Generator().manual_seed(run.seed + 7)
     info["temperature"] = policy.temperature  # of the validity samples below
     with _stage(run, "SFT: sampling edits to measure how many apply"):
-        info["validity_train"] = edit_validity(policy, train, 8, gen, cfg.edit_mode, cfg.prompt_style)
-        info["validity_heldout"] = edit_validity(policy, heldout, 8, gen, cfg.edit_mode, cfg.prompt_style)
+        for name, tasks in (("validity_train", train), ("validity_heldout", heldout)):
+            info[name] = edit_validity(
+                policy, tasks, 8, gen, cfg.edit_mode, cfg.prompt_style, cfg.max_prompt_tokens
+            )
     _say(run, f"SFT edits apply: train {info['validity_train']['apply_fraction']:.2f}, "
          f"held-out {info['validity_heldout']['apply_fraction']:.2f}")  # fmt: skip
     torch.save({k: v.cpu() for k, v in policy.state_dict().items()}, path)
@@ -409,7 +403,11 @@ def random_edit_sources(
 
 def random_log_path(cfg: ResearchConfig, train: list[Any]) -> Path:
     """The random-edit log's cache file: shared by every run (any policy, any seed) with the same
-    train tasks (and their definitions), size, seed and sandbox timeout."""
+    train tasks (and their definitions), size, seed and sandbox timeout. Free mode: the free-form
+    code-edit log's (:func:`wmrl_research.code_edits.code_log_path`)."""
+    if cfg.edit_mode == "free":
+        return code_log_path(cfg.cache_dir, train, cfg.log_random_per_task, cfg.log_random_seed,
+                             cfg.sandbox_timeout_s)  # fmt: skip
     tasks = [
         (t.id, t.data_version, hashlib.sha256(t.baseline_source.encode()).hexdigest()[:12], t.baseline_score,
          t.reference_score, sorted((k, [repr(v) for v in vs]) for k, vs in t.knob_space.items()))
@@ -436,13 +434,21 @@ def build_random_log(
     (:func:`random_edit_sources`) through ``executor`` and write them to the JSONL log at ``path``
     (``source = "random"``). Built once: an existing file is returned as it is. Ungraded executions
     (sandbox failures) are left out. ``<path>.json`` records how many executions it took and how long,
-    so that they are reported apart from the RL budget."""
+    so that they are reported apart from the RL budget.
+
+    Free mode: the edits are random free-form code edits instead (:func:`wmrl_research.code_edits.
+    build_code_log`, ``source = "code"``; resumable), what a free-form agent's WM pretrains on."""
     from wmrl.domain import Job
     from wmrl_research.grading import reward
 
     elog = ExecutionLog(path)
     if path.exists() or cfg.log_random_per_task == 0:
         return elog
+    if cfg.edit_mode == "free":
+        return build_code_log(
+            train, cfg.log_random_per_task, cfg.log_random_seed, cfg.sandbox_timeout_s, executor, path,
+            say=lambda msg: say(f"[research] {msg}", progress),
+        )  # fmt: skip
     rng = random.Random(cfg.log_random_seed)
     jobs, owners = [], []
     for t in train:

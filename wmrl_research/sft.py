@@ -2,7 +2,10 @@
 
 The targets are random knobs-mode edits (1..``max_changes`` knobs set to another candidate value),
 so after SFT the policy writes well-formed, applicable edits and spreads its choices over the knob
-space; GRPO then learns which choices score well.
+space; GRPO then learns which choices score well. In ``free`` mode (``SFTConfig.mode``) the prompts
+show the whole solution and the targets are random free-form code edits
+(:func:`wmrl_research.code_edits.sample_code_edit`: mutations outside the knobs block, half of them
+with a knob edit too), so the policy learns to copy lines of the program into SEARCH texts.
 
 With ``synthetic_fraction > 0`` that fraction of each batch comes from synthetic tasks (random knobs
 blocks in the same format, :func:`wmrl_research.edits.synthetic_task`), drawn fresh every step: a
@@ -25,8 +28,10 @@ from typing import Any
 import torch
 
 from wmrl.distributed import task_shares
-from wmrl_research.agent import ResearchPolicy, build_prompt, encode_prompts, sequence_nll
+from wmrl_research.code_edits import sample_code_edit
 from wmrl_research.edits import apply_edits, randomise_knobs, sample_knob_edit, synthetic_task
+from wmrl_research.policy import ResearchPolicy, sequence_nll
+from wmrl_research.prompts import build_prompt, encode_prompts
 
 
 @dataclass
@@ -39,6 +44,20 @@ class SFTConfig:
     prompt_style: str = "full"
     synthetic_fraction: float = 0.0
     randomise_fraction: float = 0.0
+    mode: str = "knobs"
+    # Prompts longer than this keep their last tokens, as in rollouts (domain.max_prompt_tokens).
+    max_prompt_tokens: int = 512
+
+
+def sft_target(source: str, knob_space: Any, rng: random.Random, max_changes: int, mode: str) -> str:
+    """One SFT completion for ``source``: a random knob edit (``knobs``), or a random free-form code
+    edit (``free``; a knob edit where the program offers no code mutation, e.g. a synthetic task)."""
+    if mode == "free":
+        try:
+            return sample_code_edit(source, rng, max_changes, knob_space)
+        except ValueError:
+            pass
+    return sample_knob_edit(source, knob_space, rng, max_changes)
 
 
 def sft_examples(
@@ -49,26 +68,28 @@ def sft_examples(
     style: str = "full",
     synthetic_fraction: float = 0.0,
     randomise_fraction: float = 0.0,
+    mode: str = "knobs",
 ) -> list[tuple[str, str]]:
-    """``n`` (prompt, completion) pairs, prompts in knobs mode: each one, with probability
-    ``synthetic_fraction``, from a fresh synthetic task, else from a task of ``tasks`` (uniformly),
-    whose knobs are, with probability ``randomise_fraction``, first moved to a random point of its
-    knob space (:func:`~wmrl_research.edits.randomise_knobs`; the edit then starts from there)."""
+    """``n`` (prompt, completion) pairs, prompts and targets in ``mode`` (:func:`sft_target`): each one,
+    with probability ``synthetic_fraction``, from a fresh synthetic task, else from a task of ``tasks``
+    (uniformly), whose knobs are, with probability ``randomise_fraction``, first moved to a random
+    point of its knob space (:func:`~wmrl_research.edits.randomise_knobs`; the edit then starts from
+    there)."""
     if not tasks and synthetic_fraction < 1:
         raise ValueError("SFT needs at least one task")
-    prompts = {t.id: build_prompt(t, t.baseline_source, "knobs", style) for t in tasks}
+    prompts = {t.id: build_prompt(t, t.baseline_source, mode, style) for t in tasks}
     out = []
     for _ in range(n):
         if synthetic_fraction > 0 and rng.random() < synthetic_fraction:
             t = synthetic_task(rng)
-            src, prompt = t.baseline_source, build_prompt(t, t.baseline_source, "knobs", style)
+            src, prompt = t.baseline_source, build_prompt(t, t.baseline_source, mode, style)
         else:
             t = rng.choice(list(tasks))
             src, prompt = t.baseline_source, prompts[t.id]
             if randomise_fraction > 0 and rng.random() < randomise_fraction:
                 src = randomise_knobs(src, t.knob_space, rng)
-                prompt = build_prompt(t, src, "knobs", style)
-        out.append((prompt, sample_knob_edit(src, t.knob_space, rng, max_changes)))
+                prompt = build_prompt(t, src, mode, style)
+        out.append((prompt, sft_target(src, t.knob_space, rng, max_changes, mode)))
     return out
 
 
@@ -76,12 +97,13 @@ class SummedNLL(torch.nn.Module):
     """``forward(prompts, completions)`` -> the summed NLL of the completions' real tokens (+ EOS),
     a module so that DDP / FSDP (which hook ``forward``) wrap the policy's SFT loss."""
 
-    def __init__(self, policy: ResearchPolicy):
+    def __init__(self, policy: ResearchPolicy, max_prompt_tokens: int = 512):
         super().__init__()
         self.policy = policy
+        self.max_prompt_tokens = max_prompt_tokens
 
     def forward(self, prompts: Sequence[str], completions: Sequence[str]) -> torch.Tensor:
-        p_ids, p_mask = encode_prompts(self.policy.tokenizer, prompts)
+        p_ids, p_mask = encode_prompts(self.policy.tokenizer, prompts, self.max_prompt_tokens)
         c_ids, c_mask = self.policy.encode_completions(completions)
         lp = self.policy.completion_log_probs(p_ids, p_mask, c_ids, temperature=1.0)
         return -(lp * c_mask.to(lp.device)).sum()
@@ -120,7 +142,7 @@ def run_sft(policy: ResearchPolicy, tasks: Sequence[Any], cfg: SFTConfig, accele
     )
     model = None
     if accelerator is not None:  # the scheduler stays on the plain optimizer: one step per step
-        model, opt = accelerator.prepare(SummedNLL(policy), opt)
+        model, opt = accelerator.prepare(SummedNLL(policy, cfg.max_prompt_tokens), opt)
         params = [p for p in model.parameters() if p.requires_grad]  # FSDP's own (flat) parameters
     policy.train()
     losses = []
@@ -133,10 +155,11 @@ def run_sft(policy: ResearchPolicy, tasks: Sequence[Any], cfg: SFTConfig, accele
             cfg.prompt_style,
             cfg.synthetic_fraction,
             cfg.randomise_fraction,
+            cfg.mode,
         )
         opt.zero_grad()
         if model is None:
-            loss = sequence_nll(policy, [p for p, _ in pairs], [c for _, c in pairs])
+            loss = sequence_nll(policy, [p for p, _ in pairs], [c for _, c in pairs], cfg.max_prompt_tokens)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
         else:
@@ -160,13 +183,15 @@ def edit_validity(
     generator: torch.Generator,
     mode: str = "knobs",
     style: str = "full",
+    max_prompt_tokens: int = 512,
 ) -> dict[str, float]:
     """Fraction of sampled completions that parse and apply (``apply_fraction``), and that change
-    the solution (``change_fraction``), over ``samples_per_task`` samples per task."""
+    the solution (``change_fraction``), over ``samples_per_task`` samples per task (prompts cut to
+    their last ``max_prompt_tokens`` tokens, as in rollouts)."""
     prompts = [
         build_prompt(t, t.baseline_source, mode, style) for t in tasks for _ in range(samples_per_task)
     ]
-    ids, mask = encode_prompts(policy.tokenizer, prompts)
+    ids, mask = encode_prompts(policy.tokenizer, prompts, max_prompt_tokens)
     s = policy.sample(ids, mask, generator)
     owners = [t for t in tasks for _ in range(samples_per_task)]
     applied = changed = 0

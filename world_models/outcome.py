@@ -18,7 +18,7 @@ executions: rank correlation, error and calibration of the variance.
 
 This module knows nothing of the research domain: texts in, scores out. The LM kind takes any text
 LM object with ``encode(prompts)``, ``sample(ids, mask, generator, max_new_tokens)`` and
-``nll(prompts, completions)`` (``wmrl_research.agent.ResearchPolicy`` is one).
+``nll(prompts, completions)`` (``wmrl_research.policy.ResearchPolicy`` is one).
 """
 
 from __future__ import annotations

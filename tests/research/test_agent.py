@@ -5,16 +5,10 @@ import torch
 from research_fixtures import FakeTask
 
 from wmrl.domain import RolloutBatch
-from wmrl_research.agent import (
-    ResearchPolicy,
-    add_lora,
-    build_prompt,
-    build_tokenizer,
-    encode_prompts,
-    load_lm,
-    tiny_lm,
-)
 from wmrl_research.edits import sample_knob_edit
+from wmrl_research.lm import add_lora, build_tokenizer, load_lm, tiny_lm
+from wmrl_research.policy import ResearchPolicy
+from wmrl_research.prompts import build_prompt, encode_prompts
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from research_fixtures import SOURCE, FakeTask
 from torch import nn
 
 from wmrl.domain import RolloutBatch
-from wmrl_research.agent import ResearchPolicy, build_prompt, build_tokenizer, encode_prompts, tiny_lm
 from wmrl_research.constrain import (
     EXTRA_ALLOWED,
     EXTRA_CONSTRAINED,
@@ -26,6 +25,9 @@ from wmrl_research.constrain import (
     token_bytes,
 )
 from wmrl_research.edits import apply_edits, knobs_block, parse_knobs, sample_knob_edit
+from wmrl_research.lm import build_tokenizer, tiny_lm
+from wmrl_research.policy import ResearchPolicy
+from wmrl_research.prompts import build_prompt, encode_prompts
 from wmrl_research.tasks import list_tasks
 
 HELDOUT = list_tasks("heldout", tier="light")

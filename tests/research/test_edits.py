@@ -107,7 +107,7 @@ def test_knob_edit_and_sampled_edits_always_apply():
 
 
 def test_synthetic_tasks_look_like_tasks_and_every_sampled_edit_applies():
-    from wmrl_research.agent import build_prompt
+    from wmrl_research.prompts import build_prompt
 
     rng = random.Random(0)
     names = set()

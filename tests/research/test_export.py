@@ -11,7 +11,8 @@ import torch
 from wmrl.config import load_config
 from wmrl.export import export_run
 from wmrl.trainer import Trainer
-from wmrl_research.agent import build_prompt, build_tokenizer, encode_prompts, tiny_lm
+from wmrl_research.lm import build_tokenizer, tiny_lm
+from wmrl_research.prompts import build_prompt, encode_prompts
 
 # The research-debug preset, smaller still: the export needs a trained run, not a good one.
 TINY = [

@@ -5,8 +5,8 @@ import random
 
 from research_fixtures import FakeTask
 
-from wmrl_research.agent import build_prompt
 from wmrl_research.edits import apply_edits, knobs_block, parse_knobs
+from wmrl_research.prompts import build_prompt
 from wmrl_research.sft import sft_examples
 
 

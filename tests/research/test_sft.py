@@ -3,8 +3,10 @@ import random
 import torch
 from research_fixtures import FakeTask
 
-from wmrl_research.agent import ResearchPolicy, build_prompt, build_tokenizer, sequence_nll, tiny_lm
 from wmrl_research.edits import apply_edits
+from wmrl_research.lm import build_tokenizer, tiny_lm
+from wmrl_research.policy import ResearchPolicy, sequence_nll
+from wmrl_research.prompts import build_prompt
 from wmrl_research.sft import SFTConfig, SummedNLL, edit_validity, run_sft, sft_examples, share_nll
 
 

@@ -35,7 +35,7 @@ def test_the_field_selects_the_kind_and_unknown_kinds_list_the_known_ones(tmp_pa
 
     code = build_world_model(ResearchConfig(world_model="code", cache_dir=str(tmp_path)), run)
     assert isinstance(code, CodeOutcomeModel)  # no tokenizer: it brings its own encoder
-    from wmrl_research.agent import build_tokenizer
+    from wmrl_research.lm import build_tokenizer
 
     tok = build_tokenizer(["MODEL = 1\nALPHA = 2\n"] * 4, vocab_size=300)
     assert isinstance(build_world_model(ResearchConfig(world_model="encoder"), run, tok), EncoderOutcomeModel)

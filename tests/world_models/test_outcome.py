@@ -115,7 +115,7 @@ def test_encoder_ensemble_learns_ranks_and_refines_online(tokenizer):
 
 def test_lm_world_model_structured_answers_and_scores(tokenizer):
     torch.manual_seed(0)
-    from wmrl_research.agent import ResearchPolicy
+    from wmrl_research.policy import ResearchPolicy
 
     cfg = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
