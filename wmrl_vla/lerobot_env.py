@@ -285,18 +285,21 @@ def evaluate_with_lerobot(
 
 #: The columns WMRL's world model reads from a LeRobotDataset besides images, states and actions:
 #: per-frame shaped reward and success (what it learns to predict), the extra final-observation row
-#: flag, and each episode's env seed.
+#: flag (``wmrl.final``; ``observation.final`` in datasets recorded before) and each episode's env seed.
 WM_COLUMNS = ("observation.image", "observation.state", "action", "next.reward", "next.success",
-              "observation.final", "env.seed")  # fmt: skip
+              "wmrl.final", "env.seed")  # fmt: skip
 
 
 def check_dataset(root: str | Path) -> None:
     """A LeRobotDataset folder the world model can pretrain on; one line naming what is missing."""
+    from wmrl_vla.data import FINAL_KEY, LEGACY_FINAL_KEY
+
     info = Path(root) / "meta" / "info.json"
     if not info.is_file():
         raise ValueError(f"domain.dataset_root={root} is not a LeRobotDataset folder (no meta/info.json)")
     features = json.loads(info.read_text())["features"]
-    missing = [c for c in WM_COLUMNS if c not in features]
+    have = set(features) | ({FINAL_KEY} if LEGACY_FINAL_KEY in features else set())
+    missing = [c for c in WM_COLUMNS if c not in have]
     if missing:
         raise ValueError(
             f"domain.dataset_root={root} lacks {', '.join(missing)}: the world model learns rewards and "

@@ -274,21 +274,6 @@ def check_policy_path(path: str | Path, image_size: int) -> None:
         )
 
 
-def dataset_input_features(dataset_root: str | Path, repo_id: str) -> dict:
-    """The policy inputs of a WMRL recording: its ``observation.image`` (channels first) and
-    ``observation.state`` (``observation.final``, a bookkeeping flag, is no input)."""
-    from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.datasets import LeRobotDatasetMetadata
-
-    meta = LeRobotDatasetMetadata(repo_id, root=dataset_root)
-    img, state = meta.features["observation.image"]["shape"], meta.features["observation.state"]["shape"]
-    c, h, w = (img[2], img[0], img[1]) if img[-1] == 3 else tuple(img)
-    return {
-        "observation.image": PolicyFeature(type=FeatureType.VISUAL, shape=(c, h, w)),
-        "observation.state": PolicyFeature(type=FeatureType.STATE, shape=tuple(state)),
-    }
-
-
 def train_lerobot_policy(
     policy, dataset_root: str | Path, repo_id: str, out_dir: str | Path, steps: int,
     batch_size: int = 8, seed: int = 0,
@@ -325,13 +310,12 @@ def train_act(
     seed: int = 0,
     **act_fields,
 ) -> Path:
-    """An ACT trained by :func:`train_lerobot_policy` on a WMRL recording's image and state;
-    ``act_fields`` override ACT's config (``dim_model``, ``chunk_size``, ...). No hub:
-    ``pretrained_backbone_weights=None``."""
+    """An ACT trained by :func:`train_lerobot_policy`; lerobot takes its inputs from the dataset's
+    ``observation.*`` columns, as ``lerobot-train --policy.type=act`` does. ``act_fields`` override
+    ACT's config (``dim_model``, ``chunk_size``, ...). No hub: ``pretrained_backbone_weights=None``."""
     from lerobot.policies.act.configuration_act import ACTConfig
 
     policy = ACTConfig(
-        input_features=dataset_input_features(dataset_root, repo_id),
         pretrained_backbone_weights=None,
         device="cpu",
         push_to_hub=False,

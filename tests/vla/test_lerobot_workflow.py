@@ -51,7 +51,7 @@ def user_smolvla(user_data):
     the task's instruction, processor) as :mod:`wmrl_vla.smolvla_bridge` writes it."""
     from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
 
-    from wmrl_vla.lerobot_policy import dataset_input_features, train_lerobot_policy
+    from wmrl_vla.lerobot_policy import train_lerobot_policy
     from wmrl_vla.smolvla_bridge import SmolVLABridgeConfig, train_instruction_tokenizer, write_local_smolvlm
 
     root, images, states, texts = user_data
@@ -60,7 +60,7 @@ def user_smolvla(user_data):
         train_instruction_tokenizer(sorted(set(texts))),
     )
     config = SmolVLAConfig(
-        input_features=dataset_input_features(root / "data", "user/reach"), chunk_size=5, n_action_steps=5,
+        chunk_size=5, n_action_steps=5,
         max_state_dim=4, max_action_dim=4, resize_imgs_with_padding=(SIZE, SIZE), tokenizer_max_length=16,
         num_steps=4, vlm_model_name=str(vlm), load_vlm_weights=False, train_expert_only=False,
         freeze_vision_encoder=False, num_vlm_layers=2, expert_width_multiplier=0.75, device="cpu",
@@ -112,6 +112,8 @@ def test_pretrained_act_acts_as_lerobot_runs_it(user_act):
     assert torch.allclose(mean, want, atol=1e-6, rtol=0), (mean - want).abs().max()
     assert not torch.allclose(mean, unprocessed, atol=1e-3)  # the dataset's normalisation is applied
     assert policy.lerobot_policy.config.n_action_steps == 1 and lr.config.n_action_steps == 5
+    # lerobot took the policy's inputs from the recording as lerobot-train does: no bookkeeping column
+    assert set(lr.config.input_features) == {"observation.image", "observation.state"}
 
 
 def test_gaussian_log_probs_flow_into_act_and_log_std(user_act):
