@@ -85,25 +85,23 @@ def metaworld_task_names() -> list[str]:
 
 def register_task(env: LeRobotEnvConfig) -> str:
     """Serve ``env`` as the WMRL task ``lerobot/metaworld-<task>`` (``sims.make`` builds it; its
-    expert is MetaWorld's scripted policy). Idempotent; returns the task id."""
+    expert is MetaWorld's scripted policy), with this config's episode length (a later config in the
+    same process replaces an earlier one's); returns the task id."""
     from sims import registry
 
     env.check()
     task_id = env.task_id
-    registry.TASKS.setdefault(
+    registry.TASKS[task_id] = registry.TaskSpec(
         task_id,
-        registry.TaskSpec(
-            task_id,
-            "metaworld",
-            "wmrl_vla.lerobot_env:LeRobotMetaWorldTask",
-            4,
-            4,
-            env.episode_length,
-            _description(env.task_name),
-            "sims.metaworld_tasks:MetaWorldExpert",
-            kwargs={"task": env.task_name, "episode_length": env.episode_length},
-            expert_kwargs={"env_name": env.task_name},
-        ),
+        "metaworld",
+        "wmrl_vla.lerobot_env:LeRobotMetaWorldTask",
+        4,
+        4,
+        env.episode_length,
+        _description(env.task_name),
+        "sims.metaworld_tasks:MetaWorldExpert",
+        kwargs={"task": env.task_name, "episode_length": env.episode_length},
+        expert_kwargs={"env_name": env.task_name},
     )
     return task_id
 

@@ -4,6 +4,7 @@ The fixture is what a lerobot user brings: a LeRobotDataset recorded in lerobot'
 tiny ACT trained on it by lerobot's own training loop, saved as its ``pretrained_model`` folder.
 """
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 
 from wmrl.cli import main as cli_main
 
-TASK, SIZE, STEPS = "reach-v3", 32, 60
+TASK, SIZE, STEPS, RUN_STEPS = "reach-v3", 32, 60, 20  # RUN_STEPS: episodes of the wmrl runs
 TINY_ACT = dict(
     dim_model=32, n_heads=2, dim_feedforward=64, n_encoder_layers=1, n_decoder_layers=1,
     n_vae_encoder_layers=1, latent_dim=8, chunk_size=5, n_action_steps=5,
@@ -291,7 +292,7 @@ def test_wmrl_run_post_trains_the_users_policy_and_exports_it_for_lerobot(
     cfg = load_config(
         "vla-debug",
         [f"--out_dir={tmp_path / 'run'}", f"--method={method}", "--domain.env.type=metaworld",
-         f"--domain.env.task={TASK}", f"--domain.env.episode_length={STEPS}", "--domain.max_steps=null",
+         f"--domain.env.task={TASK}", f"--domain.env.episode_length={RUN_STEPS}", "--domain.max_steps=null",
          f"--domain.image_size={SIZE}", f"--domain.policy_path={folder}", f"--domain.dataset_root={root / 'data'}",
          f"--domain.cache_dir={root / f'cache_{kind}'}", "--domain.wm_policy_rollouts_per_task=1",
          "--domain.eval_episodes_per_task=1", "--domain.record_anchors=false", "--grpo.steps=1",
@@ -309,7 +310,7 @@ def test_wmrl_run_post_trains_the_users_policy_and_exports_it_for_lerobot(
         # the anchors ran in lerobot's env, and the WM (ppi) trained on them after the user's demos
         anchors = wm.episodes[before:]
         assert len(anchors) == (last["exec/real_total"] if method == "ppi" else 0)
-        assert all(e["instruction"] == texts[0] and len(e["actions"]) <= STEPS for e in anchors)
+        assert all(e["instruction"] == texts[0] and len(e["actions"]) <= RUN_STEPS for e in anchors)
         np.testing.assert_array_equal(wm.episodes[0]["actions"], user[0]["action"])
         source = PretrainedLeRobotPolicy(folder)
         final = domain.policy.eval()
@@ -317,6 +318,10 @@ def test_wmrl_run_post_trains_the_users_policy_and_exports_it_for_lerobot(
         moved = [not torch.equal(a, b) for a, b in zip(source.parameters(), final.parameters(), strict=True)]
         assert sum(moved) > len(moved) // 2
         export_run(tmp_path / "run", tmp_path / "out")
+        manifest = json.loads((tmp_path / "out" / "wmrl_export.json").read_text())
+        # 32 px: lerobot-eval's MetaWorld env renders 480 px, so the folder names lerobot's eval_policy
+        assert "lerobot-eval renders MetaWorld at its own size, not the 32 px" in manifest["policy"]["load"]
+        assert any("noise 0" in n for n in manifest["notes"]) == (kind == "smolvla")
         got = lerobot_first_action(tmp_path / "out", images, states, texts)
         with torch.no_grad():
             want = final.step_mean(images, states, final.tokenizer.encode(texts))
