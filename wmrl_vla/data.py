@@ -14,8 +14,10 @@ action              float32 (A,)        a_t (zeros on the final frame)
 next.reward         float32 (1,)        r_{t+1} in [0, 1] (0 on the final frame)
 next.success        bool (1,)           success after a_t (sticky; on the final frame: the episode's)
 next.done           bool (1,)           True on the last *transition* of the episode
-observation.final   bool (1,)           True on the extra last row holding o_T, the observation
-                                        after the last action (so world models see whole trajectories)
+wmrl.final          bool (1,)           True on the extra last row holding o_T, the observation
+                                        after the last action (so world models see whole trajectories);
+                                        no ``observation.`` prefix, so ``lerobot-train`` takes no policy
+                                        input from it (datasets written before: ``observation.final``)
 env.seed            int64 (1,)          reset seed of the episode (-1 if unknown)
 task                (lerobot's task)    the language instruction
 ==================  ==================  ===============================================================
@@ -44,6 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 Frame = tuple[dict[str, np.ndarray], np.ndarray | None, float | None, bool | None, str]
 EPISODES_FILE = "meta/wmrl_episodes.jsonl"
+FINAL_KEY, LEGACY_FINAL_KEY = "wmrl.final", "observation.final"  # the final-row flag (module docstring)
 
 
 def _features(image_shape: Sequence[int], state_dim: int, action_dim: int) -> dict[str, dict]:
@@ -58,9 +61,15 @@ def _features(image_shape: Sequence[int], state_dim: int, action_dim: int) -> di
         "next.reward": {"dtype": "float32", "shape": (1,), "names": None},
         "next.success": {"dtype": "bool", "shape": (1,), "names": None},
         "next.done": {"dtype": "bool", "shape": (1,), "names": None},
-        "observation.final": {"dtype": "bool", "shape": (1,), "names": None},
+        FINAL_KEY: {"dtype": "bool", "shape": (1,), "names": None},
         "env.seed": {"dtype": "int64", "shape": (1,), "names": None},
     }
+
+
+def final_column(columns) -> str:
+    """The final-row flag's column among ``columns``: :data:`FINAL_KEY`, or the name datasets
+    recorded before it used (``observation.final``)."""
+    return FINAL_KEY if FINAL_KEY in columns else LEGACY_FINAL_KEY
 
 
 @contextlib.contextmanager
@@ -96,6 +105,7 @@ def _open(root: Path, repo_id: str, features: dict, fps: int):
 def _write_episode(ds, frames: Sequence[Frame], seed: int) -> int:
     """Add one episode's frames; returns the number of transitions written."""
     action_dim = int(ds.features["action"]["shape"][0])
+    final_key = final_column(ds.features)
     transitions = [f for f in frames if f[1] is not None]
     finals = [f for f in frames if f[1] is None]
     if not transitions:
@@ -113,7 +123,7 @@ def _write_episode(ds, frames: Sequence[Frame], seed: int) -> int:
                 "next.reward": np.array([reward], dtype=np.float32),
                 "next.success": np.array([bool(success)]),
                 "next.done": np.array([i == len(transitions) - 1]),
-                "observation.final": np.array([False]),
+                final_key: np.array([False]),
                 "env.seed": np.array([seed], dtype=np.int64),
                 "task": str(instruction),
             }
@@ -127,7 +137,7 @@ def _write_episode(ds, frames: Sequence[Frame], seed: int) -> int:
                 "next.reward": np.zeros(1, dtype=np.float32),
                 "next.success": np.array([last_success]),
                 "next.done": np.array([False]),
-                "observation.final": np.array([True]),
+                final_key: np.array([True]),
                 "env.seed": np.array([seed], dtype=np.int64),
                 "task": str(instruction),
             }
@@ -381,7 +391,7 @@ def load_episodes(root: str | Path, repo_id: str = "wmrl/demos") -> list[dict[st
     action = np.asarray(hf["action"], dtype=np.float32)
     reward = np.asarray(hf["next.reward"], dtype=np.float32).reshape(-1)
     success = np.asarray(hf["next.success"]).reshape(-1).astype(bool)
-    final = np.asarray(hf["observation.final"]).reshape(-1).astype(bool)
+    final = np.asarray(hf[final_column(hf.column_names)]).reshape(-1).astype(bool)
     seed = np.asarray(hf["env.seed"]).reshape(-1)
     task_index = np.asarray(hf["task_index"]).reshape(-1)
     images = hf["observation.image"]

@@ -95,6 +95,17 @@ def _export_pretrained(cfg: VLAConfig, policy, out: Path) -> tuple[dict[str, Any
         if env.type is not None
         else "lerobot-eval --policy.path=DIR --env.type=... --env.task=..."
     )
+    if env.type is not None:
+        from wmrl_vla.lerobot_env import lerobot_image_size
+
+        if cfg.image_size != lerobot_image_size():  # lerobot-eval's MetaWorld env renders only that size
+            evaluate = (
+                "# lerobot-eval renders MetaWorld at its own size, not the "
+                f"{cfg.image_size} px this policy saw: use lerobot's eval_policy in the same env\n"
+                "from wmrl_vla.lerobot_env import evaluate_with_lerobot\n"
+                f"evaluate_with_lerobot(DIR, '{env.task_name}', {cfg.image_size}, "
+                f"{cfg.max_steps or env.episode_length}, n_episodes=50, start_seed=0)"
+            )
     info = {
         "format": "lerobot policy folder (config.json + model.safetensors + its processors)",
         "library": "lerobot",
@@ -112,6 +123,12 @@ def _export_pretrained(cfg: VLAConfig, policy, out: Path) -> tuple[dict[str, Any
         "policy at every step and executed the first action of each chunk, and so does lerobot with "
         "this folder."
     ]
+    if kind == "smolvla":
+        notes.append(
+            "SmolVLA: WMRL's mean was its flow integrated from noise 0; lerobot samples that noise at "
+            "random (pass `noise=torch.zeros(B, chunk_size, max_action_dim)` to `select_action` for "
+            "WMRL's mean)."
+        )
     return info, notes
 
 

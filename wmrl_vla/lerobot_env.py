@@ -12,11 +12,13 @@
 - reward: MetaWorld's shaped reward / 10 (in [0, 1]), 1.0 once successful; ``info["success"]`` is
   lerobot's ``is_success``; the episode ends at success or after ``max_steps``.
 
-Two departures from ``lerobot-eval``'s defaults, both settings of the same env class: images are
-rendered at ``image_size`` (lerobot's MetaworldEnv stores ``observation_width/height`` but renders
-480 x 480) with shadows off, which is what makes CPU rollouts affordable; and the time limit is
-``max_steps`` (lerobot's ``_max_episode_steps``, which its ``rollout`` reads). A policy is evaluated by
-lerobot in this env through :func:`lerobot_vector_env` (see :func:`evaluate_with_lerobot`).
+At lerobot's own values (``--domain.image_size=480 --domain.env.episode_length=500``) the env is
+exactly the one ``lerobot-eval --env.type=metaworld`` steps. Below them, two settings of the same env
+class differ from ``lerobot-eval``'s: images are rendered at ``image_size`` (lerobot's MetaworldEnv
+stores ``observation_width/height`` but renders 480 x 480, and its env config has no size field) with
+shadows off, which is what makes CPU rollouts affordable; and the time limit is ``max_steps`` (lerobot's
+``_max_episode_steps``, fixed at 500, which its ``rollout`` reads). A policy is then evaluated by
+lerobot's Python API in this env through :func:`lerobot_vector_env` (see :func:`evaluate_with_lerobot`).
 """
 
 from __future__ import annotations
@@ -83,25 +85,23 @@ def metaworld_task_names() -> list[str]:
 
 def register_task(env: LeRobotEnvConfig) -> str:
     """Serve ``env`` as the WMRL task ``lerobot/metaworld-<task>`` (``sims.make`` builds it; its
-    expert is MetaWorld's scripted policy). Idempotent; returns the task id."""
+    expert is MetaWorld's scripted policy), with this config's episode length (a later config in the
+    same process replaces an earlier one's); returns the task id."""
     from sims import registry
 
     env.check()
     task_id = env.task_id
-    registry.TASKS.setdefault(
+    registry.TASKS[task_id] = registry.TaskSpec(
         task_id,
-        registry.TaskSpec(
-            task_id,
-            "metaworld",
-            "wmrl_vla.lerobot_env:LeRobotMetaWorldTask",
-            4,
-            4,
-            env.episode_length,
-            _description(env.task_name),
-            "sims.metaworld_tasks:MetaWorldExpert",
-            kwargs={"task": env.task_name, "episode_length": env.episode_length},
-            expert_kwargs={"env_name": env.task_name},
-        ),
+        "metaworld",
+        "wmrl_vla.lerobot_env:LeRobotMetaWorldTask",
+        4,
+        4,
+        env.episode_length,
+        _description(env.task_name),
+        "sims.metaworld_tasks:MetaWorldExpert",
+        kwargs={"task": env.task_name, "episode_length": env.episode_length},
+        expert_kwargs={"env_name": env.task_name},
     )
     return task_id
 
@@ -115,17 +115,34 @@ def _description(task: str) -> str:
     return json.loads(path.read_text())["TASK_DESCRIPTIONS"][task]
 
 
+def lerobot_image_size() -> int:
+    """The square size lerobot's ``MetaworldEnv`` renders at (its ``observation_width`` default: 480),
+    the only size ``lerobot-eval --env.type=metaworld`` can render, since lerobot's MetaWorld env
+    config has no size field."""
+    import inspect
+
+    from lerobot.envs.metaworld import MetaworldEnv
+
+    return int(inspect.signature(MetaworldEnv.__init__).parameters["observation_width"].default)
+
+
 def lerobot_metaworld_env(task: str, image_size: int, max_steps: int):
-    """lerobot's ``MetaworldEnv`` (obs_type ``pixels_agent_pos``) rendering ``image_size`` pixels
-    with shadows off, its time limit ``max_steps``. The env class is lerobot's; only the MuJoCo
-    renderer's size and light settings differ from its defaults."""
+    """lerobot's ``MetaworldEnv`` (obs_type ``pixels_agent_pos``), its time limit ``max_steps``.
+
+    At lerobot's own size (:func:`lerobot_image_size`) the env renders exactly as lerobot builds it
+    (shadows on): the env ``lerobot-eval --env.type=metaworld`` steps, so a policy post-trained there
+    is evaluated by lerobot's command line in the same env (with ``max_steps`` = its 500). At any
+    other size the MuJoCo renderer draws ``image_size`` pixels with shadows off (affordable on a CPU;
+    lerobot's Python API evaluates it, :func:`evaluate_with_lerobot`)."""
     import metaworld
     from lerobot.envs.metaworld import MetaworldEnv
 
+    native = image_size == lerobot_image_size()
+
     class SizedMetaworldEnv(MetaworldEnv):
         def _ensure_env(self) -> None:
-            if self._env is not None:
-                return
+            if self._env is not None or native:
+                return super()._ensure_env()
             mt1 = metaworld.MT1(self._env_name, seed=42)
             env = mt1.train_classes[self._env_name](
                 render_mode="rgb_array",
@@ -266,18 +283,21 @@ def evaluate_with_lerobot(
 
 #: The columns WMRL's world model reads from a LeRobotDataset besides images, states and actions:
 #: per-frame shaped reward and success (what it learns to predict), the extra final-observation row
-#: flag, and each episode's env seed.
+#: flag (``wmrl.final``; ``observation.final`` in datasets recorded before) and each episode's env seed.
 WM_COLUMNS = ("observation.image", "observation.state", "action", "next.reward", "next.success",
-              "observation.final", "env.seed")  # fmt: skip
+              "wmrl.final", "env.seed")  # fmt: skip
 
 
 def check_dataset(root: str | Path) -> None:
     """A LeRobotDataset folder the world model can pretrain on; one line naming what is missing."""
+    from wmrl_vla.data import FINAL_KEY, LEGACY_FINAL_KEY
+
     info = Path(root) / "meta" / "info.json"
     if not info.is_file():
         raise ValueError(f"domain.dataset_root={root} is not a LeRobotDataset folder (no meta/info.json)")
     features = json.loads(info.read_text())["features"]
-    missing = [c for c in WM_COLUMNS if c not in features]
+    have = set(features) | ({FINAL_KEY} if LEGACY_FINAL_KEY in features else set())
+    missing = [c for c in WM_COLUMNS if c not in have]
     if missing:
         raise ValueError(
             f"domain.dataset_root={root} lacks {', '.join(missing)}: the world model learns rewards and "

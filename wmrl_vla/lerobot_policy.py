@@ -5,11 +5,22 @@
 dataset's normalisation statistics). :class:`PretrainedLeRobotPolicy` loads all of it with lerobot's
 own loaders (``PreTrainedConfig.from_pretrained``, the policy class's ``from_pretrained``,
 ``make_pre_post_processors(..., pretrained_path=...)``), so the network sees exactly the inputs it saw
-in training, and wraps the deterministic action in a Gaussian (as :mod:`wmrl_vla.lerobot_bridge`)::
+in training, and wraps a deterministic action in a Gaussian (as :mod:`wmrl_vla.lerobot_bridge`)::
 
-    o  = preprocessor({"observation.image": img / 255, "observation.state": s})   # normalised
-    mu = postprocessor(ACT(o)[:, 0])          # the first action of the chunk, unnormalised [B, A]
+    o  = preprocessor({"observation.image": img / 255, "observation.state": s, "task": l})  # normalised
+    mu = postprocessor(chunk(o)[:, 0])        # the first action of the chunk, unnormalised [B, A]
     a ~ N(mu, diag(exp(log_std))^2)           # env units; log_std learnable, per action dim
+
+where ``chunk`` is the policy's own action chunk ``[B, chunk_size, A]``:
+
+- ``act``: ACT's deterministic chunk (its decoder output; no VAE sampling in eval mode);
+- ``smolvla``: SmolVLA's flow-matching sample integrated from the fixed noise 0 (the noise
+  distribution's mode), ``SmolVLAPolicy._get_action_chunk(batch, noise=0)``: the same Euler steps
+  ``select_action`` runs, made deterministic and differentiable (as :mod:`wmrl_vla.smolvla_bridge`
+  does). Its language tokens come from the folder's own tokenizer step (``policy.tokenizer.encode``
+  runs it, padded to ``tokenizer_max_length``), so GRPO re-reads a rollout's instruction ids.
+  ``lerobot-eval`` samples SmolVLA's noise at random: the exported policy acts as WMRL's mean only
+  with ``noise=0`` (its success matches WMRL's in distribution, not episode by episode).
 
 Action chunks: ACT predicts ``chunk_size`` actions per observation and lerobot executes
 ``n_action_steps`` of them open-loop. The clipped-ratio loss needs the log-prob of what was executed
@@ -17,9 +28,10 @@ given what was observed, so WMRL queries the policy at every step and executes t
 action (``n_action_steps=1``; temporal ensembling off); the exported folder says so in its
 ``config.json``, which makes ``lerobot-eval`` run the post-trained policy exactly as WMRL did.
 
-Supported: ``act``. SmolVLA, pi0, diffusion and the other lerobot policies sample their action
-(flow matching or denoising from noise), so they have no deterministic mean to put a Gaussian around
-without a choice of their own; they fail with one line naming what is missing.
+Supported: ``act`` and ``smolvla``. diffusion, pi0, pi05 and the other lerobot policies fail with one
+line naming what is missing (:func:`check_supported`): a Gaussian head centred on their sampler's
+output from fixed noise is the same choice as SmolVLA's, but each needs its own chunk function and
+test (diffusion's DDPM/DDIM scheduler, pi0's PaliGemma backbone, not available offline here).
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ from torch import nn
 from wmrl_vla.lerobot_bridge import GaussianActionHead
 from wmrl_vla.policy import InstructionTokenizer
 
-SUPPORTED_TYPES = ("act",)
+SUPPORTED_TYPES = ("act", "smolvla")
 HEAD_FILE = "gaussian_head.safetensors"
 
 
@@ -62,12 +74,60 @@ def policy_config(path: str | Path):
 
 
 def check_supported(kind: str, path: str | Path) -> None:
+    """One line naming what is missing for a policy type GRPO cannot post-train yet."""
     if kind not in SUPPORTED_TYPES:
         raise PolicyPathError(
-            f"domain.policy_path={path} holds a {kind!r} policy; WMRL post-trains "
-            f"{', '.join(SUPPORTED_TYPES)} (a deterministic action to centre its Gaussian on): {kind} "
-            "samples its action from noise and needs a log-prob of its own sampler, not implemented yet"
+            f"domain.policy_path={path} holds a {kind!r} policy, which has no log-probability for GRPO "
+            f"yet; supported: {', '.join(SUPPORTED_TYPES)} (WMRL centres a Gaussian on a deterministic "
+            f"action chunk; {kind}'s sampler from fixed noise is not wired in)"
         )
+
+
+class ProcessorTokenizer:
+    """A policy folder's own language steps (``NewLineTaskProcessorStep`` + ``TokenizerProcessorStep``)
+    behind the domain's ``tokenizer.encode(texts) -> [B, L]`` interface, padded to the step's
+    ``max_length`` so every rollout's ids have one width (right padding: the attention mask is
+    ``ids != pad_id``, which :meth:`encode` checks)."""
+
+    def __init__(self, preprocessor) -> None:
+        from lerobot.processor import TokenizerProcessorStep
+
+        steps = [s for s in preprocessor.steps if isinstance(s, TokenizerProcessorStep)]
+        if len(steps) != 1 or steps[0].padding_side != "right":
+            raise PolicyPathError("the policy's preprocessor has no right-padding tokenizer step")
+        self.step = steps[0]
+        self.pad_id = int(self.step.input_tokenizer.pad_token_id)
+
+    @staticmethod
+    def without_language(preprocessor):
+        """The preprocessor without its language steps (the ids come from :meth:`encode`)."""
+        from dataclasses import replace
+
+        from lerobot.processor import NewLineTaskProcessorStep, TokenizerProcessorStep
+
+        language = (NewLineTaskProcessorStep, TokenizerProcessorStep)
+        return replace(preprocessor, steps=[s for s in preprocessor.steps if not isinstance(s, language)])
+
+    def encode(self, texts) -> torch.Tensor:
+        """``[B, max_length]`` ids of ``texts``, each ending in a newline as lerobot's step appends."""
+        if isinstance(texts, str):
+            raise TypeError("encode() takes a sequence of instructions, not one string")
+        step = self.step
+        out = step.input_tokenizer(
+            [t if t.endswith("\n") else f"{t}\n" for t in texts],
+            max_length=step.max_length,
+            truncation=step.truncation,
+            padding="max_length",
+            padding_side="right",
+            return_tensors="pt",
+        )
+        ids = out["input_ids"].long()
+        if not torch.equal(out["attention_mask"].bool(), self.attention_mask(ids)):
+            raise ValueError("an instruction tokenises to the pad token; its attention mask is ambiguous")
+        return ids
+
+    def attention_mask(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids != self.pad_id
 
 
 class PretrainedLeRobotPolicy(GaussianActionHead):
@@ -115,7 +175,13 @@ class PretrainedLeRobotPolicy(GaussianActionHead):
             action_dim=action_dim, min_log_std=min_log_std, max_log_std=max_log_std, init_log_std=init_log_std
         )
         self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
-        self.tokenizer = InstructionTokenizer()  # the domain tokenises instructions; ACT ignores them
+        self.uses_instr = kind == "smolvla"
+        if self.uses_instr:
+            self.tokenizer = ProcessorTokenizer(self.preprocessor)
+            self.observation_preprocessor = self.tokenizer.without_language(self.preprocessor)
+        else:
+            self.tokenizer = InstructionTokenizer()  # the domain tokenises instructions; ACT ignores them
+            self.observation_preprocessor = self.preprocessor
         self.train()
 
     @property
@@ -141,10 +207,23 @@ class PretrainedLeRobotPolicy(GaussianActionHead):
     def step_mean(
         self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``[B, A]``: the first action of the policy's chunk, in env units (differentiable)."""
-        batch = self.preprocessor(self.observation(images, states))
-        batch["observation.images"] = [batch[k] for k in self.image_keys]
-        chunk = self.lerobot_policy.model(batch)[0]  # [B, chunk_size, A], normalised
+        """``[B, A]``: the first action of the policy's chunk, in env units (differentiable). ``instr``
+        ``[B, L]``: ids from ``self.tokenizer.encode`` (SmolVLA; ACT ignores them)."""
+        from lerobot.utils.constants import OBS_LANGUAGE_ATTENTION_MASK, OBS_LANGUAGE_TOKENS
+
+        batch = self.observation_preprocessor(self.observation(images, states))
+        pol = self.lerobot_policy
+        if self.uses_instr:
+            if instr is None:
+                raise ValueError("SmolVLA needs the instruction ids (policy.tokenizer.encode)")
+            batch[OBS_LANGUAGE_TOKENS] = instr
+            batch[OBS_LANGUAGE_ATTENTION_MASK] = self.tokenizer.attention_mask(instr)
+            c = pol.config
+            noise = torch.zeros(images.shape[0], c.chunk_size, c.max_action_dim, device=images.device)
+            chunk = pol._get_action_chunk(pol._prepare_batch(batch), noise=noise)  # [B, chunk, A]
+        else:
+            batch["observation.images"] = [batch[k] for k in self.image_keys]
+            chunk = pol.model(batch)[0]  # [B, chunk_size, A], normalised
         return self.postprocessor(chunk[:, 0])
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -195,41 +274,17 @@ def check_policy_path(path: str | Path, image_size: int) -> None:
         )
 
 
-def train_act(
-    dataset_root: str | Path,
-    repo_id: str,
-    out_dir: str | Path,
-    steps: int,
-    batch_size: int = 8,
-    seed: int = 0,
-    **act_fields,
-) -> Path:
-    """Train an ACT with lerobot's own training loop (``lerobot.scripts.lerobot_train.train``) on a
-    local LeRobotDataset, as ``lerobot-train`` would; returns its last ``pretrained_model`` folder.
-
-    The inputs are the dataset's ``observation.image`` and ``observation.state`` (a WMRL recording
-    also holds ``observation.final``, a bookkeeping flag that is no input); ``act_fields`` override
-    ACT's config (``dim_model``, ``chunk_size``, ...). No hub: ``pretrained_backbone_weights=None``."""
+def train_lerobot_policy(
+    policy, dataset_root: str | Path, repo_id: str, out_dir: str | Path, steps: int,
+    batch_size: int = 8, seed: int = 0,
+) -> Path:  # fmt: skip
+    """Train the lerobot policy config ``policy`` with lerobot's own training loop
+    (``lerobot.scripts.lerobot_train.train``) on a local LeRobotDataset, as ``lerobot-train`` would;
+    returns its last ``pretrained_model`` folder."""
     from lerobot.configs.default import DatasetConfig, WandBConfig
     from lerobot.configs.train import TrainPipelineConfig
-    from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.datasets import LeRobotDatasetMetadata
-    from lerobot.policies.act.configuration_act import ACTConfig
     from lerobot.scripts.lerobot_train import train
 
-    meta = LeRobotDatasetMetadata(repo_id, root=dataset_root)
-    img, state = meta.features["observation.image"]["shape"], meta.features["observation.state"]["shape"]
-    c, h, w = (img[2], img[0], img[1]) if img[-1] == 3 else tuple(img)
-    policy = ACTConfig(
-        input_features={
-            "observation.image": PolicyFeature(type=FeatureType.VISUAL, shape=(c, h, w)),
-            "observation.state": PolicyFeature(type=FeatureType.STATE, shape=tuple(state)),
-        },
-        pretrained_backbone_weights=None,
-        device="cpu",
-        push_to_hub=False,
-        **act_fields,
-    )
     cfg = TrainPipelineConfig(
         dataset=DatasetConfig(repo_id=repo_id, root=str(dataset_root)),
         policy=policy,
@@ -244,6 +299,29 @@ def train_act(
     )
     train(cfg)
     return Path(out_dir) / "checkpoints" / "last" / "pretrained_model"
+
+
+def train_act(
+    dataset_root: str | Path,
+    repo_id: str,
+    out_dir: str | Path,
+    steps: int,
+    batch_size: int = 8,
+    seed: int = 0,
+    **act_fields,
+) -> Path:
+    """An ACT trained by :func:`train_lerobot_policy`; lerobot takes its inputs from the dataset's
+    ``observation.*`` columns, as ``lerobot-train --policy.type=act`` does. ``act_fields`` override
+    ACT's config (``dim_model``, ``chunk_size``, ...). No hub: ``pretrained_backbone_weights=None``."""
+    from lerobot.policies.act.configuration_act import ACTConfig
+
+    policy = ACTConfig(
+        pretrained_backbone_weights=None,
+        device="cpu",
+        push_to_hub=False,
+        **act_fields,
+    )
+    return train_lerobot_policy(policy, dataset_root, repo_id, out_dir, steps, batch_size, seed)
 
 
 def folder_stamp(path: str | Path) -> str | None:

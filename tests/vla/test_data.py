@@ -63,6 +63,29 @@ def test_record_reload_and_append(tmp_path):
     _assert_episode_equals(episodes[0], refs[0][0], 5, TASK)  # earlier episodes untouched
 
 
+def test_lerobot_takes_no_policy_input_from_the_final_row_flag_and_old_recordings_still_load(
+    tmp_path, monkeypatch
+):
+    """The final-row flag is ``wmrl.final``: lerobot's feature mapping (what ``lerobot-train`` builds a
+    policy's inputs from) sees only the image and the state. A dataset recorded under the old name
+    ``observation.final`` still loads, and anchor rollouts append to it under that name."""
+    from lerobot.utils.feature_utils import dataset_to_policy_features
+
+    ds = data.record_demos([TASK], 1, tmp_path / "new", image_size=32, seed=5, max_steps=16)
+    inputs = {k for k, f in dataset_to_policy_features(ds.features).items() if k != "action"}
+    assert inputs == {"observation.image", "observation.state"} and "wmrl.final" in ds.features
+
+    with monkeypatch.context() as m:  # a recording made before the rename
+        m.setattr(data, "FINAL_KEY", data.LEGACY_FINAL_KEY)
+        old = data.record_demos([TASK], 1, tmp_path / "old", image_size=32, seed=5, max_steps=16)
+    assert "observation.final" in old.features and "wmrl.final" not in old.features
+    frames, _ = _reference(9, max_steps=5)
+    assert data.append_episodes(tmp_path / "old", "wmrl/demos", [frames], task_ids=[TASK], seeds=[9]) == 2
+    episodes = data.load_episodes(tmp_path / "old")
+    _assert_episode_equals(episodes[0], _reference(5)[0], 5, TASK)
+    _assert_episode_equals(episodes[1], frames, 9, TASK)
+
+
 def test_append_rejects_mismatched_shapes(tmp_path):
     frames, _ = _reference(1, max_steps=3)
     root = tmp_path / "ds"
