@@ -112,6 +112,7 @@ def test_policy_folders_wmrl_cannot_post_train_fail_with_one_line(user_act, tmp_
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_exported_folder_lerobot_evaluates_with_wmrls_success(user_act, tmp_path):
     """Round trip: post-trained weights -> lerobot folder -> lerobot's eval_policy, episode by
     episode equal to WMRL's own greedy rollouts in the same env from the same seeds."""
@@ -151,6 +152,7 @@ def test_exported_folder_lerobot_evaluates_with_wmrls_success(user_act, tmp_path
     assert torch.allclose(got, want, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["real", "ppi"])
 def test_wmrl_run_post_trains_the_users_act_and_exports_it_for_lerobot(user_act, tmp_path, method):
     """`wmrl run` on the user's folder, env and dataset, then `wmrl export`: the run moved ACT's
