@@ -1,4 +1,4 @@
-"""WMRL as a post-training step of the lerobot workflow, measured end to end (README "Post-training
+"""WMRL as a post-training step of the lerobot workflow, measured end to end (docs/vla.md "Post-training
 a lerobot policy"):
 
 1. record a LeRobotDataset with MetaWorld's scripted expert in lerobot's MetaWorld env;

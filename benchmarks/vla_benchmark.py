@@ -6,8 +6,7 @@ SFT stage alone at several sampling temperatures.
 
 Writes ``<out>/vla_throughput.json`` (or ``<out>/vla_sft.json``). Demos, SFT and WM come from the
 preset's cache. Comparing methods (GRPO runs over seeds, held-out re-evaluation, the report) is
-``wmrl compare SPEC`` (wmrl/grid.py; specs in benchmarks/specs/, README "Comparing methods across
-domains"); this script's former comparison, ``--merge`` and ``--reeval`` modes were retired for it.
+``wmrl compare SPEC`` (wmrl/grid.py; specs in benchmarks/specs/, docs/compare.md); this script's former comparison, ``--merge`` and ``--reeval`` modes were retired for it.
 """
 
 from __future__ import annotations

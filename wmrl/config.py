@@ -292,7 +292,7 @@ DIST_GENERATION = ("shard", "replicate")
 class DistributedConfig:
     # Data-parallel training through accelerate (DDP: gloo on CPU, NCCL on GPU) over the processes
     # that `torchrun` or `accelerate launch` started; also on when WORLD_SIZE > 1 is set. One process
-    # without it trains exactly as before. See README "Scaling up".
+    # without it trains exactly as before. See docs/scaling.md.
     enabled: bool = False
     # "shard": each rank generates its contiguous share of the step's tasks (the domain must offer
     # `shard_rng(rank, step)`, called before each step's generation, so ranks draw independent

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 TINY = (
@@ -17,6 +18,7 @@ TINY = (
 )
 
 
+@pytest.mark.slow
 def test_wmrl_run_toy_on_a_local_ray_cluster(tmp_path):
     (tmp_path / "tiny.yaml").write_text(TINY)
     run = tmp_path / "run"

@@ -171,6 +171,7 @@ def test_reevaluation_reuses_the_runs_final_evaluation_only_when_its_settings_ar
     assert "reused" not in reeval and reeval["reeval_overrides"] == ["--domain.noise=0.5"]
 
 
+@pytest.mark.slow
 def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
     """Kill the grid's process once the first cell finished and the second is between checkpoints;
     the rerun keeps the first, resumes the second and runs the rest."""
@@ -204,6 +205,7 @@ def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
     assert all(c["status"] == "finished" for c in index)
 
 
+@pytest.mark.slow
 def test_a_terminated_grid_takes_its_worker_processes_down(tmp_path):
     """SIGTERM to the grid's process alone (not its process group): the worker processes training
     its cells exit too, instead of running on unowned."""
@@ -234,6 +236,7 @@ def test_a_terminated_grid_takes_its_worker_processes_down(tmp_path):
     assert not (out / "toy/real/seed0/summary.json").exists()  # stopped mid-run, not finished
 
 
+@pytest.mark.slow
 def test_ray_on_a_local_cluster_gives_the_same_report_as_local_processes(grid, tmp_path, ray_cluster):
     """The cells as Ray tasks on the session's local cluster (started the way the grid starts one)."""
     spec, out = grid

@@ -115,6 +115,7 @@ def test_join_shares_gives_the_one_process_layout():
         assert torch.equal(batch.tokens[rows], part[0].tokens[src_row[rows]])
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_one_process_update(tmp_path):
     """torchrun --nproc_per_node 2: the replicated-generation run logs the 1-process run's metrics and
     ends at its parameters; the sharded-generation run keeps both ranks' parameters identical, each

@@ -95,6 +95,7 @@ def ray_executor(ray_cluster):
     return RayExecutor(max_concurrent=2, timeout_s=5.0)
 
 
+@pytest.mark.slow
 def test_ray_same_semantics_as_process_pool(ray_executor):
     _check_semantics(ray_executor.run(_jobs()))
     res = ray_executor.run([Job(span, (0.5,)) for _ in range(4)])

@@ -125,6 +125,7 @@ def test_signal_saves_the_last_finished_step_and_resume_ends_as_an_uninterrupted
     _same_final_state(reference, run)
 
 
+@pytest.mark.slow
 def test_second_signal_stops_at_once_and_a_folder_without_checkpoint_resumes_or_is_reused(
     tmp_path, reference, capfd
 ):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from wmrl_vla.policy import SmallVLA, SmallVLAConfig
@@ -49,6 +50,7 @@ def vla_sft(vla: dict, accelerator=None) -> dict:
     return sft(vla["policy"], vla["demos"], cfg, progress=False, accelerator=accelerator)
 
 
+@pytest.mark.slow
 def test_two_process_behaviour_cloning_equals_one_process(tmp_path):
     with open(tmp_path / "demos.pkl", "wb") as f:
         pickle.dump(_demos(), f)

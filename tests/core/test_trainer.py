@@ -202,6 +202,7 @@ def _run_cli(args, **kw):
     return subprocess.Popen([sys.executable, "-m", "wmrl.cli", *args], env=env, **kw)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_state(tmp_path):
     preset = tmp_path / "toy-short.yaml"
     preset.write_text("domain: {type: toy, exec_cost_s: 0.01}\nmethod: wmrl\n")

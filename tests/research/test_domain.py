@@ -212,6 +212,7 @@ def test_rollout_media_is_a_table_of_edits_with_predicted_and_true_scores(built)
     assert [r[6] for r in table.rows[:3]] == pytest.approx(true[:3].tolist()) and table.rows[3][6] is None
 
 
+@pytest.mark.slow
 def test_training_runs_on_the_domains_pool_and_close_stops_it(built):
     """One pool of sandbox workers per run: the trainer executes its anchors on the domain's
     (evaluation) executor instead of starting a second pool, and leaves it running for the

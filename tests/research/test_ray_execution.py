@@ -15,6 +15,7 @@ def ray_executor(ray_cluster):
     ex.close()
 
 
+@pytest.mark.slow
 def test_ray_workers_grade_solutions_in_the_sandbox_like_a_local_run(ray_executor):
     task = get_task("iris_cls")
     hostile = "import os\nos.kill(os.getppid(), 9)\n"  # tries to kill the process that runs it
@@ -28,6 +29,7 @@ def test_ray_workers_grade_solutions_in_the_sandbox_like_a_local_run(ray_executo
     assert ray_executor.run(jobs[:1])[0].reward == pytest.approx(1.0, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_wmrl_run_research_on_ray(ray_cluster, tmp_path, capsys):
     """`wmrl run research-debug --executor.type=ray` through the CLI: the build's execution log, the
     held-out evaluation and every training step's anchors are graded by the sandbox on Ray workers

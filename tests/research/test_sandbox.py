@@ -659,6 +659,7 @@ open("predictions.npy", "wb").write(b"x")
         assert ok.status == "ok"
 
 
+@pytest.mark.slow
 def test_the_attacks_are_graded_as_failures_through_the_process_executor_as_training_runs_them():
     """The same attacks as above, as :class:`wmrl.domain.Job` s on the local process pool that
     training uses (a fresh process, its own sandbox): graded -1 ("ok" results), none ungraded."""

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from wmrl.config import load_config
@@ -16,6 +17,7 @@ def expected_train_reward(domain, n: int = 32) -> tuple[float, float]:
     return float(r[torch.isfinite(r)].mean()), sum(p.applied for p in batch.payload) / n
 
 
+@pytest.mark.slow
 def test_short_wmrl_run_improves_training_reward(tmp_path):
     cfg = load_config(
         "research-debug",

@@ -203,6 +203,7 @@ def test_policy_folders_wmrl_cannot_post_train_fail_with_one_line(user_act, tmp_
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_exported_folder_lerobot_evaluates_with_wmrls_success(user_act, tmp_path):
     """Round trip: post-trained weights -> lerobot folder -> lerobot's eval_policy, episode by
     episode equal to WMRL's own greedy rollouts in the same env from the same seeds."""
@@ -272,6 +273,7 @@ def test_at_lerobots_own_size_wmrl_steps_the_env_lerobot_eval_makes():
         ours.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind,method", [("act", "real"), ("act", "ppi"), ("smolvla", "real"), ("smolvla", "ppi")]
 )

@@ -1,6 +1,7 @@
 """A short WMRL run through the shared trainer improves the policy's reward in the real simulator."""
 
 import numpy as np
+import pytest
 import torch
 
 from wmrl.config import load_config
@@ -14,6 +15,7 @@ def _real_reward(domain, specs):
     return float(np.mean([r.reward for r in run_episodes(actor, specs, domain.pool, "train")]))
 
 
+@pytest.mark.slow
 def test_short_wmrl_run_improves_the_training_reward(vla_debug, tmp_path):
     _, _, root = vla_debug
     cfg = load_config(

@@ -323,6 +323,7 @@ def _goal_episodes(n, t_max=24, seed=0):
     return episodes_from_records(eps)
 
 
+@pytest.mark.slow
 def test_grounded_heads_rank_long_episodes_by_where_the_hand_ends_up():
     """Trained on 6-step windows, scored on whole 5-24-step episodes. The latent heads, rolled past
     their training window, rank the long (failing) episodes first, as measured on our tasks; the
