@@ -6,32 +6,12 @@ exactly the groups an uninterrupted one would have picked.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from wmrl.config import AnchorConfig
-    from wmrl.methods import Method
 
-
-def n_anchor_groups(n_groups: int, method: str | Method, cfg: AnchorConfig) -> int:
-    """How many of ``n_groups`` groups run for real, as the method says (wmrl/methods): all for
-    `real`, none for `wm`, else ``max(min_groups, round(fraction * n_groups))`` capped at ``n_groups``.
-
-    Rounding is stochastic-free and unbiased over steps only when ``fraction * n_groups`` is whole;
-    the achieved fraction is logged by the trainer.
-    """
-    from wmrl.methods import get_method  # the registry imports this module (wmrl.controls)
-
-    return (get_method(method) if isinstance(method, str) else method).n_anchor_groups(n_groups, cfg)
-
-
-def choose_anchor_groups(
-    n_groups: int, method: str | Method, cfg: AnchorConfig, seed: int, step: int
-) -> torch.Tensor:
-    """``[n_groups]`` bool mask of anchor groups for training step ``step`` (a uniform random subset)."""
-    k = n_anchor_groups(n_groups, method, cfg)
+def choose_anchor_groups(n_groups: int, k: int, seed: int, step: int) -> torch.Tensor:
+    """``[n_groups]`` bool mask of the ``k`` anchor groups of training step ``step``, a uniform random
+    subset (how many is the method's: ``Method.n_anchor_groups``)."""
     g = torch.Generator().manual_seed(hash_seed(seed, step, salt=0xA1C4))
     chosen = torch.randperm(n_groups, generator=g)[:k]
     mask = torch.zeros(n_groups, dtype=torch.bool)

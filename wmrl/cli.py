@@ -23,11 +23,11 @@ import signal
 import sys
 
 from wmrl.config import (
-    METHODS,
     ConfigError,
     did_you_mean,
     load_config,
     load_domains,
+    load_methods,
     presets,
 )
 from wmrl.config_messages import describe_config
@@ -35,7 +35,7 @@ from wmrl.config_messages import describe_config
 
 def _epilog() -> str:
     return (
-        f"methods: {', '.join(METHODS)}\n"
+        f"methods: {', '.join(load_methods())}\n"
         f"presets: {', '.join(presets()) or '(none)'}\n"
         "config overrides: any field as --section.field=value, e.g. --method=real --grpo.group_size=8 "
         "--anchors.fraction=0.25 --executor.type=ray\n"

@@ -7,7 +7,9 @@ dataclass per component. Every field is overridable from the command line
 Validation lives in ``__post_init__`` and quotes the offending values.
 
 Domains register their config class by name through the ``wmrl.domains`` entry-point group, so the
-core never imports a domain package until that domain is asked for.
+core never imports a domain package until that domain is asked for. Methods register themselves in
+``METHODS`` the same way (the ``wmrl.methods`` group: wmrl/methods, and any package's own), so this
+module reads the registry and imports no method.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import draccus
 from draccus.utils import DraccusException
@@ -39,14 +41,35 @@ if TYPE_CHECKING:
     from wmrl.domain import Domain
 
 
-def __getattr__(name: str):
-    """``METHODS`` (the registered methods, by name) and ``WM_METHODS`` (the names of those that
-    query a world model) come from the registry, wmrl/methods, which imports this module."""
-    if name in ("METHODS", "WM_METHODS"):
-        from wmrl.methods import METHODS, wm_methods
+class RegisteredMethod(Protocol):
+    """What the config reads of a registered method (the contract is wmrl/methods/base.py)."""
 
-        return METHODS if name == "METHODS" else wm_methods()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def check(self, run: RunConfig) -> None: ...
+
+
+METHODS: dict[str, RegisteredMethod] = {}
+"""The method registry: name -> method object, in registration order. Filled by
+``wmrl.methods.register_method`` when :func:`load_methods` imports the ``wmrl.methods`` entry points."""
+_METHODS_LOADED = False
+
+
+def load_methods() -> dict[str, RegisteredMethod]:
+    """Import every module registered under the ``wmrl.methods`` entry points (each registers its
+    methods), once; the registry."""
+    global _METHODS_LOADED
+    if not _METHODS_LOADED:
+        for ep in entry_points(group="wmrl.methods"):
+            ep.load()
+        _METHODS_LOADED = True
+    return METHODS
+
+
+def registered_method(name: str) -> RegisteredMethod:
+    """The registered method ``name``; a ConfigError naming the known ones otherwise."""
+    methods = load_methods()
+    if name not in methods:
+        raise ConfigError(f"method={name!r} is not one of {', '.join(methods)}{did_you_mean(name, methods)}")
+    return methods[name]
 
 
 EXECUTORS = ("process", "ray", "inline")
@@ -385,7 +408,7 @@ def _default_domain() -> DomainConfig:
 @dataclass
 class RunConfig:
     # `real` | `anchors_only` | `wm` | `mix` | `debias` | `denoise` | `wmrl` | `ppi`: a method registered
-    # in wmrl/methods (wmrl.methods.METHODS).
+    # in wmrl/methods (METHODS).
     method: str = "wmrl"
     seed: int = 0
     # Run directory: config, metrics.jsonl, checkpoints, plots.
@@ -415,9 +438,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
-        from wmrl.methods import get_method, method_of  # the registry imports this module
-
-        get_method(self.method)
+        method = registered_method(self.method)
         _check(self.torch_threads >= 1, f"torch_threads={self.torch_threads} must be >= 1")
         _check(
             DEVICE_RE.match(str(self.device)) is not None,
@@ -429,7 +450,7 @@ class RunConfig:
             f"ppi.prior_from_log=true needs a domain with a pre-training execution log (research); "
             f"domain.type={DomainConfig.get_choice_name(type(self.domain))!r} has none",
         )
-        method_of(self).check(self)
+        method.check(self)  # its own fields, and wm_placebo
 
 
 def presets() -> dict[str, Path]:

@@ -15,15 +15,9 @@ from pathlib import Path
 import draccus
 from draccus.utils import DraccusException
 
-from wmrl.config import (
-    METHODS,
-    WM_METHODS,
-    ConfigError,
-    DomainConfig,
-    ExecutorConfig,
-    did_you_mean,
-)
+from wmrl.config import ConfigError, DomainConfig, ExecutorConfig, did_you_mean
 from wmrl.config_messages import malformed_yaml
+from wmrl.methods import METHODS, wm_methods
 from wmrl.methods import controls as method_controls
 from wmrl.tracking import CHECKPOINT, read_metrics
 
@@ -53,7 +47,7 @@ def controls_of(method: str) -> list[str]:
 def with_control(methods: list[str]) -> list[str]:
     """``methods`` plus ``anchors_only`` (right after ``real``, else first) when a WM method is among
     them: GRPO on the same real executions without a WM is the bar every WM method must clear."""
-    if "anchors_only" in methods or not any(m in WM_METHODS for m in methods):
+    if "anchors_only" in methods or not any(m in wm_methods() for m in methods):
         return list(methods)
     at = methods.index("real") + 1 if "real" in methods else 0
     return [*methods[:at], "anchors_only", *methods[at:]]
@@ -82,7 +76,7 @@ class DomainEntry:
 
 @dataclass
 class GridSpec:
-    # Methods every domain runs (wmrl.config.METHODS, or a control label such as ppi_placebo);
+    # Methods every domain runs (wmrl.methods.METHODS, or a control label such as ppi_placebo);
     # the controls join them when `control`.
     methods: list[str] = field(default_factory=list)
     # Fixed before the grid runs (DIR/ledger.json records when each cell was planned).

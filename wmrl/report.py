@@ -29,7 +29,7 @@ from pathlib import Path
 from statistics import mean, stdev
 from typing import TYPE_CHECKING, TypeGuard
 
-from wmrl.config import WM_METHODS, load_config
+from wmrl.config import load_config
 from wmrl.grid_spec import (
     CONTROLS,
     DEFAULT_MARGINS,
@@ -40,7 +40,7 @@ from wmrl.grid_spec import (
     domain_margin,
     reeval_current,
 )
-from wmrl.methods import METHODS
+from wmrl.methods import METHODS, wm_methods
 from wmrl.tracking import read_metrics
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ def _mean(rows: list[dict], key: str) -> float | None:
 
 def cell_figures(rows: list[dict], method: str, score: str, start: float | None, final: float | None) -> dict:
     """One cell's figures from its metric rows and its held-out scores (None where absent)."""
-    wm = method in WM_METHODS
+    wm = method in wm_methods()
     denoised = method in METHODS and METHODS[method].denoises  # its anchors weighted by w
     return {
         "heldout_start": start,
@@ -255,7 +255,7 @@ def domain_evidence(per_cell: dict, methods: list[str], seeds: list[int], margin
 
     out = {}
     for m in methods:
-        if base_method(m) not in WM_METHODS:
+        if base_method(m) not in wm_methods():
             continue
         exploratory = [s for s in seeds if per_cell[(m, s)].get("exploratory")]
         fresh = [s for s in seeds if s not in exploratory]
@@ -327,7 +327,7 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
 
 def _is_tested(method: str) -> bool:
     """A method whose figures are a claim (a WM method), not a control or a reference."""
-    return method in WM_METHODS
+    return method in wm_methods()
 
 
 def aggregate_domain(

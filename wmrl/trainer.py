@@ -218,7 +218,7 @@ class Trainer:
         t_step, self._times = time.perf_counter(), {}
         n = cfg.grpo.tasks_per_step
         tasks = self.domain.sample_tasks(n, "train", self.task_gen)
-        anchor_groups = choose_anchor_groups(n, method, cfg.anchors, cfg.seed, self.step)
+        anchor_groups = choose_anchor_groups(n, method.n_anchor_groups(n, cfg.anchors), cfg.seed, self.step)
         tasks, anchor_groups = method.select_tasks(tasks, anchor_groups)
         with self._timed("generate"), torch.no_grad(), self.autocast():
             batch, ranks = self._generate(tasks, anchor_groups)

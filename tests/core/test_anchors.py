@@ -2,9 +2,9 @@
 
 import pytest
 
-from wmrl.anchors import n_anchor_groups
 from wmrl.cli import main
 from wmrl.config import AnchorConfig, ConfigError, load_config
+from wmrl.methods import get_method
 
 TINY = [
     "--domain.n_contexts=8",
@@ -21,7 +21,8 @@ def test_the_count_is_the_rounded_fraction_raised_to_the_minimum():
     cfg = AnchorConfig(fraction=0.1, min_groups=1)
     assert [cfg.count(n) for n in (4, 10, 16, 25)] == [1, 1, 2, 3]
     assert AnchorConfig(fraction=0.1, min_groups=0).count(4) == 0
-    assert n_anchor_groups(16, "ppi", cfg) == 2 and n_anchor_groups(16, "real", cfg) == 16
+    assert get_method("ppi").n_anchor_groups(16, cfg) == 2
+    assert get_method("real").n_anchor_groups(16, cfg) == 16
 
 
 @pytest.mark.parametrize("method", ["ppi", "anchors_only", "wmrl"])

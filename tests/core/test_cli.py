@@ -2,7 +2,7 @@ import subprocess
 import sys
 
 from wmrl.cli import main
-from wmrl.config import METHODS
+from wmrl.methods import METHODS
 
 
 def test_help_lists_methods_and_presets():

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from wmrl.anchors import choose_anchor_groups, n_anchor_groups
+from wmrl.anchors import choose_anchor_groups
 from wmrl.config import AnchorConfig, load_config
+from wmrl.methods import get_method
 from wmrl.runs import train_run
 from wmrl.tracking import CHECKPOINT, RunDirError, read_metrics
 from wmrl.trainer import Trainer
@@ -35,11 +36,15 @@ def _cfg(tmp_path, *extra):
 
 def test_anchor_selection_fraction_minimum_and_reproducibility():
     cfg = AnchorConfig(fraction=0.25, min_groups=1)
-    assert n_anchor_groups(16, "wmrl", cfg) == 4 and n_anchor_groups(2, "mix", cfg) == 1
-    assert n_anchor_groups(16, "real", cfg) == 16 and n_anchor_groups(16, "wm", cfg) == 0
-    a = choose_anchor_groups(16, "wmrl", cfg, seed=3, step=7)
-    assert a.sum() == 4 and torch.equal(a, choose_anchor_groups(16, "wmrl", cfg, seed=3, step=7))
-    picks = {tuple(choose_anchor_groups(16, "wmrl", cfg, seed=3, step=s).tolist()) for s in range(20)}
+
+    def count(method, n):
+        return get_method(method).n_anchor_groups(n, cfg)
+
+    assert count("wmrl", 16) == 4 and count("mix", 2) == 1
+    assert count("real", 16) == 16 and count("wm", 16) == 0
+    a = choose_anchor_groups(16, 4, seed=3, step=7)
+    assert a.sum() == 4 and torch.equal(a, choose_anchor_groups(16, 4, seed=3, step=7))
+    picks = {tuple(choose_anchor_groups(16, 4, seed=3, step=s).tolist()) for s in range(20)}
     assert len(picks) > 10  # a different random subset at each step
 
 

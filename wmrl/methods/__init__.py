@@ -54,5 +54,6 @@ def method_of(run: RunConfig) -> Method:
 
 
 def controls() -> dict[str, Control]:
-    """Every registered method's controls by name (``wmrl_placebo``, ``ppi_lambda0``, ...)."""
-    return {c.name: c for m in METHODS.values() for c in m.controls()}
+    """Every registered method's controls by name: each WM method's placebo (``wmrl_placebo``), then
+    its own (``ppi_lambda0``)."""
+    return {c.name: c for m in METHODS.values() for c in ([Placebo(m)] if m.uses_wm else []) + m.controls()}

@@ -23,11 +23,12 @@ run whatever its method.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
-from wmrl.config import ConfigError, did_you_mean
+from wmrl.config import METHODS as REGISTRY
+from wmrl.config import ConfigError, load_methods, registered_method
 from wmrl.debias import centred_residual
 from wmrl.denoise import normalise_weights, sample_weights
 from wmrl.domain import Prediction, PriorGroups, RolloutBatch
@@ -35,9 +36,36 @@ from wmrl.learner import group_advantages
 
 if TYPE_CHECKING:
     from wmrl.config import AnchorConfig, RunConfig
-    from wmrl.trainer import Trainer
+    from wmrl.debias import OnlineDebiaser
+    from wmrl.denoise import InverseVarianceDenoiser
+    from wmrl.domain import Domain
+    from wmrl.ppi import PowerTuner
 
 EXECUTES = ("all", "anchors", "none")
+
+
+class TrainerView(Protocol):
+    """What a method's hooks use of the trainer (:class:`wmrl.trainer.Trainer`): its config, policy,
+    domain and method, the components whose state it checkpoints, and ppi's advantages."""
+
+    cfg: RunConfig
+    policy: torch.nn.Module
+    domain: Domain
+    method: Method
+    debiaser: OnlineDebiaser
+    denoiser: InverseVarianceDenoiser
+    tuner: PowerTuner
+
+    def _ppi(
+        self,
+        batch: RolloutBatch,
+        r_hat: torch.Tensor,
+        var: torch.Tensor | None,
+        r_cal: torch.Tensor,
+        r_true: torch.Tensor,
+        group_anchor: torch.Tensor,
+        n_tasks: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]: ...
 
 
 @dataclass
@@ -125,14 +153,18 @@ class Method:
 
     # ---- what the config, the grid and the reports ask ---------------------------------------
     def controls(self) -> list[Control]:
-        """The controls a comparison runs beside it (docs/design.md section 7): a WM method's
-        placebo (its WM's scores permuted within each group)."""
-        from wmrl.methods.placebo import Placebo
-
-        return [Placebo(self)] if self.uses_wm else []
+        """Its own controls, which a comparison runs beside it (docs/design.md section 7), besides
+        the placebo every WM method gets (its WM's scores permuted within each group:
+        ``wmrl.methods.controls``)."""
+        return []
 
     def check(self, run: RunConfig) -> None:
         """Raise a ConfigError for a config it cannot run (the run's other fields are valid)."""
+        if run.wm_placebo and not self.uses_wm:
+            raise ConfigError(
+                f"wm_placebo=true permutes a world model's scores: method={run.method!r} queries none "
+                f"(use one of {', '.join(wm_methods())})"
+            )
         if self.executes == "anchors":
             run.anchors.check_for(self.name, run.grpo.tasks_per_step)
 
@@ -152,7 +184,7 @@ class Method:
         return {"w": f"{metrics['denoise/w']:.2f}"}
 
     # ---- the training step's hooks (called by wmrl.trainer.Trainer, in this order) ---------------
-    def start_from_log(self, trainer: Trainer, prior_groups: PriorGroups | None) -> None:
+    def start_from_log(self, trainer: TrainerView, prior_groups: PriorGroups | None) -> None:
         """Once, before the first step of a new run for which :meth:`wants_execution_log` holds:
         ``prior_groups`` is the domain's execution log as ``(raw WM scores, true rewards)`` groups."""
 
@@ -168,13 +200,13 @@ class Method:
         """The execution log's ``(WM scores, true rewards)`` groups as the method sees them."""
         return groups
 
-    def wm_scores(self, trainer: Trainer, step: Step) -> tuple[torch.Tensor, dict[str, float]]:
+    def wm_scores(self, trainer: TrainerView, step: Step) -> tuple[torch.Tensor, dict[str, float]]:
         """``[R]`` the rewards the WM rows take, and metrics. The step's anchors are observed first
         (:meth:`observe_anchors`), so a calibrating method uses the map refitted on them."""
         metrics = self.observe_anchors(trainer, step)
         return (trainer.debiaser(step.r_hat) if self.calibrates else step.r_hat), metrics
 
-    def observe_anchors(self, trainer: Trainer, step: Step) -> dict[str, float]:
+    def observe_anchors(self, trainer: TrainerView, step: Step) -> dict[str, float]:
         """Measure the WM's error on this step's anchors with the calibration fitted *before* them
         (out of sample), feed the denoiser (``denoises``: the residual after calibration where the
         method calibrates, else on raw scores), then refit the calibration on the new pairs
@@ -194,7 +226,7 @@ class Method:
             out["debias/refit"] = float(trainer.debiaser.observe(a_hat, a_true))
         return out
 
-    def advantages(self, trainer: Trainer, step: Step) -> Advantages:
+    def advantages(self, trainer: TrainerView, step: Step) -> Advantages:
         """Group advantages of :attr:`Step.rewards`; with ``denoises``, anchor rows weighted by the
         denoiser's ``w`` and, with ``denoise.sample_weights``, WM rows by their reported variance;
         the weights rescaled to mean 1 over the used rows."""
@@ -250,7 +282,7 @@ class Control(Method):
     def progress(self, metrics: dict[str, float]) -> dict[str, str]:
         return self.base.progress(metrics)
 
-    def start_from_log(self, trainer: Trainer, prior_groups: PriorGroups | None) -> None:
+    def start_from_log(self, trainer: TrainerView, prior_groups: PriorGroups | None) -> None:
         self.base.start_from_log(trainer, prior_groups)
 
     def select_tasks(self, tasks: list, anchor_groups: torch.Tensor) -> tuple[list, torch.Tensor]:
@@ -262,19 +294,21 @@ class Control(Method):
     def prior_groups(self, groups: PriorGroups, seed: int) -> PriorGroups:
         return self.base.prior_groups(groups, seed)
 
-    def wm_scores(self, trainer: Trainer, step: Step) -> tuple[torch.Tensor, dict[str, float]]:
+    def wm_scores(self, trainer: TrainerView, step: Step) -> tuple[torch.Tensor, dict[str, float]]:
         return self.base.wm_scores(trainer, step)
 
-    def advantages(self, trainer: Trainer, step: Step) -> Advantages:
+    def advantages(self, trainer: TrainerView, step: Step) -> Advantages:
         return self.base.advantages(trainer, step)
 
 
-METHODS: dict[str, Method] = {}
-"""Every registered method by name, in registration order (wmrl/methods/__init__.py)."""
+METHODS = cast("dict[str, Method]", REGISTRY)
+"""Every registered method by name, in registration order: the config's registry (``wmrl.config.METHODS``,
+filled through the ``wmrl.methods`` entry points), the same dict."""
 
 
 def register_method[M: type[Method]](cls: M) -> M:
-    """Class decorator: register one instance of ``cls`` under ``cls.name``."""
+    """Class decorator: register one instance of ``cls`` under ``cls.name`` in the registry
+    (``wmrl.config.METHODS``, read by the config, the grid and the reports)."""
     if not cls.name or cls.name in METHODS:
         raise ValueError(f"method class {cls.__qualname__} needs a new, non-empty name, got {cls.name!r}")
     if cls.executes not in EXECUTES:
@@ -285,14 +319,12 @@ def register_method[M: type[Method]](cls: M) -> M:
 
 def get_method(name: str) -> Method:
     """The registered method ``name``; a ConfigError naming the known ones otherwise."""
-    if name not in METHODS:
-        raise ConfigError(f"method={name!r} is not one of {', '.join(METHODS)}{did_you_mean(name, METHODS)}")
-    return METHODS[name]
+    return cast(Method, registered_method(name))
 
 
 def wm_methods() -> tuple[str, ...]:
     """The registered methods that query a world model."""
-    return tuple(name for name, m in METHODS.items() if m.uses_wm)
+    return tuple(name for name, m in load_methods().items() if cast(Method, m).uses_wm)
 
 
 def nanmean(x: torch.Tensor) -> float:

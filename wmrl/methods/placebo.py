@@ -7,13 +7,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from wmrl.config import ConfigError
 from wmrl.controls import placebo_groups, placebo_prediction
 from wmrl.domain import Prediction, PriorGroups
-from wmrl.methods.base import Control, wm_methods
+from wmrl.methods.base import Control
 
 if TYPE_CHECKING:
-    from wmrl.config import RunConfig
+    pass
 
 
 class Placebo(Control):
@@ -24,14 +23,6 @@ class Placebo(Control):
 
     suffix = "placebo"
     overrides = ("--wm_placebo=true",)
-
-    def check(self, run: RunConfig) -> None:
-        if not self.base.uses_wm:
-            raise ConfigError(
-                f"wm_placebo=true permutes a world model's scores: method={run.method!r} queries none "
-                f"(use one of {', '.join(wm_methods())})"
-            )
-        self.base.check(run)
 
     def prediction(self, pred: Prediction, group_ids: torch.Tensor, seed: int, step: int) -> Prediction:
         return placebo_prediction(self.base.prediction(pred, group_ids, seed, step), group_ids, seed, step)

@@ -12,13 +12,12 @@ import torch
 from wmrl.config import ConfigError
 from wmrl.domain import PriorGroups
 from wmrl.learner import score_directions
-from wmrl.methods.base import Advantages, Control, Method, Step, register_method
+from wmrl.methods.base import Advantages, Control, Method, Step, TrainerView, register_method
 from wmrl.ppi import anchor_moments, gradient_row_products, ppi_rows, variance_ratio
 
 if TYPE_CHECKING:
     from wmrl.config import RunConfig
     from wmrl.domain import RolloutBatch
-    from wmrl.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ class PPI(Method):
     def controls(self) -> list[Control]:
         from wmrl.methods.ppi_lambda0 import PPILambda0
 
-        return [*super().controls(), PPILambda0(self)]
+        return [PPILambda0(self)]
 
     def wants_execution_log(self, run: RunConfig) -> bool:
         return run.ppi.prior_from_log
@@ -49,7 +48,7 @@ class PPI(Method):
     def progress(self, metrics: dict[str, float]) -> dict[str, str]:
         return {"lam": f"{metrics['ppi/lambda']:.2f}", "rho": f"{metrics['ppi/rho']:.2f}"}
 
-    def start_from_log(self, trainer: Trainer, prior_groups: PriorGroups | None) -> None:
+    def start_from_log(self, trainer: TrainerView, prior_groups: PriorGroups | None) -> None:
         """Start ``λ``'s window with the domain's prior anchor groups ``(raw WM scores, true
         rewards)`` (``ppi.prior_from_log``), as the run's method sees them (the placebo: permuted)."""
         if prior_groups is None:
@@ -67,13 +66,13 @@ class PPI(Method):
             correlation(c, h, t),
         )
 
-    def wm_scores(self, trainer: Trainer, step: Step) -> tuple[torch.Tensor, dict[str, float]]:
+    def wm_scores(self, trainer: TrainerView, step: Step) -> tuple[torch.Tensor, dict[str, float]]:
         """The WM's scores under the calibration fitted before this step's anchors (its correction
         must not see them); then the anchors are observed and the map refitted for later steps."""
         r_cal = trainer.debiaser(step.r_hat)
         return r_cal, self.observe_anchors(trainer, step)
 
-    def advantages(self, trainer: Trainer, step: Step) -> Advantages:
+    def advantages(self, trainer: TrainerView, step: Step) -> Advantages:
         assert step.pred is not None and step.r_wm is not None, "ppi uses the world model"
         adv, used, counted, metrics = trainer._ppi(  # prediction_powered_advantages, below
             step.batch, step.r_hat, step.pred.var, step.r_wm, step.r_true, step.group_anchor, step.n_tasks
@@ -82,7 +81,7 @@ class PPI(Method):
 
 
 def prediction_powered_advantages(
-    trainer: Trainer,
+    trainer: TrainerView,
     batch: RolloutBatch,
     r_hat: torch.Tensor,
     var: torch.Tensor | None,
