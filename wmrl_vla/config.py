@@ -47,7 +47,7 @@ class VLAConfig(DomainConfig):
     # each (SmolVLA: its text tower's width and depth, at least 2 layers).
     policy: str = "small_vla"
     # A policy trained with lerobot (its `pretrained_model` folder, or a hub id): post-trained as is
-    # (no SFT; domain.policy is not used), its inputs through its own saved processors. ACT only; see
+    # (no SFT; domain.policy is not used), its inputs through its own saved processors. ACT or SmolVLA; see
     # wmrl_vla.lerobot_policy.
     policy_path: str | None = None
     # An env lerobot knows, as lerobot spells it (--domain.env.type=metaworld
