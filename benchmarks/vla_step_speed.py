@@ -33,6 +33,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 
 
+CONTROL_NOTE = (
+    "anchors_only not run: one method's step timed in two checkouts (a speed and equality check of "
+    "the code), not a comparison of methods; no WM claim rests on it"
+)
+
+
 def worker(args: argparse.Namespace) -> None:
     """One run: build (not timed), ``--steps`` timed steps; prints one JSON line (and saves params)."""
     import torch
@@ -126,6 +132,7 @@ def compare(args: argparse.Namespace) -> dict:
     )
     return {
         "command": " ".join(sys.argv),
+        "control": CONTROL_NOTE,
         "base": str(base),
         "preset": args.preset,
         "method": args.method,
