@@ -18,6 +18,10 @@ WORLD_MODELS = ("deterministic", "diffusion")
 IMAGINE_INPUTS = ("pixels", "latent")
 # What the world model's state and outcome heads read (world_models.vla_dynamics.OUTCOME_INPUTS).
 WM_OUTCOMES = ("latent", "state")
+# The offline dataset's default sources (wmrl_vla/offline_data.py): noisy experts at three scales, the
+# SFT policy cooler and hotter than it samples during RL, and two perturbed copies of it.
+WM_OFFLINE_MIX = ["expert:0.1", "expert:0.3", "expert:0.6", "policy:0.5", "policy:1.5", "perturbed:0.05",
+                  "perturbed:0.15"]  # fmt: skip
 
 
 @dataclass
@@ -94,6 +98,14 @@ class VLAConfig(DomainConfig):
     wm_outcome: str = "latent"
     # Real rollouts of the SFT policy per task added to the WM's pretraining data (demos never fail).
     wm_policy_rollouts_per_task: int = 16
+    # A policy-diverse offline dataset for the WM's pretraining (wmrl_vla/offline_data.py): this many
+    # episodes per task, dealt round-robin to the sources of wm_offline_mix (`expert:σ` = the scripted
+    # expert with action noise σ, `policy:T` = the SFT policy at temperature T, `perturbed:α` = the SFT
+    # policy with its weights moved by α of their std), recorded once per machine as a LeRobot dataset
+    # shared by every seed and method; its simulator steps are reported apart from the RL budget
+    # (offline_data.json in the run directory). 0: none.
+    wm_offline_per_task: int = 0
+    wm_offline_mix: list[str] = field(default_factory=lambda: list(WM_OFFLINE_MIX))
     wm_train_steps: int = 1500
     wm_batch_size: int = 32
     # Open-loop training window (steps); and that of the grounded heads (wm_outcome=state), which
@@ -216,6 +228,14 @@ class VLAConfig(DomainConfig):
             raise ConfigError(f"domain.wm_members={self.wm_members} must be >= 1")
         if self.wm_instruction_buckets < 0:
             raise ConfigError(f"domain.wm_instruction_buckets={self.wm_instruction_buckets} must be >= 0")
+        if self.wm_offline_per_task < 0:
+            raise ConfigError(f"domain.wm_offline_per_task={self.wm_offline_per_task} must be >= 0")
+        from wmrl_vla.offline_data import parse_mix
+
+        try:
+            parse_mix(self.wm_offline_mix)
+        except ValueError as e:
+            raise ConfigError(f"domain.wm_offline_mix: {e}") from None
         if self.wm_outcome not in WM_OUTCOMES:
             raise ConfigError(f"domain.wm_outcome={self.wm_outcome!r} is not one of {', '.join(WM_OUTCOMES)}")
         if self.temperature <= 0 or self.eval_temperature < 0:

@@ -435,6 +435,35 @@ def prepare_policy_rollouts(cfg: VLAConfig, policy, progress: bool = True) -> li
     return load_episodes(root, ROLLOUT_REPO)
 
 
+def _offline_fields(cfg: VLAConfig) -> dict[str, Any]:
+    return {**_policy_fields(cfg), "wm_offline_per_task": cfg.wm_offline_per_task,
+            "wm_offline_mix": list(cfg.wm_offline_mix)}  # fmt: skip
+
+
+def offline_dir(cfg: VLAConfig) -> Path:
+    """Where the offline dataset of ``cfg`` is cached (``summary.json`` there once complete)."""
+    return Path(cfg.cache_dir) / f"offline-{_key(_offline_fields(cfg))}"
+
+
+def prepare_offline_data(cfg: VLAConfig, policy, progress: bool = True) -> list[dict]:
+    """The policy-diverse offline dataset for WM pretraining (:mod:`wmrl_vla.offline_data`), recorded
+    once per machine (an interrupted recording is started again) and shared by every seed and method."""
+    from wmrl_vla.data import load_episodes
+    from wmrl_vla.offline_data import OFFLINE_REPO, record_offline
+
+    if cfg.wm_offline_per_task <= 0:
+        return []
+    root = offline_dir(cfg)
+    if not (root / "summary.json").exists():
+        if root.exists():
+            import shutil
+
+            shutil.rmtree(root)
+        record_offline(policy, list(cfg.tasks), cfg.wm_offline_per_task, cfg.wm_offline_mix, root,
+                       cfg.image_size, cfg.max_steps, seed=cfg.demo_seed, progress=progress)  # fmt: skip
+    return load_episodes(root, OFFLINE_REPO)
+
+
 def wm_config(cfg: VLAConfig) -> VLADynamicsConfig:
     """The world model's architecture for a domain config."""
     state_dim, action_dim = _dims(cfg.tasks)
@@ -456,7 +485,8 @@ def prepare_world_model(
               "diffusion_steps": cfg.diffusion_steps, "arch": WM_ARCH,
               **({"wm_instruction_buckets": b} if (b := cfg.wm_instruction_buckets) else {}),
               **({"wm_outcome": o, "wm_state_horizon": cfg.wm_state_horizon}
-                 if (o := cfg.wm_outcome) != "latent" else {})}  # fmt: skip
+                 if (o := cfg.wm_outcome) != "latent" else {}),
+              **(_offline_fields(cfg) if cfg.wm_offline_per_task else {})}  # fmt: skip
     path = Path(cfg.cache_dir) / f"wm-{_key(fields)}.pt"
     qpath = path.with_suffix(".json")
     # hold out every 10th episode to measure quality
@@ -495,12 +525,16 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
     episodes = episodes_from_records(label_goals(records, split=cfg.demo_split)) + episodes_from_records(
         label_goals(prepare_policy_rollouts(cfg, policy, show), split="train")
     )
+    episodes += episodes_from_records(label_goals(prepare_offline_data(cfg, policy, show), split="train"))
     model, quality = prepare_world_model(cfg, episodes, device, show)
     out = Path(run.out_dir)
     main = writes_run_dir()  # data-parallel: one writer of the run directory's files
     if quality and main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "wm_quality.json").write_text(json.dumps(quality, indent=2))
+    if cfg.wm_offline_per_task and main:  # the offline data's simulator steps, apart from the RL budget
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "offline_data.json").write_text((offline_dir(cfg) / "summary.json").read_text())
     wm = VLAWorldModel(
         model,
         episodes,

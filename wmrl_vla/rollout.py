@@ -250,10 +250,19 @@ def replay_reward(
 
 
 def run_expert_episodes(
-    specs: Sequence[tuple[str, int]], pool: EnvPool, split: str = "train"
+    specs: Sequence[tuple[str, int]],
+    pool: EnvPool,
+    split: str = "train",
+    action_noise: float = 0.0,
+    rng: np.random.Generator | None = None,
 ) -> list[SimRollout]:
-    """Scripted-expert episodes from each ``(task_id, seed)`` (envs stepped one by one)."""
+    """Scripted-expert episodes from each ``(task_id, seed)`` (envs stepped one by one). With
+    ``action_noise`` > 0, Gaussian noise of that std (from ``rng``) is added to every expert action
+    before clipping to [-1, 1]; the executed action is the one recorded."""
     import sims
+
+    if action_noise > 0 and rng is None:
+        raise ValueError("action_noise > 0 needs an rng")
 
     out = []
     for task_id, seed in specs:
@@ -263,7 +272,10 @@ def run_expert_episodes(
         o, info = env.reset(seed=int(seed))
         imgs, sts, acts, prog, succ = [_chw(o["image"])], [o["state"]], [], [], []
         while True:
-            a = np.clip(np.asarray(ex.act(o, info, env), dtype=np.float32), -1, 1)
+            a = np.asarray(ex.act(o, info, env), dtype=np.float32)
+            if action_noise > 0:
+                a = a + action_noise * rng.standard_normal(a.shape).astype(np.float32)  # type: ignore[union-attr]
+            a = np.clip(a, -1, 1)
             o, r, term, trunc, info = env.step(a)
             acts.append(a)
             prog.append(float(r))
