@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from wmrl.grid_spec import Cell, GridSpec
 
 ABSENT = "—"
+# What a run directory holds about the data its WM pretrained on before training (written by the domain).
+OFFLINE_DATA = "offline_data.json"
 
 # Per-cell figures: key -> (label, what it is). The WM diagnostics are means over training steps.
 COLUMNS = {
@@ -60,6 +62,13 @@ COLUMNS = {
     "diff_vs_anchors_only": ("Δ vs anchors_only", "paired over seeds: held-out final - `anchors_only`'s"),
     "real_executions": ("real executions", "rollouts executed for real during training (exec/real_total)"),
     "sim_steps": ("sim steps", "real simulator steps of training rollouts (domain/sim_steps)"),
+    "offline_executions": (
+        "offline executions",
+        "executions (rollouts) of the data the WM pretrained on before training, recorded once per machine "
+        "and shared by every seed and method (the run's offline_data.json); WM methods only, not in the RL "
+        "budget of the two columns before",
+    ),
+    "offline_sim_steps": ("offline sim steps", "simulator steps of those offline executions"),
     "execs_to_real_final": (
         "executions to real's final",
         "real executions at the first in-run evaluation >= `real`'s final in-run score (its mean over "
@@ -85,7 +94,7 @@ COLUMNS = {
 TABLES = {
     "Held-out score and cost": [
         "heldout_final", "gain", "share_of_real_gain", "diff_vs_real", "diff_vs_anchors_only",
-        "real_executions", "sim_steps", "execs_to_real_final",
+        "real_executions", "sim_steps", "offline_executions", "offline_sim_steps", "execs_to_real_final",
     ],
     "Wall-clock and its split": ["wall_clock_s", "time_generate", "time_execute", "time_wm", "time_update"],
     "World-model diagnostics": [
@@ -97,6 +106,10 @@ TIME_KEYS = ("wall_clock_s", "time_generate", "time_execute", "time_wm", "time_u
 
 def _finite(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _number(v: object) -> float | None:
+    return float(v) if _finite(v) else None
 
 
 def _last(rows: list[dict], key: str) -> float | None:
@@ -114,9 +127,19 @@ def _mean(rows: list[dict], key: str) -> float | None:
     return float(mean(vals)) if vals else None
 
 
-def cell_figures(rows: list[dict], method: str, score: str, start: float | None, final: float | None) -> dict:
-    """One cell's figures from its metric rows and its held-out scores (None where absent)."""
+def cell_figures(
+    rows: list[dict],
+    method: str,
+    score: str,
+    start: float | None,
+    final: float | None,
+    offline: dict | None = None,
+) -> dict:
+    """One cell's figures from its metric rows, its held-out scores and its run's ``offline_data.json``
+    (``{"executions", "sim_steps"}``, either may be absent; counted for WM methods only); None where
+    absent."""
     wm = method in wm_methods()
+    offline = (offline or {}) if wm else {}
     denoised = method in METHODS and METHODS[method].denoises  # its anchors weighted by w
     return {
         "heldout_start": start,
@@ -124,6 +147,8 @@ def cell_figures(rows: list[dict], method: str, score: str, start: float | None,
         "gain": final - start if final is not None and start is not None else None,
         "real_executions": _last(rows, "exec/real_total"),
         "sim_steps": _last(rows, "domain/sim_steps"),
+        "offline_executions": _number(offline.get("executions")),
+        "offline_sim_steps": _number(offline.get("sim_steps")),
         "wall_clock_s": _last(rows, "time/elapsed"),
         "time_generate": _sum(rows, "time/generate"),
         "time_execute": _sum(rows, "time/execute"),
@@ -296,7 +321,9 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
             seen = (ledger.get(c.name) or {}).get("seen_seeds") or []
             per_cell[(c.method, c.seed)] = (
                 {"status": status}
-                | cell_figures(rows, base_method(c.method), score, start, final)
+                | cell_figures(
+                    rows, base_method(c.method), score, start, final, _json(Path(c.run_dir) / OFFLINE_DATA)
+                )
                 | {"exploratory": _is_tested(c.method) and (c.seed in seen or c.seed in spec.seen_seeds)}
             )
             curves[(c.method, c.seed)] = [
@@ -616,10 +643,22 @@ def _inline_html(text: str) -> str:
     return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
 
 
+def _offline_note(dom: dict) -> dict[int, str]:
+    """The plot's x-label notes, per curve index (0: executions, 3: simulator steps): the offline data
+    the WM methods pretrained on, which the curves (the RL budget) leave out."""
+    notes = {}
+    for x, key, unit in ((0, "offline_executions", "executions"), (3, "offline_sim_steps", "sim steps")):
+        vals = [f[key]["mean"] for e in dom["methods"].values() if (f := e.get("figures", {})).get(key)]
+        if vals:
+            notes[x] = f"\n(WM methods: + {max(vals):,.0f} offline {unit} before training)"
+    return notes
+
+
 def plot(report: dict, path: Path) -> Path:
     """Per domain (a row): mean in-run held-out score against real executions, against wall-clock
     and, for a domain with a simulator, against its training simulator steps; one line per method
-    (points aligned by evaluation index over seeds)."""
+    (points aligned by evaluation index over seeds). The offline data the WM methods pretrained on is
+    named under the x-axes it would add to."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -643,8 +682,9 @@ def plot(report: dict, path: Path) -> Path:
             arr = np.array([c[:n] for c in curves], dtype=float).mean(0)
             for ax, (x, _) in zip(row, panels, strict=False):
                 ax.plot(arr[:, x], arr[:, 2], marker=".", label=m)
-        for ax, (_, xl) in zip(row, panels, strict=False):
-            ax.set_xlabel(xl)
+        offline = _offline_note(dom)
+        for ax, (x, xl) in zip(row, panels, strict=False):
+            ax.set_xlabel(xl + (offline.get(x, "")))
             ax.set_ylabel(f"eval/{dom['score']}")
             ax.set_title(dname)
             ax.grid(alpha=0.3)

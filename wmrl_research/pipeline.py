@@ -758,4 +758,8 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     }
     (cache / "build_info.json").write_text(json.dumps(info, indent=2))
     domain.build_info = info
+    if writes_run_dir():  # the WM's pretraining executions, apart from the RL budget (wmrl.report reads it)
+        offline = {"executions": len(sft_examples) + info["log"]["random"]["n"]}
+        Path(run.out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run.out_dir) / "offline_data.json").write_text(json.dumps(offline, indent=2))
     return domain

@@ -107,8 +107,9 @@ def record_offline(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Record ``per_task`` episodes of each task from the sources of ``mix`` into a LeRobot dataset at
-    ``root`` (``OFFLINE_REPO``); returns the summary written to ``root / "summary.json"``: episodes,
-    simulator steps, seconds, and per source its episodes, success rate and mean reward."""
+    ``root`` (``OFFLINE_REPO``); returns the summary written to ``root / "summary.json"``: executions
+    (episodes), simulator steps, seconds, success rate, and per source its episodes, success rate, mean
+    reward and simulator steps."""
     import numpy as np
     import torch
 
@@ -153,7 +154,7 @@ def record_offline(
         [r.seed for r in rollouts],
     )  # fmt: skip
     summary = {
-        "episodes": len(rollouts),
+        "executions": len(rollouts),  # episodes: the keys a comparison report reads (wmrl.report)
         "sim_steps": int(sum(r.length for r in rollouts)),
         "seconds": time.perf_counter() - t0,
         "success": float(np.mean([r.success.max() for r in rollouts])),

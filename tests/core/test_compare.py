@@ -264,6 +264,18 @@ def test_absent_metrics_stay_absent():
     assert mean_se([None, None]) is None and mean_se([1.0, None]) == {"mean": 1.0, "se": None, "n": 1}
 
 
+def test_offline_data_counts_for_the_wm_methods_only():
+    rows = [{"step": 1, "exec/real_total": 8.0}]
+    offline = {"executions": 280, "sim_steps": 12345}
+    fig = cell_figures(rows, "ppi", "success", start=None, final=0.5, offline=offline)
+    assert (fig["offline_executions"], fig["offline_sim_steps"]) == (280.0, 12345.0)
+    for method in ("anchors_only", "real"):  # they never read the WM, so its data is not their cost
+        fig = cell_figures(rows, method, "success", start=None, final=0.5, offline=offline)
+        assert fig["offline_executions"] is None and fig["offline_sim_steps"] is None
+    research = cell_figures(rows, "wmrl", "score_mean", start=None, final=0.5, offline={"executions": 181})
+    assert research["offline_executions"] == 181.0 and research["offline_sim_steps"] is None
+
+
 def test_a_figure_over_fewer_seeds_than_its_row_says_how_many():
     """E.g. executions to `real`'s final: reached on 1 of 4 seeds must not read as a 4-seed mean."""
     reached = mean_se([48.0, None, None, None])
@@ -286,6 +298,16 @@ def test_the_plot_gains_a_simulator_steps_panel_for_a_domain_with_a_simulator(tm
         report = {"domains": {f"d{k}": domain(sim) for k, sim in enumerate(sims)}}
         widths[name] = Image.open(plot(report, tmp_path / f"{name}.png")).size
     assert widths["toy"] == (1100, 360) and widths["both"] == (1650, 720)  # 2 panels, then 3 per row
+
+
+def test_the_plot_names_the_offline_data_under_the_axes_it_would_add_to():
+    from wmrl.report import _offline_note
+
+    figures = {"offline_executions": {"mean": 280.0}, "offline_sim_steps": {"mean": 12345.0}}
+    dom = {"methods": {"real": {"figures": {"offline_executions": None}}, "ppi": {"figures": figures}}}
+    notes = _offline_note(dom)
+    assert "280 offline executions" in notes[0] and "12,345 offline sim steps" in notes[3]
+    assert _offline_note({"methods": {"real": {"figures": {}}}}) == {}
 
 
 @pytest.mark.parametrize(

@@ -145,6 +145,9 @@ def test_a_tiny_free_form_run_executes_and_scores_edits_outside_the_knobs_block(
     records = ExecutionLog(free_run / "execution_log.jsonl").load()
     # the WM pretrained on random code mutations (the code log) and the SFT samples with the baseline
     assert any(r.source == "code" and code_diff(r) for r in records)
+    # ... and the run says how many executions that took, apart from the RL budget (for the report)
+    pretraining = [r for r in records if r.source in ("code", "log")]
+    assert json.loads((free_run / "offline_data.json").read_text()) == {"executions": len(pretraining)}
     assert solution_text(IRIS, IRIS.baseline_source) in {
         r.solution_text for r in records if r.source == "log"
     }

@@ -94,7 +94,7 @@ def test_record_offline_writes_every_source_as_one_lerobot_dataset(tmp_path):
     ).eval()
     mix = ["expert:0.2", "policy:1.5", "perturbed:0.1"]
     summary = record_offline(pol, [TASK], 4, mix, tmp_path / "off", 32, max_steps=12, seed=0, progress=False)
-    assert summary["episodes"] == 4
+    assert summary["executions"] == 4
     assert [s["episodes"] for s in summary["sources"].values()] == [2, 1, 1]
     assert list(summary["sources"]) == mix
     assert json.loads((tmp_path / "off" / "summary.json").read_text()) == summary
