@@ -24,6 +24,7 @@ never saw. Then, per task:
 Also saves one side-by-side GIF per task (real | open-loop imagined | CRN twin).
 
     uv run python benchmarks/vla_wm_quality.py --preset vla-rl --groups 12 --out benchmarks/results
+    ... --checkpoint RUN/checkpoints/latest.pt   # e.g. a run of half the steps: a policy halfway through RL
 
 Writes ``<out>/vla_wm_quality.json`` and ``.png``. Not a test.
 """
@@ -114,7 +115,7 @@ def rho(a: np.ndarray, b: np.ndarray) -> float:
     return float((a * b).sum()) / den if den > 0 else float("nan")
 
 
-def measure(preset: str, groups: int, out: Path, extra: list[str]) -> dict:
+def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: Path | None = None) -> dict:
     from scipy.stats import spearmanr
 
     from wmrl.config import load_config
@@ -123,10 +124,18 @@ def measure(preset: str, groups: int, out: Path, extra: list[str]) -> dict:
     cfg = load_config(preset, [f"--out_dir={tempfile.mkdtemp(prefix='wmrl-wm-quality-')}", *extra])
     cfg.tracking.progress = False
     domain = cfg.domain.build(cfg)
+    policy_step = 0
+    if checkpoint is not None:  # a policy part-way through RL, against the WM as pretrained
+        from wmrl.tracking import safe_load
+
+        state = safe_load(checkpoint)
+        domain.policy.load_state_dict(state["policy"])
+        policy_step = int(state["step"])
     g = cfg.grpo.group_size
     wm = domain.world_model
     pre_calib = (wm.var_scale, wm.var_floor)
     report: dict = {"preset": preset, "overrides": extra, "group_size": g, "groups_per_task": groups,
+                    "policy": str(checkpoint) if checkpoint else "sft", "policy_step": policy_step,
                     "pretraining_calibration": list(pre_calib), "tasks": {}}  # fmt: skip
     gen = torch.Generator().manual_seed(2024)
     domain.twin_anchors = True
@@ -259,12 +268,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", default="vla-rl")
     p.add_argument("--groups", type=int, default=12, help="real groups per task")
     p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="a run's checkpoint (e.g. RUN/checkpoints/latest.pt of a run of half the steps): "
+                        "measure on that policy's rollouts instead of the SFT policy's (the WM as "
+                        "pretrained)")  # fmt: skip
     a, extra = p.parse_known_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = measure(a.preset, a.groups, out, extra)
+    report = measure(a.preset, a.groups, out, extra, a.checkpoint)
     (out / "vla_wm_quality.json").write_text(json.dumps(report, indent=2))
     plot(report, out / "vla_wm_quality.png")
     print(json.dumps(report["pooled"], indent=2))
