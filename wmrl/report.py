@@ -64,9 +64,9 @@ COLUMNS = {
     "sim_steps": ("sim steps", "real simulator steps of training rollouts (domain/sim_steps)"),
     "offline_executions": (
         "offline executions",
-        "executions (rollouts) of the data the WM pretrained on before training, recorded once per machine "
-        "and shared by every seed and method (the run's offline_data.json); WM methods only, not in the RL "
-        "budget of the two columns before",
+        "executions (rollouts) of the data the WM pretrained on before training (the run's "
+        "offline_data.json, which the domain writes: research's execution log, the VLA's offline "
+        "dataset); WM methods only, apart from the RL budget of the two columns before",
     ),
     "offline_sim_steps": ("offline sim steps", "simulator steps of those offline executions"),
     "execs_to_real_final": (
