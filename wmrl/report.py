@@ -41,14 +41,12 @@ from wmrl.grid_spec import (
     reeval_current,
 )
 from wmrl.methods import METHODS, wm_methods
-from wmrl.tracking import read_metrics
+from wmrl.tracking import OFFLINE_DATA, read_metrics
 
 if TYPE_CHECKING:
     from wmrl.grid_spec import Cell, GridSpec
 
 ABSENT = "—"
-# What a run directory holds about the data its WM pretrained on before training (written by the domain).
-OFFLINE_DATA = "offline_data.json"
 
 # Per-cell figures: key -> (label, what it is). The WM diagnostics are means over training steps.
 COLUMNS = {

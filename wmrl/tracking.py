@@ -34,6 +34,9 @@ import torch
 from wmrl.config import RunConfig, config_fingerprint, to_dict, upgrade_saved
 
 CHECKPOINT = "checkpoints/latest.pt"
+# The data a run's WM pretrained on before training (``{"executions", "sim_steps"}``, either may be
+# absent), written by the domain's build and counted by a comparison report apart from the RL budget.
+OFFLINE_DATA = "offline_data.json"
 log = logging.getLogger("wmrl")
 
 

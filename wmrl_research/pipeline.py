@@ -26,7 +26,7 @@ from wmrl.device import module_device, resolve_device
 from wmrl.distributed import writes_run_dir
 from wmrl.executors import make_executor
 from wmrl.methods import method_of
-from wmrl.tracking import say, stage
+from wmrl.tracking import OFFLINE_DATA, say, stage
 from wmrl_research.cache_keys import cache_key as _key
 from wmrl_research.cache_keys import data_key as _data_key
 from wmrl_research.code_edits import build_code_log, code_log_path, sample_code_edit
@@ -761,5 +761,5 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     if writes_run_dir():  # the WM's pretraining executions, apart from the RL budget (wmrl.report reads it)
         offline = {"executions": len(sft_examples) + info["log"]["random"]["n"]}
         Path(run.out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run.out_dir) / "offline_data.json").write_text(json.dumps(offline, indent=2))
+        (Path(run.out_dir) / OFFLINE_DATA).write_text(json.dumps(offline, indent=2))
     return domain

@@ -20,7 +20,7 @@ import torch
 from wmrl.device import DeviceError, resolve_device
 from wmrl.distributed import writes_run_dir
 from wmrl.methods import method_of
-from wmrl.tracking import stage
+from wmrl.tracking import OFFLINE_DATA, stage
 from wmrl_vla.domain import VLADomain, VLAWorldModel
 from wmrl_vla.policy import SmallVLA, SmallVLAConfig
 from wmrl_vla.sft import SFTConfig, sft
@@ -534,7 +534,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         (out / "wm_quality.json").write_text(json.dumps(quality, indent=2))
     if cfg.wm_offline_per_task and main:  # the offline data's simulator steps, apart from the RL budget
         out.mkdir(parents=True, exist_ok=True)
-        (out / "offline_data.json").write_text((offline_dir(cfg) / "summary.json").read_text())
+        (out / OFFLINE_DATA).write_text((offline_dir(cfg) / "summary.json").read_text())
     wm = VLAWorldModel(
         model,
         episodes,
