@@ -136,7 +136,8 @@ class VLAConfig(DomainConfig):
     # Anchor jobs re-simulate the recorded actions from the seed (a second real execution) instead
     # of returning the reward recorded while the anchor rollout was generated.
     regrade: bool = False
-    # Append anchor rollouts to a LeRobot dataset in the run directory.
+    # Append anchor rollouts to a LeRobot dataset in the run directory (written in a process of its
+    # own beside the training; a checkpoint waits for it).
     record_anchors: bool = True
     # Held-out evaluation: episodes per task, GIFs saved per evaluation.
     eval_episodes_per_task: int = 10

@@ -478,4 +478,7 @@ class VLADomain:
             self.latent_optimizer.load_state_dict(state["latent_optimizer"])
 
     def close(self) -> None:
-        self.pool.close()
+        try:
+            self.world_model.close()
+        finally:
+            self.pool.close()

@@ -3,7 +3,8 @@ rollout by imagining its own actions, online refinement on anchor rollouts, a ca
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -63,7 +64,8 @@ class VLAWorldModel:
         self.horizon = horizon
         self.state_horizon = state_horizon
         self.max_episodes = max_episodes
-        self.dataset = dataset  # (root, repo_id) of the LeRobot dataset anchor rollouts go to
+        # anchor rollouts go to the LeRobot dataset ``dataset`` = (root, repo_id), when given
+        self.recorder = None if dataset is None else AnchorRecorder(*dataset)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         self.n_updates = 0
         self.seed = seed
@@ -130,23 +132,19 @@ class VLAWorldModel:
         self.episodes.extend(r.as_episode() for r in new)
         if len(self.episodes) > self.max_episodes:
             self.episodes = self.episodes[-self.max_episodes :]
-        # The anchors go to the run's LeRobot dataset in a thread beside the training (it writes and
-        # re-reads PNG frames for seconds per episode; the training never reads it); both finish here.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="anchor-dataset") as pool:
-            recorded = None if self.dataset is None else pool.submit(self._record, new)
-            self.model.train()
-            _, hist = train_dynamics(
-                self.model,
-                self.episodes,
-                self.update_steps,
-                self.batch_size,
-                self.horizon,
-                seed=self.seed + self.n_updates,
-                optimizer=self.optimizer,
-                state_horizon=self.state_horizon,
-            )
-            if recorded is not None:
-                recorded.result()  # its error, if any, is raised here
+        if self.recorder is not None:  # written in a process of its own while the WM trains here
+            self.recorder.submit(new)
+        self.model.train()
+        _, hist = train_dynamics(
+            self.model,
+            self.episodes,
+            self.update_steps,
+            self.batch_size,
+            self.horizon,
+            seed=self.seed + self.n_updates,
+            optimizer=self.optimizer,
+            state_horizon=self.state_horizon,
+        )
         self.n_updates += 1
         return {
             "update_loss": float(np.mean(hist)) if hist else float("nan"),
@@ -154,20 +152,11 @@ class VLAWorldModel:
             **calib,
         }
 
-    def _record(self, rollouts: list[SimRollout]) -> None:
-        """Append ``rollouts`` to the LeRobot dataset ``self.dataset`` (root, repo id)."""
-        from wmrl_vla.data import append_episodes
-
-        root, repo_id = self.dataset
-        append_episodes(
-            root,
-            repo_id,
-            [to_frames(r) for r in rollouts],
-            [r.task_id for r in rollouts],
-            [r.seed for r in rollouts],
-        )
-
     def state_dict(self) -> dict[str, Any]:
+        """The WM's state for a checkpoint; the anchors' dataset is flushed first, so that it holds
+        every anchor the checkpointed WM trained on."""
+        if self.recorder is not None:
+            self.recorder.flush()
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -185,6 +174,60 @@ class VLAWorldModel:
             self.var_scale, self.var_floor = (float(c) for c in state["calibration"])
             self.calib_pairs = [tuple(p) for p in state["calib_pairs"]]
             self.outcome_pairs = [tuple(p) for p in state.get("outcome_pairs", [])]
+
+    def close(self) -> None:
+        """Finish the anchors' last write and stop the recording process."""
+        if self.recorder is not None:
+            self.recorder.close()
+
+
+class AnchorRecorder:
+    """Appends anchor rollouts to a LeRobot dataset ``(root, repo_id)`` in a process of its own.
+
+    Writing a LeRobot episode is seconds of pure Python per step (PNG frames, then Hugging Face
+    ``datasets`` re-reading and embedding them); in a thread it held the GIL against the step's
+    training. Here it runs beside the run, one write in flight: :meth:`submit` first waits for the
+    previous write (raising its error), :meth:`flush` waits for the last one (a checkpoint calls
+    it), :meth:`close` flushes and stops the process. The training never reads the dataset, so
+    where it is written changes no result."""
+
+    def __init__(self, root: str, repo_id: str) -> None:
+        self.root, self.repo_id = root, repo_id
+        self._pool: ProcessPoolExecutor | None = None
+        self._pending: Future | None = None
+
+    def submit(self, rollouts: list[SimRollout]) -> None:
+        from wmrl_vla.data import append_episodes
+
+        self.flush()
+        if self._pool is None:  # spawned, not forked: the parent holds torch's threads
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        self._pending = self._pool.submit(
+            append_episodes,
+            self.root,
+            self.repo_id,
+            [to_frames(r) for r in rollouts],
+            [r.task_id for r in rollouts],
+            [r.seed for r in rollouts],
+        )
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except Exception as e:
+                raise RuntimeError(
+                    f"recording anchor rollouts to the LeRobot dataset {self.root} failed: {e}"
+                ) from e
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
 
 
 def to_frames(r: SimRollout) -> list[tuple]:

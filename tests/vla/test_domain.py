@@ -136,14 +136,26 @@ def test_update_refines_the_world_model_and_records_anchors(built, batch):
     assert any(not torch.equal(a, b) for a, b in zip(before, wm.model.parameters(), strict=True))
     from wmrl_vla.data import load_episodes
 
+    # the anchors are written in a process of their own; a checkpoint's state waits for them
+    state = domain.state_dict()
     eps = load_episodes(root / "run" / "anchors", "wmrl/anchors")
     assert len(eps) == 4
     assert np.allclose(eps[0]["action"], batch.payload[0]["actions"])
     # state round trip
-    state = domain.state_dict()
     domain.load_state_dict(state)
     assert domain.world_model.n_updates == 1
     assert (domain.world_model.var_scale, len(domain.world_model.calib_pairs)) == (wm.var_scale, 4)
+
+
+def test_a_failed_anchor_write_is_raised_with_the_dataset_named(tmp_path, batch):
+    from wmrl_vla.world_model import AnchorRecorder
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the dataset's folder should be")
+    recorder = AnchorRecorder(str(blocker / "anchors"), "wmrl/anchors")
+    recorder.submit([batch.payload[0]["rollout"]])
+    with pytest.raises(RuntimeError, match="not-a-folder"):
+        recorder.close()
 
 
 def test_evaluate_in_the_simulator_saves_videos(built):
@@ -389,8 +401,9 @@ def test_update_logs_the_success_auc_of_held_out_scores_over_the_window(built, b
     from sklearn.metrics import roc_auc_score
 
     _, domain, _ = built
-    wm = copy.deepcopy(domain.world_model)  # the module's other tests see the domain's WM untouched
-    wm.dataset, wm.update_steps, wm.outcome_pairs = None, 1, []  # an empty window
+    # a copy (the module's other tests see the domain's WM untouched) that records no anchors
+    wm = copy.deepcopy(domain.world_model, memo={id(domain.world_model.recorder): None})
+    wm.update_steps, wm.outcome_pairs = 1, []  # an empty window
     # successes and failures among the anchors, whatever this tiny policy achieved
     labelled = dataclasses.replace(
         batch, payload=[dict(p, success=float(k % 2)) for k, p in enumerate(batch.payload)]
