@@ -99,12 +99,11 @@ def timed(way: str, args, rng: np.random.Generator, root: Path, process_pool) ->
 
 
 def spawned_pool():
-    """A one-worker pool in a spawned process, as :class:`wmrl_vla.world_model.AnchorRecorder` starts
-    it, with lerobot imported there before anything is timed (a run pays that once)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    """:class:`wmrl_vla.world_model.AnchorRecorder`'s pool (:func:`~wmrl_vla.world_model.recording_pool`),
+    with lerobot imported there before anything is timed (a run pays that once)."""
+    from wmrl_vla.world_model import recording_pool
 
-    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    pool = recording_pool()
     pool.submit(_import_data).result()
     return pool
 

@@ -200,8 +200,8 @@ class AnchorRecorder:
         from wmrl_vla.data import append_episodes
 
         self.flush()
-        if self._pool is None:  # spawned, not forked: the parent holds torch's threads
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        if self._pool is None:
+            self._pool = recording_pool()
         self._pending = self._pool.submit(
             append_episodes,
             self.root,
@@ -228,6 +228,12 @@ class AnchorRecorder:
             if self._pool is not None:
                 self._pool.shutdown()
                 self._pool = None
+
+
+def recording_pool() -> ProcessPoolExecutor:
+    """The one-worker pool :class:`AnchorRecorder` writes in: spawned, not forked (the parent holds
+    torch's threads)."""
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
 
 
 def to_frames(r: SimRollout) -> list[tuple]:
