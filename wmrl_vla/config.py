@@ -97,6 +97,9 @@ class VLAConfig(DomainConfig):
     # (proprioception rolled forward next to the named object's table xy as the simulator placed it
     # at reset: world_models.vla_dynamics.GroundedMember).
     wm_outcome: str = "latent"
+    # With wm_outcome=state: the grounded members keep a learned integrator of the actions (the hand's
+    # position target, which an action moves and the hand follows), so the rolled hand need not drift.
+    wm_integrator: bool = False
     # Real rollouts of the SFT policy per task added to the WM's pretraining data (demos never fail).
     wm_policy_rollouts_per_task: int = 16
     # A policy-diverse offline dataset for the WM's pretraining (wmrl_vla/offline_data.py): this many
@@ -240,6 +243,8 @@ class VLAConfig(DomainConfig):
             raise ConfigError(f"domain.wm_offline_mix: {e}") from None
         if self.wm_outcome not in WM_OUTCOMES:
             raise ConfigError(f"domain.wm_outcome={self.wm_outcome!r} is not one of {', '.join(WM_OUTCOMES)}")
+        if self.wm_integrator and self.wm_outcome != "state":
+            raise ConfigError("domain.wm_integrator=true needs domain.wm_outcome=state (it rolls the state)")
         if self.temperature <= 0 or self.eval_temperature < 0:
             raise ConfigError(
                 f"domain.temperature={self.temperature} must be > 0 and "

@@ -249,6 +249,8 @@ def test_bad_inputs(built):
         VLAConfig(world_model="gan")
     with pytest.raises(ConfigError):
         load_config("vla-debug", ["--domain.world_model=gan"])
+    with pytest.raises(ConfigError, match="wm_integrator=true needs domain.wm_outcome=state"):
+        VLAConfig(wm_integrator=True, wm_outcome="latent")
 
 
 def test_lerobot_act_policy_through_the_domain(built, tmp_path):

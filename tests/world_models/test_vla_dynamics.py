@@ -378,3 +378,57 @@ def test_success_auc_is_the_mann_whitney_statistic_with_ties_counted_half():
     assert success_auc(-scores, labels) == pytest.approx(1 - u / (len(pos) * len(neg)), abs=1e-12)
     assert math.isnan(success_auc(scores, np.ones(40)))
     assert math.isnan(success_auc(scores, np.zeros(40)))
+
+
+def _lagging_hand_episodes(n, t_max=40, seed=0):
+    """A hand that follows a position *target* with a lag: an action moves the target by 3 cm per
+    unit, clamped to a +-20 cm workspace, and the hand covers 60% of its gap to the target per step
+    (as our tasks' position servos do). Smooth random actions, so targets run into the walls."""
+    rng = np.random.default_rng(seed)
+    eps = []
+    for _ in range(n):
+        pos = rng.uniform(-0.1, 0.1, size=2)
+        target, a = pos.copy(), rng.uniform(-1, 1, size=2)
+        imgs, states, acts = [], [], []
+        for _ in range(t_max + 1):
+            imgs.append(np.full((S, S, 3), 40, np.uint8))
+            states.append(np.array([pos[0], pos[1], 0.0], np.float32))
+            a = np.clip(0.8 * a + 0.5 * rng.normal(size=2), -1, 1)
+            acts.append(np.array([a[0], a[1], 0.0], np.float32))
+            target = np.clip(target + 0.03 * a, -0.2, 0.2)
+            pos = pos + 0.6 * (target - pos)
+        eps.append({"image": np.stack(imgs), "state": np.stack(states), "action": np.stack(acts[:t_max]),
+                    "reward": np.zeros(t_max, np.float32), "success": np.zeros(t_max, np.float32),
+                    "goal": np.zeros(2, np.float32)})  # fmt: skip
+    return episodes_from_records(eps)
+
+
+@pytest.mark.slow
+def test_the_integrator_keeps_a_lagging_hand_on_its_path(tmp_path):
+    """The hand's target is a clamped sum of past actions: the integrator member keeps that sum, the
+    GRU-only member has to learn to; after 40 open-loop steps the former's hand is the closer, and its
+    clamp has been widened to the data's range of hand positions."""
+    train, held = _lagging_hand_episodes(120, seed=0), _lagging_hand_episodes(20, seed=1)
+    err = {}
+    for integrator in (False, True):
+        torch.manual_seed(0)
+        cfg = VLADynamicsConfig(image_size=S, state_dim=3, action_dim=3, latent_dim=32, hidden_dim=64,
+                                n_members=1, frame_fraction=0.25, outcome_input="state",
+                                state_integrator=integrator)  # fmt: skip
+        model = VLADynamics(cfg)
+        train_dynamics(model, train, steps=300, batch_size=32, horizon=4, lr=3e-3, state_horizon=40)
+        e = []
+        for ep in held:
+            acts = torch.from_numpy(ep["actions"])
+            out = model.imagine(torch.from_numpy(ep["images"][:1]), torch.from_numpy(ep["states"][:1]),
+                                lambda f, s, t, acts=acts: acts[t][None], len(acts), success_threshold=2.0,
+                                goal=torch.zeros(1, 2))  # fmt: skip
+            e.append(float((out["states"][0, -1, :2] - torch.from_numpy(ep["states"][-2, :2])).norm()))
+        err[integrator] = float(np.mean(e))
+    gm = model.grounded[0]
+    hands = np.concatenate([ep["states"] for ep in train])[:, :3]
+    assert np.allclose(gm.lo.numpy(), hands.min(0)) and np.allclose(gm.hi.numpy(), hands.max(0))
+    assert err[True] < 0.5 * err[False], err
+    model.save(tmp_path / "wm.pt")  # the clamp and the learned integrator are saved with the model
+    loaded = VLADynamics.load(tmp_path / "wm.pt").grounded[0]
+    assert torch.equal(loaded.lo, gm.lo) and torch.equal(loaded.integrator.weight, gm.integrator.weight)

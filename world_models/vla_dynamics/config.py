@@ -7,6 +7,7 @@ from dataclasses import dataclass
 FRAME_DECODERS = ("deterministic", "diffusion")
 OUTCOME_INPUTS = ("latent", "state")
 GOAL_DIM = 2  # the named object's table xy (metres), as the simulator places it at reset
+HAND_DIM = 3  # the hand's xyz: the state's first entries, the frame of the grounded integrator
 
 
 @dataclass
@@ -30,6 +31,10 @@ class VLADynamicsConfig:
     # long open-loop horizon) or "state" (proprioception rolled forward on its own, next to the
     # named object's table xy: :class:`GroundedMember`).
     outcome_input: str = "latent"
+    # With outcome_input="state": the grounded members also carry a learned integrator of the actions
+    # (the hand's position target, clamped to the hand positions the training data saw), which the
+    # rolled state follows: :class:`GroundedMember`.
+    state_integrator: bool = False
     # Loss weights.
     frame_weight: float = 1.0
     state_weight: float = 1.0

@@ -58,7 +58,9 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
             embed = 32
             self.task_embed = nn.Linear(cfg.latent_dim, embed)
             self.grounded = nn.ModuleList(
-                GroundedMember(cfg.state_dim, cfg.action_dim, embed, cfg.hidden_dim)
+                GroundedMember(
+                    cfg.state_dim, cfg.action_dim, embed, cfg.hidden_dim, integrator=cfg.state_integrator
+                )
                 for _ in range(cfg.n_members)
             )
         self.decoder = FrameDecoder(cfg.latent_dim, cfg.image_size, chans)

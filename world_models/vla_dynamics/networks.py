@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from world_models.vla_dynamics.config import GOAL_DIM
+from world_models.vla_dynamics.config import GOAL_DIM, HAND_DIM
 
 
 def to_unit(images: torch.Tensor) -> torch.Tensor:
@@ -128,19 +128,42 @@ class GroundedMember(nn.Module):
     *target*, which the hand follows with a lag, so the target's offset from the hand is a sum over
     past actions that the state alone cannot tell.
 
+    With ``integrator=True`` the memory also carries that sum explicitly, a learned integrator
+    ``tau`` ``[B, 3]`` in the hand's coordinates (the state's first three entries), started at the
+    hand and clamped to the range of hand positions seen in the training data (``lo``, ``hi``
+    ``[3]``, :meth:`widen_range`, unclamped before any; a target never leaves the workspace)::
+
+        tau'                    = clamp(tau + B a, lo, hi)          (B [3, A], learned, zero at start)
+        s'                      = s + 0.1 * f([10 s, a, 10 (g - s[:2]), e, m', 10 (tau' - s[:3])])
+
+    A GRU must learn to keep such a sum over 50 steps; an integrator keeps it exactly, so the rolled
+    hand need not drift (``memory`` ``[B, M + 3]`` then: the GRU's state, then ``tau``).
+
     Distances enter in decimetres. The outcome of a step depends on the rolled-out state and the
     object's position only, so it does not inherit the drift of a latent rolled forward past its
     training horizon (the failure that made the latent heads rank long, failing episodes first).
     """
 
     def __init__(
-        self, state_dim: int, action_dim: int, embed_dim: int, hidden: int, memory: int = 32
+        self,
+        state_dim: int,
+        action_dim: int,
+        embed_dim: int,
+        hidden: int,
+        memory: int = 32,
+        integrator: bool = False,
     ) -> None:
         super().__init__()
         self.memory_dim = memory
         self.memory = nn.GRUCell(state_dim + action_dim, memory)
+        self.integrator = None
+        if integrator:
+            self.integrator = nn.Linear(action_dim, HAND_DIM, bias=False)
+            nn.init.zeros_(self.integrator.weight)
+            self.register_buffer("lo", torch.full((HAND_DIM,), float("inf")))
+            self.register_buffer("hi", torch.full((HAND_DIM,), float("-inf")))
         self.dyn = nn.Sequential(
-            nn.Linear(state_dim + action_dim + GOAL_DIM + embed_dim + memory, hidden),
+            nn.Linear(state_dim + action_dim + GOAL_DIM + embed_dim + memory + HAND_DIM * integrator, hidden),
             nn.GELU(),
             nn.Linear(hidden, hidden),
             nn.GELU(),
@@ -151,7 +174,18 @@ class GroundedMember(nn.Module):
         )
 
     def initial_memory(self, s: torch.Tensor) -> torch.Tensor:
-        return s.new_zeros(s.shape[0], self.memory_dim)
+        """The memory at a rollout's first step ``[B, M]`` (``[B, M + 3]`` with the integrator, whose
+        target starts at the hand), from its first state ``s`` ``[B, S]``."""
+        gru = s.new_zeros(s.shape[0], self.memory_dim)
+        return gru if self.integrator is None else torch.cat([gru, s[:, :HAND_DIM]], -1)
+
+    @torch.no_grad()
+    def widen_range(self, states: torch.Tensor) -> None:
+        """Widen the integrator's clamp to cover the hand positions of ``states`` ``[N, S]``."""
+        if self.integrator is not None and len(states):
+            hand = states[:, :HAND_DIM].to(self.lo)
+            self.lo.copy_(torch.minimum(self.lo, hand.amin(0)))
+            self.hi.copy_(torch.maximum(self.hi, hand.amax(0)))
 
     def step(
         self,
@@ -163,9 +197,18 @@ class GroundedMember(nn.Module):
         e: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (next state, next memory, progress, success logit)."""
-        m2 = self.memory(torch.cat([10 * s, a], -1), m)
-        s2 = s + 0.1 * self.dyn(torch.cat([10 * s, a, 10 * (g - s[:, :GOAL_DIM]), e, m2], -1))
-        return (s2, m2, *self.outcome_of(s2, g, tip0, e))
+        if self.integrator is None:
+            m2 = self.memory(torch.cat([10 * s, a], -1), m)
+            s2 = s + 0.1 * self.dyn(torch.cat([10 * s, a, 10 * (g - s[:, :GOAL_DIM]), e, m2], -1))
+            return (s2, m2, *self.outcome_of(s2, g, tip0, e))
+        gru, tau = m[:, : self.memory_dim], m[:, self.memory_dim :]
+        gru2 = self.memory(torch.cat([10 * s, a], -1), gru)
+        tau2 = tau + self.integrator(a)
+        seen = self.lo <= self.hi  # a range widened by data (else unclamped)
+        tau2 = torch.where(seen, torch.maximum(torch.minimum(tau2, self.hi), self.lo), tau2)
+        x = torch.cat([10 * s, a, 10 * (g - s[:, :GOAL_DIM]), e, gru2, 10 * (tau2 - s[:, :HAND_DIM])], -1)
+        s2 = s + 0.1 * self.dyn(x)
+        return (s2, torch.cat([gru2, tau2], -1), *self.outcome_of(s2, g, tip0, e))
 
     def outcome_of(
         self, s: torch.Tensor, g: torch.Tensor, tip0: torch.Tensor, e: torch.Tensor

@@ -33,6 +33,10 @@ def train_dynamics(
     opt = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     hist = []
+    if model.grounded is not None:  # the integrators' clamp covers every hand position in the data
+        states = torch.from_numpy(np.concatenate([e["states"] for e in episodes])).to(model.device)
+        for gm in model.grounded:
+            gm.widen_range(states)
     it = tqdm(range(steps), desc="world model", disable=not progress)
     k = model.cfg.n_members
     for _ in it:
