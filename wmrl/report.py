@@ -6,7 +6,8 @@ method, the final held-out score and its gain over the starting policy, the shar
 kept, paired differences against ``real`` and ``anchors_only``, real executions (and simulator
 steps), executions to reach ``real``'s final score, wall-clock and its split, and the WM
 diagnostics. A figure that a domain or method does not produce is absent (``None`` in JSON, ``—`` in
-the tables), never zero.
+the tables), never zero. ``report_wm.png``, where runs log it: the world model's quality against the
+GRPO step (:data:`WM_QUALITY`: success AUC, advantage correlation, z²) beside its target bands.
 
 **Evidence** (docs/design.md section 7; ``evidence`` per domain in JSON, the first table of the report):
 per WM method and control, the paired difference of held-out scores to ``anchors_only`` over the
@@ -123,6 +124,30 @@ def _sum(rows: list[dict], *keys: str) -> float | None:
 def _mean(rows: list[dict], key: str) -> float | None:
     vals = [r[key] for r in rows if _finite(r.get(key))]
     return float(mean(vals)) if vals else None
+
+
+# The world model's quality as a run logs it at every step, each with the band issue-level targets ask
+# of it: (metric key, what it is, (lower, upper) or None where a bound is absent).
+WM_QUALITY = (
+    (
+        "wm/success_auc",
+        "success AUC of the step's anchors, scored before the WM trains on them",
+        (0.85, None),
+    ),
+    ("ppi/rho", "correlation of WM and real advantages on anchors (ppi/rho)", (0.6, None)),
+    ("wm/z2", "mean z² of the anchors under the calibrated variance", (0.5, 2.0)),
+)
+
+
+def wm_quality_curve(rows: list[dict]) -> list[list[float | None]]:
+    """``[step, *values of WM_QUALITY]`` for every metric row that logs any of them (None where a
+    value is absent or not finite: an AUC before the anchors hold a success and a failure)."""
+    keys = [k for k, _, _ in WM_QUALITY]
+    return [
+        [float(r.get("step", i)), *(float(r[k]) if _finite(r.get(k)) else None for k in keys)]
+        for i, r in enumerate(rows)
+        if any(_finite(r.get(k)) for k in keys)
+    ]
 
 
 def cell_figures(
@@ -309,7 +334,7 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
         dcells = [c for c in cells if c.domain == d.name]
         cfg = load_config(dcells[0].preset, dcells[0].overrides)
         score = d.score or type(cfg.domain).HELDOUT_SCORE
-        per_cell, curves = {}, {}
+        per_cell, curves, wm_curves = {}, {}, {}
         for c in dcells:
             start = _score((_json(Path(c.start_path)) or {}).get("eval", {}), score)
             status = cell_status(c)
@@ -334,6 +359,8 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
                 for r in rows
                 if _finite(r.get(f"eval/{score}"))
             ]
+            if wm_curve := wm_quality_curve(rows):
+                wm_curves[(c.method, c.seed)] = wm_curve
         sizes = {c.reeval_overrides and " ".join(c.reeval_overrides) or "(the preset's)" for c in dcells}
         margin = domain_margin(d, cfg)
         domains[d.name] = {
@@ -342,7 +369,7 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
             "heldout_size_field": type(cfg.domain).HELDOUT_SIZE,
             "reeval_overrides": sorted(sizes),
             "margin": margin,
-        } | aggregate_domain(per_cell, curves, spec.all_methods, spec.seeds, margin)
+        } | aggregate_domain(per_cell, curves, spec.all_methods, spec.seeds, margin, wm_curves)
     fixed = {str(s): min((e["planned_at"] for c in cells if c.seed == s and (e := ledger.get(c.name))
                           and e.get("planned_at")), default=None) for s in spec.seeds}  # fmt: skip
     return {"grid": _shown_path(out), "spec": _plain_spec(spec), "seeds_fixed_at": fixed,
@@ -356,7 +383,12 @@ def _is_tested(method: str) -> bool:
 
 
 def aggregate_domain(
-    per_cell: dict, curves: dict, methods: list[str], seeds: list[int], margin: float | None = None
+    per_cell: dict,
+    curves: dict,
+    methods: list[str],
+    seeds: list[int],
+    margin: float | None = None,
+    wm_curves: dict | None = None,
 ) -> dict:
     """One domain's figures over seeds from its cells' figures.
 
@@ -365,7 +397,8 @@ def aggregate_domain(
     ``real_final_inrun`` (mean +- s.e. over seeds), ``methods[m]`` = ``{"figures", "per_seed"}`` with
     the paired differences against ``real`` and ``anchors_only`` and the share of ``real``'s gain,
     the curves keyed ``"<method>/seed<seed>"``, and the ``evidence`` (:func:`domain_evidence` at
-    ``margin``).
+    ``margin``). ``wm_curves[(method, seed)]``: that cell's :func:`wm_quality_curve`, kept as
+    ``wm_curves`` keyed as the curves.
     """
     real_final = mean_se([v["final_inrun"] for (m, _), v in per_cell.items() if m == "real"])
     target = real_final["mean"] if real_final else None
@@ -399,6 +432,7 @@ def aggregate_domain(
         "methods": out_methods,
         "evidence": domain_evidence(per_cell, methods, seeds, margin),
         "curves": {f"{m}/seed{s}": v for (m, s), v in curves.items()},
+        "wm_curves": {f"{m}/seed{s}": v for (m, s), v in (wm_curves or {}).items()},
     }
 
 
@@ -546,6 +580,9 @@ def markdown(report: dict, command: str | None = None) -> str:
         "",
     ]
     lines += ["![score against real executions and wall-clock](report.png)", ""]
+    if any(dom.get("wm_curves") for dom in report["domains"].values()):
+        lines += ["The world model's quality during the runs, against its targets (shaded):", "",
+                  "![world-model quality against the GRPO step](report_wm.png)", ""]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -695,6 +732,49 @@ def plot(report: dict, path: Path) -> Path:
     return path
 
 
+def plot_wm_quality(report: dict, path: Path) -> Path | None:
+    """Per domain whose runs log it (a row), the world model's quality against the GRPO step, one panel
+    per :data:`WM_QUALITY` metric, one line per method (mean over its seeds at each step), the target
+    band shaded: where a line leaves the band, the WM stopped knowing the policy. None (nothing
+    written) when no run logged any."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    doms = {d: dom for d, dom in report["domains"].items() if dom.get("wm_curves")}
+    if not doms:
+        return None
+    cols = len(WM_QUALITY)
+    fig, axes = plt.subplots(len(doms), cols, figsize=(5.0 * cols, 3.4 * len(doms)), squeeze=False)
+    for (dname, dom), row in zip(doms.items(), axes, strict=True):
+        for j, (ax, (key, label, (lo, hi))) in enumerate(zip(row, WM_QUALITY, strict=True)):
+            for m in dom["methods"]:
+                by_step: dict[float, list[float]] = {}
+                for k, curve in dom["wm_curves"].items():
+                    if k.split("/seed")[0] == m:
+                        for p in curve:
+                            if p[1 + j] is not None:
+                                by_step.setdefault(p[0], []).append(p[1 + j])
+                if by_step:
+                    steps = sorted(by_step)
+                    ax.plot(steps, [np.mean(by_step[x]) for x in steps], marker=".", ms=3, label=m)
+            ax.axhspan(lo, hi if hi is not None else max(1.0, lo), color="tab:green", alpha=0.08)
+            ax.set_title(f"{dname}: {key}", fontsize=9)
+            ax.set_xlabel("GRPO step")
+            ax.set_ylabel(label if len(label) < 40 else key, fontsize=8)
+            ax.grid(alpha=0.3)
+            if ax.lines:
+                ax.legend(fontsize=7)
+            else:
+                ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def write_report(out: Path, spec: GridSpec, cells: list[Cell], grid_wall_s: float | None = None,
                  command: str | None = None) -> dict:  # fmt: skip
     """Write report.json, report.md, report.png and report.html into ``out``; returns the report."""
@@ -710,6 +790,7 @@ def write_report_files(out: Path, report: dict, command: str | None = None) -> d
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2, allow_nan=False))
     png = plot(report, out / "report.png").read_bytes()
+    plot_wm_quality(report, out / "report_wm.png")
     (out / "report.md").write_text(markdown(report, command))
     (out / "report.html").write_text(html_report(report, png, command))
     return report
@@ -784,7 +865,7 @@ def merge_reports(reports: list[dict], names: list[str], method_from: dict[str, 
     methods += [m for m in method_from if m not in methods]
     domains: dict = {}
     for dname, dom in first["domains"].items():
-        per_cell, curves = {}, {}
+        per_cell, curves, wm_curves = {}, {}, {}
         sources = [(r, [m for m in r["domains"][dname]["methods"] if m not in method_from]) for r in reports]
         sources += [(r, [m]) for m, (r, _) in method_from.items()]
         for r, taken in sources:
@@ -800,6 +881,10 @@ def merge_reports(reports: list[dict], names: list[str], method_from: dict[str, 
                 m, s = key.split("/seed")
                 if m in taken and int(s) in seen:
                     curves[(m, int(s))] = [tuple(p) for p in curve]
+            for key, curve in r["domains"][dname].get("wm_curves", {}).items():  # absent before them
+                m, s = key.split("/seed")
+                if m in taken and int(s) in seen:
+                    wm_curves[(m, int(s))] = curve
         template = next(iter(per_cell.values()))
         for m in methods:  # a part that ran fewer methods: its seeds count as not run for the others
             for s in seeds:
@@ -808,7 +893,7 @@ def merge_reports(reports: list[dict], names: list[str], method_from: dict[str, 
         domains[dname] = (
             {f: dom[f] for f in DOMAIN_FIELDS}
             | {"margin": margin}
-            | aggregate_domain(per_cell, curves, methods, seeds, margin)
+            | aggregate_domain(per_cell, curves, methods, seeds, margin, wm_curves)
         )
     parts = [{"report": n, "seeds": r["spec"]["seeds"], "grid_wall_s": r.get("grid_wall_s")}
              for r, n in zip(reports, names, strict=True)]  # fmt: skip

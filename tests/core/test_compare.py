@@ -300,6 +300,26 @@ def test_the_plot_gains_a_simulator_steps_panel_for_a_domain_with_a_simulator(tm
     assert widths["toy"] == (1100, 360) and widths["both"] == (1650, 720)  # 2 panels, then 3 per row
 
 
+def test_the_wm_quality_the_runs_log_is_kept_per_step_and_plotted(grid):
+    """ppi's runs log ppi/rho at every step: the report keeps it per cell and step (ppi and its controls,
+    not real), draws report_wm.png and links it; a non-finite value is kept as absent."""
+    from wmrl.report import wm_quality_curve
+
+    _, out = grid
+    report = json.loads((out / "report.json").read_text())
+    wm = report["domains"]["toy"]["wm_curves"]
+    assert {k.split("/seed")[0] for k in wm} >= {"ppi", "ppi_placebo"} and not any(
+        k.startswith("real/") for k in wm
+    )
+    rows = read_metrics(out / "toy/ppi/seed0")
+    assert [p[0] for p in wm["ppi/seed0"]] == [r["step"] for r in rows if "ppi/rho" in r]
+    assert [p[2] for p in wm["ppi/seed0"]] == [r["ppi/rho"] for r in rows if "ppi/rho" in r]
+    assert (out / "report_wm.png").stat().st_size > 0 and "(report_wm.png)" in (out / "report.md").read_text()
+    assert wm_quality_curve([{"step": 3, "wm/success_auc": float("nan"), "wm/z2": 1.5}, {"step": 4}]) == [
+        [3.0, None, None, 1.5]
+    ]
+
+
 def test_the_plot_names_the_offline_data_under_the_axes_it_would_add_to():
     from wmrl.report import _offline_note
 
@@ -390,6 +410,7 @@ def test_merged_parts_equal_the_whole_grid(grid, tmp_path, capsys):
     assert (
         merged["seeds_fixed_at"] == whole["seeds_fixed_at"] and None not in whole["seeds_fixed_at"].values()
     )
+    assert merged["domains"]["toy"]["wm_curves"] == whole["domains"]["toy"]["wm_curves"]
     md = (tmp_path / "m" / "report.md").read_text()
     assert "merged: seeds 0 from" in md and "| toy | ppi | 2/2 |" in md
     capsys.readouterr()
