@@ -4,7 +4,9 @@ whether its outcome heads know success, on fresh real groups of the preset's SFT
 From the preset's cached SFT policy and WM (built if missing), ``--tasks`` training tasks x the
 preset's group size rollouts are run in MuJoCo; then member 0's grounded heads replay each
 rollout's real actions from its real first state. Reported: the hand position error (metres) at
-steps 1, 5, 10, 20, 30, 40, 50; the success AUC of the geometric ReachColor/PressButton-style test
+steps 1, 5, 10, 20, 30, 40, 50 (and in the table plane alone, beside the same error of a fixed
+reference for our own tasks: the start's hand xy plus the actions' sum, each moving the target by
+``MOVE_SCALE`` and clamped to the workspace, which is how those tasks move the hand's target); the success AUC of the geometric ReachColor/PressButton-style test
 (hand within 3 cm of the goal xy and under 4 cm high) applied to the rolled states and to the real
 states; and the success AUC of the outcome heads on the rolled states and on the real states.
 
@@ -60,12 +62,32 @@ def measure(preset: str, n_tasks: int, extra: list[str]) -> dict:
     def geometric(states: np.ndarray, goal: np.ndarray) -> float:
         return float(((np.linalg.norm(states[:, :2] - goal, axis=-1) < 0.03) & (states[:, 2] < 0.04)).any())
 
+    from sims.own.base import MOVE_SCALE, WORKSPACE_HI, WORKSPACE_LO
+
+    def action_sum_xy(r) -> np.ndarray:  # [n, 2]: the hand's target moved by the actions, clamped
+        xy, out = r.states[0, :2].astype(float), []
+        for a in r.actions[: r.length]:
+            xy = np.clip(xy + np.clip(a[:2], -1, 1) * MOVE_SCALE, WORKSPACE_LO[:2], WORKSPACE_HI[:2])
+            out.append(xy)
+        return np.array(out)
+
+    xy_err = [
+        (rolled[i, : r.length, :2] - torch.from_numpy(r.states[1 : r.length + 1, :2])).norm(dim=-1).numpy()
+        for i, r in enumerate(real)
+    ]
+    ref_err = [np.linalg.norm(action_sum_xy(r) - r.states[1 : r.length + 1, :2], axis=-1) for r in real]
+
+    def at(errs: list, k: int) -> float:
+        return float(np.mean([e[min(k, len(e)) - 1] for e in errs]))
+
     goals = ex["wm_goal"].numpy()
     geo_rolled = [geometric(rolled[i, : r.length].numpy(), goals[i]) for i, r in enumerate(real)]
     geo_real = [geometric(r.states[1:], goals[i]) for i, r in enumerate(real)]
     report = {
         "preset": preset, "overrides": extra, "rollouts": len(real), "success_rate": float(label.mean()),
-        "hand_error_m": {str(k): float(np.mean([e[min(k, len(e)) - 1] for e in err])) for k in (1, 5, 10, 20, 30, 40, 50)},
+        "hand_error_m": {str(k): at(err, k) for k in (1, 5, 10, 20, 30, 40, 50)},
+        "hand_xy_error_m": {str(k): at(xy_err, k) for k in (1, 5, 10, 20, 30, 40, 50)},
+        "action_sum_xy_error_m": {str(k): at(ref_err, k) for k in (1, 5, 10, 20, 30, 40, 50)},
         "geometric_success_auc_rolled": success_auc(np.array(geo_rolled), label),
         "geometric_success_auc_real": success_auc(np.array(geo_real), label),
         "head_success_auc_rolled": success_auc(np.array(head_rolled), label),
