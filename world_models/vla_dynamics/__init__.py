@@ -23,7 +23,9 @@ context frame (channels) and on ``z'`` (an ``identity`` class embedding added to
 (:class:`GroundedMember`): the proprioception is rolled forward on its own, with a memory, and
 progress and success are read from it and the named object's table xy; the latent then only
 makes frames. A latent rolled far past its training window drifts, and heads reading it fire at
-random on long episodes.
+random on long episodes. ``state_integrator=True`` adds to each grounded member a learned
+integrator of the actions (the hand's position target, clamped to the hand positions of the
+training data), so that the rolled hand need not drift.
 
 The ensemble's spread of the rollout score is its own uncertainty (``Prediction.var``).
 
