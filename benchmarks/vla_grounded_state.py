@@ -6,8 +6,9 @@ preset's group size rollouts are run in MuJoCo; then member 0's grounded heads r
 rollout's real actions from its real first state. Reported: the hand position error (metres) at
 steps 1, 5, 10, 20, 30, 40, 50 (and in the table plane alone, beside the same error of a fixed
 reference for our own tasks: the start's hand xy plus the actions' sum, each moving the target by
-``MOVE_SCALE`` and clamped to the workspace, which is how those tasks move the hand's target); the success AUC of the geometric ReachColor/PressButton-style test
-(hand within 3 cm of the goal xy and under 4 cm high) applied to the rolled states and to the real
+``MOVE_SCALE`` and clamped to the workspace, which is how those tasks move the hand's target); the
+success AUC of the geometric ReachColor/PressButton-style test (hand within 3 cm of the goal xy and
+under 4 cm high) applied to the rolled states and to the real
 states; and the success AUC of the outcome heads on the rolled states and on the real states.
 
     uv run python benchmarks/vla_grounded_state.py --preset vla-rl --out benchmarks/results/wmq_grounded

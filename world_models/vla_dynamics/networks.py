@@ -136,7 +136,7 @@ class GroundedMember(nn.Module):
         tau'                    = clamp(tau + B a, lo, hi)          (B [3, A], learned, zero at start)
         s'                      = s + 0.1 * f([10 s, a, 10 (g - s[:2]), e, m', 10 (tau' - s[:3])])
 
-    A GRU must learn to keep such a sum over 50 steps; an integrator keeps it exactly, so the rolled
+    A GRU must learn to keep such a sum over 50 steps; an integrator keeps it by construction, so the rolled
     hand need not drift (``memory`` ``[B, M + 3]`` then: the GRU's state, then ``tau``).
 
     Distances enter in decimetres. The outcome of a step depends on the rolled-out state and the
