@@ -8,8 +8,7 @@ steps 1, 5, 10, 20, 30, 40, 50 (and in the table plane alone, beside the same er
 reference for our own tasks: the start's hand xy plus the actions' sum, each moving the target by
 ``MOVE_SCALE`` and clamped to the workspace, which is how those tasks move the hand's target); the
 success AUC of the geometric ReachColor/PressButton-style test (hand within 3 cm of the goal xy and
-under 4 cm high) applied to the rolled states and to the real
-states; and the success AUC of the outcome heads on the rolled states and on the real states.
+under 4 cm high) applied to the rolled states and to the real states; and the success AUC of the outcome heads on the rolled states and on the real states.
 
     uv run python benchmarks/vla_grounded_state.py --preset vla-rl --out benchmarks/results/wmq_grounded
 
