@@ -416,7 +416,7 @@ def test_the_integrator_keeps_a_lagging_hand_on_its_path(tmp_path):
                                 n_members=1, frame_fraction=0.25, outcome_input="state",
                                 state_integrator=integrator)  # fmt: skip
         model = VLADynamics(cfg)
-        train_dynamics(model, train, steps=300, batch_size=32, horizon=4, lr=3e-3, state_horizon=40)
+        train_dynamics(model, train, steps=150, batch_size=32, horizon=4, lr=3e-3, state_horizon=40)
         e = []
         for ep in held:
             acts = torch.from_numpy(ep["actions"])
