@@ -126,16 +126,14 @@ def _mean(rows: list[dict], key: str) -> float | None:
     return float(mean(vals)) if vals else None
 
 
-# The world model's quality as a run logs it at every step, each with the band issue-level targets ask
-# of it: (metric key, what it is, (lower, upper) or None where a bound is absent).
+# The world model's quality as a run logs it at every step, each with the band the issues' targets
+# ask of it: (metric key, axis label, (lower, upper or None)). wm/success_auc: the success AUC of the
+# step's anchors, scored before the WM trains on them; ppi/rho: the correlation of the WM's and the
+# real advantages on anchors; wm/z2: the anchors' mean z² under the calibrated variance.
 WM_QUALITY = (
-    (
-        "wm/success_auc",
-        "success AUC of the step's anchors, scored before the WM trains on them",
-        (0.85, None),
-    ),
-    ("ppi/rho", "correlation of WM and real advantages on anchors (ppi/rho)", (0.6, None)),
-    ("wm/z2", "mean z² of the anchors under the calibrated variance", (0.5, 2.0)),
+    ("wm/success_auc", "success AUC", (0.85, None)),
+    ("ppi/rho", "advantage correlation", (0.6, None)),
+    ("wm/z2", "mean z²", (0.5, 2.0)),
 )
 
 
@@ -763,7 +761,7 @@ def plot_wm_quality(report: dict, path: Path) -> Path | None:
             ax.axhspan(lo, hi if hi is not None else max(1.0, lo), color="tab:green", alpha=0.08)
             ax.set_title(f"{dname}: {key}", fontsize=9)
             ax.set_xlabel("GRPO step")
-            ax.set_ylabel(label if len(label) < 40 else key, fontsize=8)
+            ax.set_ylabel(label, fontsize=8)
             ax.grid(alpha=0.3)
             if ax.lines:
                 ax.legend(fontsize=7)

@@ -197,18 +197,16 @@ class GroundedMember(nn.Module):
         e: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (next state, next memory, progress, success logit)."""
-        if self.integrator is None:
-            m2 = self.memory(torch.cat([10 * s, a], -1), m)
-            s2 = s + 0.1 * self.dyn(torch.cat([10 * s, a, 10 * (g - s[:, :GOAL_DIM]), e, m2], -1))
-            return (s2, m2, *self.outcome_of(s2, g, tip0, e))
-        gru, tau = m[:, : self.memory_dim], m[:, self.memory_dim :]
-        gru2 = self.memory(torch.cat([10 * s, a], -1), gru)
-        tau2 = tau + self.integrator(a)
-        seen = self.lo <= self.hi  # a range widened by data (else unclamped)
-        tau2 = torch.where(seen, torch.maximum(torch.minimum(tau2, self.hi), self.lo), tau2)
-        x = torch.cat([10 * s, a, 10 * (g - s[:, :GOAL_DIM]), e, gru2, 10 * (tau2 - s[:, :HAND_DIM])], -1)
-        s2 = s + 0.1 * self.dyn(x)
-        return (s2, torch.cat([gru2, tau2], -1), *self.outcome_of(s2, g, tip0, e))
+        gru, tau = m[:, : self.memory_dim], m[:, self.memory_dim :]  # tau [B, 0] without the integrator
+        gru = self.memory(torch.cat([10 * s, a], -1), gru)
+        x = [10 * s, a, 10 * (g - s[:, :GOAL_DIM]), e, gru]
+        if self.integrator is not None:
+            tau = tau + self.integrator(a)
+            seen = self.lo <= self.hi  # a range widened by data (else unclamped)
+            tau = torch.where(seen, torch.maximum(torch.minimum(tau, self.hi), self.lo), tau)
+            x.append(10 * (tau - s[:, :HAND_DIM]))
+        s2 = s + 0.1 * self.dyn(torch.cat(x, -1))
+        return (s2, torch.cat([gru, tau], -1), *self.outcome_of(s2, g, tip0, e))
 
     def outcome_of(
         self, s: torch.Tensor, g: torch.Tensor, tip0: torch.Tensor, e: torch.Tensor

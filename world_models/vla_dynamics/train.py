@@ -33,7 +33,7 @@ def train_dynamics(
     opt = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     hist = []
-    if model.grounded is not None:  # the integrators' clamp covers every hand position in the data
+    if model.cfg.state_integrator and model.grounded is not None:  # its clamp covers the data's hands
         states = torch.from_numpy(np.concatenate([e["states"] for e in episodes])).to(model.device)
         for gm in model.grounded:
             gm.widen_range(states)
