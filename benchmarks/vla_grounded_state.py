@@ -28,7 +28,7 @@ import torch
 
 def measure(preset: str, n_tasks: int, extra: list[str]) -> dict:
     from wmrl.config import load_config
-    from world_models.vla_dynamics import success_auc
+    from world_models.vla_dynamics import Grounding, success_auc
 
     cfg = load_config(preset, [f"--out_dir={tempfile.mkdtemp(prefix='wmrl-grounded-')}", *extra])
     cfg.tracking.progress = False
@@ -43,21 +43,21 @@ def measure(preset: str, n_tasks: int, extra: list[str]) -> dict:
     gm = wm.grounded[0]
     with torch.no_grad():
         z0, _ = wm.observe(ex["init_images"], ex["init_states"], ex["wm_instr"])
-        ground = wm.grounding(z0, ex["init_states"], ex["wm_goal"])
+        ground = wm.grounding(z0, ex["init_states"], ex["wm_goal"], ex["wm_instr"])
         s, rolled = ex["init_states"].float(), []
         mem = gm.initial_memory(s)
         for t in range(ex["actions"].shape[1]):
-            s, mem, _, _ = gm.step(s, mem, ex["actions"][:, t].float(), *ground)
+            s, mem, _, _ = gm.step(s, mem, ex["actions"][:, t].float(), ground)
             rolled.append(s)
         rolled = torch.stack(rolled, 1)  # [N, T, S]
         head_rolled, head_real, err = [], [], []
         for i, r in enumerate(real):
             n = r.length
             err.append((rolled[i, :n, :3] - torch.from_numpy(r.states[1 : n + 1, :3])).norm(dim=-1).numpy())
-            gi = tuple(x[i : i + 1].expand(n, -1) for x in ground)
-            head_rolled.append(float(torch.sigmoid(gm.outcome_of(rolled[i, :n], *gi)[1]).max()))
+            gi = Grounding(*(x[i : i + 1].expand(n, -1) for x in ground))
+            head_rolled.append(float(torch.sigmoid(gm.outcome_of(rolled[i, :n], gi)[1]).max()))
             st = torch.from_numpy(r.states[1 : n + 1]).float()
-            head_real.append(float(torch.sigmoid(gm.outcome_of(st, *gi)[1]).max()))
+            head_real.append(float(torch.sigmoid(gm.outcome_of(st, gi)[1]).max()))
 
     def geometric(states: np.ndarray, goal: np.ndarray) -> float:
         return float(((np.linalg.norm(states[:, :2] - goal, axis=-1) < 0.03) & (states[:, 2] < 0.04)).any())

@@ -18,6 +18,8 @@ WORLD_MODELS = ("deterministic", "diffusion")
 IMAGINE_INPUTS = ("pixels", "latent")
 # What the world model's state and outcome heads read (world_models.vla_dynamics.OUTCOME_INPUTS).
 WM_OUTCOMES = ("latent", "state")
+# What the grounded outcome heads read besides the state (world_models.vla_dynamics.OUTCOME_READS).
+WM_OUTCOME_READS = ("scene", "geometry")
 # The offline dataset's default sources (wmrl_vla/offline_data.py): noisy experts at four scales (at
 # sigma 1.0 and 1.5 they fail a quarter and half the time on vla-rl's tasks: the near-misses), the SFT
 # policy cooler and hotter than it samples during RL, and two perturbed copies of it (docs/vla.md).
@@ -100,6 +102,11 @@ class VLAConfig(DomainConfig):
     # With wm_outcome=state: the grounded members keep a learned integrator of the actions (the hand's
     # position target, which an action moves and the hand follows), so the rolled hand need not drift.
     wm_integrator: bool = False
+    # With wm_outcome=state, what the outcome heads read besides the state: "scene" (the task
+    # embedding of the first frame's latent, which can tell the training episodes apart and learn
+    # their outcomes by heart) or "geometry" (the hand's offset to the named object and its height in
+    # centimetres, the task from the instruction's words: needs wm_instruction_buckets > 0).
+    wm_outcome_reads: str = "scene"
     # Real rollouts of the SFT policy per task added to the WM's pretraining data (demos never fail).
     wm_policy_rollouts_per_task: int = 16
     # A policy-diverse offline dataset for the WM's pretraining (wmrl_vla/offline_data.py): this many
@@ -245,6 +252,17 @@ class VLAConfig(DomainConfig):
             raise ConfigError(f"domain.wm_outcome={self.wm_outcome!r} is not one of {', '.join(WM_OUTCOMES)}")
         if self.wm_integrator and self.wm_outcome != "state":
             raise ConfigError("domain.wm_integrator=true needs domain.wm_outcome=state (it rolls the state)")
+        if self.wm_outcome_reads not in WM_OUTCOME_READS:
+            raise ConfigError(
+                f"domain.wm_outcome_reads={self.wm_outcome_reads!r} is not one of {', '.join(WM_OUTCOME_READS)}"
+            )
+        if self.wm_outcome_reads == "geometry" and (
+            self.wm_outcome != "state" or not self.wm_instruction_buckets
+        ):
+            raise ConfigError(
+                "domain.wm_outcome_reads=geometry needs domain.wm_outcome=state and "
+                f"domain.wm_instruction_buckets > 0 (got {self.wm_outcome!r}, {self.wm_instruction_buckets})"
+            )
         if self.temperature <= 0 or self.eval_temperature < 0:
             raise ConfigError(
                 f"domain.temperature={self.temperature} must be > 0 and "

@@ -471,7 +471,7 @@ def wm_config(cfg: VLAConfig) -> VLADynamicsConfig:
         image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, latent_dim=cfg.wm_latent_dim,
         n_members=cfg.wm_members, frame_decoder=cfg.world_model, diffusion_steps=cfg.diffusion_steps,
         instruction_buckets=cfg.wm_instruction_buckets, outcome_input=cfg.wm_outcome,
-        state_integrator=cfg.wm_integrator,
+        state_integrator=cfg.wm_integrator, outcome_reads=cfg.wm_outcome_reads,
     )  # fmt: skip
 
 
@@ -488,6 +488,7 @@ def prepare_world_model(
               **({"wm_outcome": o, "wm_state_horizon": cfg.wm_state_horizon}
                  if (o := cfg.wm_outcome) != "latent" else {}),
               **({"wm_integrator": True} if cfg.wm_integrator else {}),
+              **({"wm_outcome_reads": r} if (r := cfg.wm_outcome_reads) != "scene" else {}),
               **(_offline_fields(cfg) if cfg.wm_offline_per_task else {})}  # fmt: skip
     path = Path(cfg.cache_dir) / f"wm-{_key(fields)}.pt"
     qpath = path.with_suffix(".json")

@@ -251,6 +251,10 @@ def test_bad_inputs(built):
         load_config("vla-debug", ["--domain.world_model=gan"])
     with pytest.raises(ConfigError, match="wm_integrator=true needs domain.wm_outcome=state"):
         VLAConfig(wm_integrator=True, wm_outcome="latent")
+    with pytest.raises(ConfigError, match="wm_outcome_reads='sceen' is not one of scene, geometry"):
+        VLAConfig(wm_outcome="state", wm_outcome_reads="sceen")
+    with pytest.raises(ConfigError, match="wm_outcome_reads=geometry needs domain.wm_outcome=state"):
+        VLAConfig(wm_outcome="state", wm_outcome_reads="geometry", wm_instruction_buckets=0)
 
 
 def test_lerobot_act_policy_through_the_domain(built, tmp_path):

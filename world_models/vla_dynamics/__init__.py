@@ -25,7 +25,9 @@ progress and success are read from it and the named object's table xy; the laten
 makes frames. A latent rolled far past its training window drifts, and heads reading it fire at
 random on long episodes. ``state_integrator=True`` adds to each grounded member a learned
 integrator of the actions (the hand's position target, clamped to the hand positions of the
-training data), so that the rolled hand need not drift.
+training data), so that the rolled hand need not drift. ``outcome_reads="geometry"`` gives the outcome
+heads the hand's offset to the goal and its height in centimetres and the task from the instruction's
+words in place of the scene's embedding, which can tell the training episodes apart.
 
 The ensemble's spread of the rollout score is its own uncertainty (``Prediction.var``).
 
@@ -40,7 +42,13 @@ Modules: ``config`` (:class:`VLADynamicsConfig`), ``networks`` (encoder, decoder
 Their public names are importable from this package.
 """
 
-from world_models.vla_dynamics.config import FRAME_DECODERS, GOAL_DIM, OUTCOME_INPUTS, VLADynamicsConfig
+from world_models.vla_dynamics.config import (
+    FRAME_DECODERS,
+    GOAL_DIM,
+    OUTCOME_INPUTS,
+    OUTCOME_READS,
+    VLADynamicsConfig,
+)
 from world_models.vla_dynamics.data import (
     MAX_INSTRUCTION_WORDS,
     episode_goals,
@@ -50,7 +58,7 @@ from world_models.vla_dynamics.data import (
 )
 from world_models.vla_dynamics.evaluate import evaluate_dynamics, score_episodes, success_auc
 from world_models.vla_dynamics.model import VLADynamics
-from world_models.vla_dynamics.networks import FrameDecoder, FrameEncoder, GroundedMember, Member
+from world_models.vla_dynamics.networks import FrameDecoder, FrameEncoder, GroundedMember, Grounding, Member
 from world_models.vla_dynamics.scoring import calibration_stats, fit_variance_calibration, rollout_score
 from world_models.vla_dynamics.train import train_dynamics
 
@@ -59,9 +67,11 @@ __all__ = [
     "GOAL_DIM",
     "MAX_INSTRUCTION_WORDS",
     "OUTCOME_INPUTS",
+    "OUTCOME_READS",
     "FrameDecoder",
     "FrameEncoder",
     "GroundedMember",
+    "Grounding",
     "Member",
     "VLADynamics",
     "VLADynamicsConfig",

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 FRAME_DECODERS = ("deterministic", "diffusion")
 OUTCOME_INPUTS = ("latent", "state")
+OUTCOME_READS = ("scene", "geometry")
 GOAL_DIM = 2  # the named object's table xy (metres), as the simulator places it at reset
 HAND_DIM = 3  # the hand's xyz: the state's first entries, the frame of the grounded integrator
 
@@ -35,6 +36,12 @@ class VLADynamicsConfig:
     # (the hand's position target, clamped to the hand positions the training data saw), which the
     # rolled state follows: :class:`GroundedMember`.
     state_integrator: bool = False
+    # With outcome_input="state", what the grounded outcome heads read besides the state and the goal
+    # offset in decimetres: "scene" (the task embedding of the first observation's latent, which can
+    # tell the training episodes apart and so learn their outcomes by heart) or "geometry" (the hand's
+    # offset to the goal and its height in centimetres, and the task from the instruction's hashed
+    # words, which name a task and an object, never an episode; needs instruction_buckets > 0).
+    outcome_reads: str = "scene"
     # Loss weights.
     frame_weight: float = 1.0
     state_weight: float = 1.0
@@ -52,6 +59,15 @@ class VLADynamicsConfig:
         if self.outcome_input not in OUTCOME_INPUTS:
             raise ValueError(
                 f"outcome_input={self.outcome_input!r} is not one of {', '.join(OUTCOME_INPUTS)}"
+            )
+        if self.outcome_reads not in OUTCOME_READS:
+            raise ValueError(f"outcome_reads={self.outcome_reads!r} is not one of {', '.join(OUTCOME_READS)}")
+        if self.outcome_reads == "geometry" and not (
+            self.outcome_input == "state" and self.instruction_buckets
+        ):
+            raise ValueError(
+                "outcome_reads='geometry' needs outcome_input='state' (grounded heads) and "
+                f"instruction_buckets > 0 (got {self.outcome_input!r}, {self.instruction_buckets})"
             )
         if self.instruction_buckets < 0:
             raise ValueError(f"instruction_buckets={self.instruction_buckets} must be >= 0")

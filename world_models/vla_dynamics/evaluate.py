@@ -45,7 +45,7 @@ def evaluate_dynamics(
     rng = np.random.default_rng(seed)
     w = {n: v.to(model.device) for n, v in sample_windows(episodes, max_windows, horizon, rng).items()}
     z, ctx = model.observe(w["images"][:, 0], w["states"][:, 0], w["instr"])
-    ground = model.grounding(z, w["states"][:, 0], w["goal"])
+    ground = model.grounding(z, w["states"][:, 0], w["goal"], w["instr"])
     member = model.members[0]
     mse_steps, state_mse1 = [], None
     targets = to_unit(w["images"][:, 1:])
@@ -64,7 +64,7 @@ def evaluate_dynamics(
                     w["states"][:, 0],
                     model.grounded[0].initial_memory(w["states"][:, 0]),
                     w["actions"][:, 0],
-                    *ground,
+                    ground,
                 )[0]
             )
             se = ((s1 - w["states"][:, 1]) ** 2).mean(-1)

@@ -16,6 +16,7 @@ from world_models.vla_dynamics.networks import (
     FrameDecoder,
     FrameEncoder,
     GroundedMember,
+    Grounding,
     Member,
     to_uint8,
     to_unit,
@@ -57,9 +58,19 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         if cfg.outcome_input == "state":
             embed = 32
             self.task_embed = nn.Linear(cfg.latent_dim, embed)
+            self.instruction_task = None  # the outcome heads' task from the instruction ("geometry")
+            if cfg.outcome_reads == "geometry":
+                self.instruction_task = nn.EmbeddingBag(
+                    cfg.instruction_buckets + 1, embed, mode="mean", padding_idx=0
+                )
             self.grounded = nn.ModuleList(
                 GroundedMember(
-                    cfg.state_dim, cfg.action_dim, embed, cfg.hidden_dim, integrator=cfg.state_integrator
+                    cfg.state_dim,
+                    cfg.action_dim,
+                    embed,
+                    cfg.hidden_dim,
+                    integrator=cfg.state_integrator,
+                    geometric=cfg.outcome_reads == "geometry",
                 )
                 for _ in range(cfg.n_members)
             )
@@ -105,12 +116,15 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
                     f"this world model is conditioned on instructions: pass instr [B={images.shape[0]}, L] "
                     f"(instruction_ids), got {None if instr is None else tuple(instr.shape)}"
                 )
-            ids = instr.to(dev)
-            ids = torch.where(ids > 0, (ids - 1) % self.cfg.instruction_buckets + 1, 0)
-            gamma, beta = self.instruction_film(ids).chunk(2, -1)  # [B, C] each
+            gamma, beta = self.instruction_film(self._buckets(instr)).chunk(2, -1)  # [B, C] each
             feat = feat * (1 + gamma[:, :, None, None]) + beta[:, :, None, None]
         z = self.to_latent(torch.cat([feat.flatten(1), states.to(dev).float()], -1))
         return z, (maps, frame0)
+
+    def _buckets(self, instr: torch.Tensor) -> torch.Tensor:
+        """:func:`instruction_ids` ``[B, L]`` folded into this model's buckets (0 stays padding)."""
+        ids = instr.to(self.device)
+        return torch.where(ids > 0, (ids - 1) % self.cfg.instruction_buckets + 1, 0)
 
     # ------------------------------------------------------------------ decoding
     def decode(self, z: torch.Tensor, context) -> torch.Tensor:
@@ -146,12 +160,17 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         return F.mse_loss(eps, noise)
 
     def grounding(
-        self, z0: torch.Tensor, states: torch.Tensor, goal: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """What the grounded heads read besides the state, constant over a rollout: (goal ``[B, 2]``,
-        the first step's hand xy ``[B, 2]``, the task embedding ``[B, E]``); None for
-        ``outcome_input="latent"``. ``goal``: the named object's table xy at reset (the simulator's
-        placement, what :func:`wmrl_vla.rollout.goal_xy` reads), in metres."""
+        self,
+        z0: torch.Tensor,
+        states: torch.Tensor,
+        goal: torch.Tensor | None,
+        instr: torch.Tensor | None = None,
+    ) -> Grounding | None:
+        """What the grounded heads read besides the state, constant over a rollout (a
+        :class:`Grounding`); None for ``outcome_input="latent"``. ``goal``: the named object's
+        table xy at reset (the simulator's placement, what :func:`wmrl_vla.rollout.goal_xy` reads),
+        in metres; ``instr``: see :meth:`observe` (the outcome heads' task for
+        ``outcome_reads="geometry"``)."""
         if self.grounded is None:
             return None
         b = z0.shape[0]
@@ -160,7 +179,17 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
                 f"this world model's outcome heads read the named object's position (outcome_input="
                 f"'state'): pass goal [B={b}, {GOAL_DIM}], got {None if goal is None else tuple(goal.shape)}"
             )
-        return goal.to(z0.device).float(), states.to(z0.device).float()[:, :GOAL_DIM], self.task_embed(z0)
+        scene = self.task_embed(z0)
+        task = scene
+        if self.instruction_task is not None:
+            if instr is None or instr.shape[0] != b:
+                raise ValueError(
+                    f"this world model's outcome heads read the instruction (outcome_reads='geometry'): "
+                    f"pass instr [B={b}, L], got {None if instr is None else tuple(instr.shape)}"
+                )
+            task = self.instruction_task(self._buckets(instr))
+        tip0 = states.to(z0.device).float()[:, :GOAL_DIM]
+        return Grounding(goal.to(z0.device).float(), tip0, scene, task)
 
     # ------------------------------------------------------------------ scoring
     def score_actions(
@@ -182,7 +211,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         """
         z0, _ = self.observe(images, states, instr)
         actions, mask = actions.to(z0.device), mask.to(z0.device)
-        ground = self.grounding(z0, states, goal)
+        ground = self.grounding(z0, states, goal, instr)
         progs, succs = [], []
         for k, m in enumerate(self.members):
             z, s, p_k, s_k = z0, states.to(z0.device).float(), [], []
@@ -192,7 +221,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
                 if ground is None:
                     z, p, logit = m.step(z, a)
                 else:
-                    s, mem, p, logit = self.grounded[k].step(s, mem, a, *ground)
+                    s, mem, p, logit = self.grounded[k].step(s, mem, a, ground)
                 p_k.append(p)
                 s_k.append(torch.sigmoid(logit))
             progs.append(torch.stack(p_k, 1) * mask)
@@ -252,7 +281,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         z, context = self.observe(images, states, instr)
         prepared = self.decoder.prepare(*context) if self.unet is None and decode else None
         frame, state = images.to(dev), states.to(dev).float()
-        ground = self.grounding(z, states, goal)
+        ground = self.grounding(z, states, goal, instr)
         mem = None if ground is None else self.grounded[0].initial_memory(state)
         alive = torch.ones(b, dtype=torch.bool, device=dev)
         out = {n: [] for n in ("images", "latents", "states", "actions", "progress", "success", "mask")}
@@ -273,7 +302,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
                     z_next[sel], prog[sel], logit = m.step(z[sel], a[sel])
                     if ground is not None:
                         s_next[sel], mem_next[sel], prog[sel], logit = self.grounded[j].step(
-                            state[sel], mem[sel], a[sel], *(x[sel] for x in ground)
+                            state[sel], mem[sel], a[sel], ground.rows(sel)
                         )
                     succ[sel] = torch.sigmoid(logit)
             out["actions"].append(a)
@@ -384,7 +413,11 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         imgs, sts, acts = batch["images"], batch["states"], batch["actions"]
         b, h = acts.shape[:2]
         z0, _ = self.observe(imgs[:, 0], sts[:, 0], batch.get("instr"))
-        ground = (batch["goal"].float(), batch["tip0"].float(), self.task_embed(z0))
+        scene = self.task_embed(z0)
+        task = (
+            scene if self.instruction_task is None else self.instruction_task(self._buckets(batch["instr"]))
+        )
+        ground = Grounding(batch["goal"].float(), batch["tip0"].float(), scene, task)
         step_mask = batch["step_mask"].float()
         known = batch["frame_mask"].float() * step_mask  # the real next state is known
         losses = {"state": 0.0, "progress": 0.0, "success": 0.0}
@@ -392,16 +425,17 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
             rows = _member_rows(member_ids, j, b, z0.device)
             if rows.numel() == 0:
                 continue
-            g_rows = tuple(x[rows] for x in ground)
+            g_rows = ground.rows(rows)
             s, rolled, ps, ls = sts[rows, 0].float(), [], [], []
             mem = gm.initial_memory(s)
             for t in range(h):
-                s, mem, p, logit = gm.step(s, mem, acts[rows, t].float(), *g_rows)
+                s, mem, p, logit = gm.step(s, mem, acts[rows, t].float(), g_rows)
                 rolled.append(s)
                 ps.append(p)
                 ls.append(logit)
             real_next = sts[rows, 1:].float()  # [b_j, H, S]
-            p_tf, l_tf = gm.outcome_of(real_next.flatten(0, 1), *(x.repeat_interleave(h, 0) for x in g_rows))
+            every_step = Grounding(*(x.repeat_interleave(h, 0) for x in g_rows))
+            p_tf, l_tf = gm.outcome_of(real_next.flatten(0, 1), every_step)
             sm, km = step_mask[rows], known[rows]
             prog, succ = batch["progress"][rows].float(), batch["success"][rows].float()
             for p_k, l_k, mk in ((torch.stack(ps, 1), torch.stack(ls, 1), sm),

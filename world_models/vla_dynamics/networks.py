@@ -3,11 +3,27 @@ member (see the package docstring, :mod:`world_models.vla_dynamics`)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from world_models.vla_dynamics.config import GOAL_DIM, HAND_DIM
+
+GEOMETRY_DIM = GOAL_DIM + 2  # the hand's offset to the goal, its length and the hand's height
+
+
+class Grounding(NamedTuple):
+    """What a grounded member reads besides the state, constant over a rollout (each ``[B, .]``)."""
+
+    goal: torch.Tensor  # [B, 2] the named object's table xy at reset (metres)
+    tip0: torch.Tensor  # [B, 2] the hand's xy at the rollout's first step
+    scene: torch.Tensor  # [B, E] the task embedding of the first observation's latent (the dynamics')
+    task: torch.Tensor  # [B, E] what the outcome heads know of the task: ``scene``, or the instruction's
+
+    def rows(self, index: torch.Tensor) -> Grounding:
+        return Grounding(*(x[index] for x in self))
 
 
 def to_unit(images: torch.Tensor) -> torch.Tensor:
@@ -114,33 +130,38 @@ class Member(nn.Module):
 class GroundedMember(nn.Module):
     """One member's state dynamics and outcome heads on proprioception, not on the latent.
 
-    With ``s`` ``[B, S]`` the proprioception (its first two entries: the hand's table xy), ``m``
-    ``[B, M]`` a memory (zeros at the rollout's first step), ``a`` ``[B, A]`` the action, ``g``
-    ``[B, 2]`` the named object's table xy, ``tip0`` ``[B, 2]`` the hand's xy at the rollout's first
-    step and ``e`` ``[B, E]`` the rollout's task embedding (from its first observation's latent,
-    constant over the rollout)::
+    With ``s`` ``[B, S]`` the proprioception (its first three entries: the hand's xyz), ``m``
+    ``[B, M]`` a memory (zeros at the rollout's first step), ``a`` ``[B, A]`` the action and the
+    :class:`Grounding` ``g`` (the named object's table xy), ``tip0`` (the hand's xy at the rollout's
+    first step), ``e`` (the scene's task embedding) and ``c`` (the outcome heads' task embedding)::
 
         m'                      = GRU(m, [10 s, a])
         s'                      = s + 0.1 * f([10 s, a, 10 (g - s[:2]), e, m'])
-        (progress, success logit) = h([10 s', 10 (g - s'[:2]), 10 (g - tip0), e])
+        (progress, success logit) = h([10 s', 10 (g - s'[:2]), 10 (g - tip0), c])
 
     The memory stands for what proprioception does not show: an action moves the hand's position
     *target*, which the hand follows with a lag, so the target's offset from the hand is a sum over
     past actions that the state alone cannot tell.
 
     With ``integrator=True`` the memory also carries that sum explicitly, a learned integrator
-    ``tau`` ``[B, 3]`` in the hand's coordinates (the state's first three entries), started at the
-    hand and clamped to the range of hand positions seen in the training data (``lo``, ``hi``
-    ``[3]``, :meth:`widen_range`, unclamped before any; a target never leaves the workspace)::
+    ``tau`` ``[B, 3]`` in the hand's coordinates, started at the hand and clamped to the range of
+    hand positions seen in the training data (``lo``, ``hi`` ``[3]``, :meth:`widen_range`,
+    unclamped before any; a target never leaves the workspace)::
 
         tau'                    = clamp(tau + B a, lo, hi)          (B [3, A], learned, zero at start)
         s'                      = s + 0.1 * f([10 s, a, 10 (g - s[:2]), e, m', 10 (tau' - s[:3])])
 
-    A GRU must learn to keep such a sum over 50 steps; an integrator keeps it by construction, so the rolled
-    hand need not drift (``memory`` ``[B, M + 3]`` then: the GRU's state, then ``tau``).
+    A GRU must learn to keep such a sum over 50 steps; an integrator keeps it by construction, so the
+    rolled hand need not drift (``memory`` ``[B, M + 3]`` then: the GRU's state, then ``tau``).
 
-    Distances enter in decimetres. The outcome of a step depends on the rolled-out state and the
-    object's position only, so it does not inherit the drift of a latent rolled forward past its
+    With ``geometric=True`` the outcome heads also read the hand's offset to the goal, its length and
+    the hand's height in centimetres, where a press or a reach is decided (a success and a failure of
+    a press are 2 and 5 cm from the button)::
+
+        h([10 s', 10 (g - s'[:2]), 10 (g - tip0), c, 100 (g - s'[:2]), 100 |g - s'[:2]|, 100 s'[2]])
+
+    Distances enter in decimetres otherwise. The outcome of a step depends on the rolled-out state and
+    the object's position only, so it does not inherit the drift of a latent rolled forward past its
     training horizon (the failure that made the latent heads rank long, failing episodes first).
     """
 
@@ -152,9 +173,11 @@ class GroundedMember(nn.Module):
         hidden: int,
         memory: int = 32,
         integrator: bool = False,
+        geometric: bool = False,
     ) -> None:
         super().__init__()
         self.memory_dim = memory
+        self.geometric = geometric
         self.memory = nn.GRUCell(state_dim + action_dim, memory)
         self.integrator = None
         if integrator:
@@ -170,7 +193,9 @@ class GroundedMember(nn.Module):
             nn.Linear(hidden, state_dim),
         )
         self.outcome = nn.Sequential(
-            nn.Linear(state_dim + 2 * GOAL_DIM + embed_dim, hidden), nn.GELU(), nn.Linear(hidden, 2)
+            nn.Linear(state_dim + 2 * GOAL_DIM + embed_dim + GEOMETRY_DIM * geometric, hidden),
+            nn.GELU(),
+            nn.Linear(hidden, 2),
         )
 
     def initial_memory(self, s: torch.Tensor) -> torch.Tensor:
@@ -192,25 +217,29 @@ class GroundedMember(nn.Module):
         s: torch.Tensor,
         m: torch.Tensor,
         a: torch.Tensor,
-        g: torch.Tensor,
-        tip0: torch.Tensor,
-        e: torch.Tensor,
+        ground: Grounding,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (next state, next memory, progress, success logit)."""
         gru, tau = m[:, : self.memory_dim], m[:, self.memory_dim :]  # tau [B, 0] without the integrator
         gru = self.memory(torch.cat([10 * s, a], -1), gru)
-        x = [10 * s, a, 10 * (g - s[:, :GOAL_DIM]), e, gru]
+        x = [10 * s, a, 10 * (ground.goal - s[:, :GOAL_DIM]), ground.scene, gru]
         if self.integrator is not None:
             tau = tau + self.integrator(a)
             seen = self.lo <= self.hi  # a range widened by data (else unclamped)
             tau = torch.where(seen, torch.maximum(torch.minimum(tau, self.hi), self.lo), tau)
             x.append(10 * (tau - s[:, :HAND_DIM]))
         s2 = s + 0.1 * self.dyn(torch.cat(x, -1))
-        return (s2, torch.cat([gru, tau], -1), *self.outcome_of(s2, g, tip0, e))
+        return (s2, torch.cat([gru, tau], -1), *self.outcome_of(s2, ground))
 
-    def outcome_of(
-        self, s: torch.Tensor, g: torch.Tensor, tip0: torch.Tensor, e: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def outcome_of(self, s: torch.Tensor, ground: Grounding) -> tuple[torch.Tensor, torch.Tensor]:
         """(progress ``[B]``, success logit ``[B]``) of a state ``[B, S]``."""
-        out = self.outcome(torch.cat([10 * s, 10 * (g - s[:, :GOAL_DIM]), 10 * (g - tip0), e], -1))
+        to_goal = ground.goal - s[:, :GOAL_DIM]
+        x = [10 * s, 10 * to_goal, 10 * (ground.goal - ground.tip0), ground.task]
+        if self.geometric:
+            x += [
+                100 * to_goal,
+                100 * to_goal.norm(dim=-1, keepdim=True),
+                100 * s[:, GOAL_DIM : GOAL_DIM + 1],
+            ]
+        out = self.outcome(torch.cat(x, -1))
         return torch.sigmoid(out[:, 0]), out[:, 1]
