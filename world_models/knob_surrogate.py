@@ -221,7 +221,7 @@ class KnobSurrogateOutcomeModel:
         x = self._design(task, [self.examples[i].solution_text for i in rows])  # [n, F']
         y = np.asarray([self.examples[i].reward for i in rows], dtype=np.float64)  # [n]
         keep = ~np.all(x == x[:1], 0)  # drop constant columns (a string knob has no numeric value)
-        x = x[:, keep]
+        x = _kept_columns(x, keep)
         # The draws depend on (seed, task, n) only, so a reloaded model refits to the same members.
         rng = np.random.default_rng([self.seed, zlib.crc32(task.encode()), len(rows)])
         if self.estimator == "extra_trees":
@@ -275,7 +275,7 @@ class KnobSurrogateOutcomeModel:
                 mean[idx], var[idx] = self._prior(task)
                 continue
             keep, models = fitted
-            x = self._design(task, [solution_texts[i] for i in idx])[:, keep]
+            x = _kept_columns(self._design(task, [solution_texts[i] for i in idx]), keep)
             with threadpool_limits(1):
                 if self.estimator == "extra_trees":
                     # each tree's own prediction (``tree_.predict`` skips the per-call input checks
@@ -332,3 +332,10 @@ class KnobSurrogateOutcomeModel:
         self.fit([OutcomeExample(**e) for e in state["examples"]])
         self.var_scale = float(state.get("var_scale", 1.0))
         self.var_offset = float(state.get("var_offset", 0.0))
+
+
+def _kept_columns(x: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """The columns of ``x`` ``[n, F]`` that ``keep`` ``[F]`` marks; where it marks none (every edit a
+    task has seen sets the same values), one constant column ``[n, 1]``, on which a model fits the
+    rows' mean."""
+    return x[:, keep] if keep.any() else np.zeros((len(x), 1))

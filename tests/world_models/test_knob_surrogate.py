@@ -129,6 +129,22 @@ def test_update_refits_on_new_anchors_and_state_round_trips(estimator):
 
 
 @pytest.mark.parametrize("estimator", ["extra_trees", "hgb"])
+def test_a_task_whose_edits_all_set_the_same_values_is_fitted_to_their_mean(estimator):
+    """Six anchors of one edit (no column varies, so none is kept): the model predicts their mean
+    instead of failing to fit on zero features (a grid cell once stopped there), and it is a fitted
+    model, not the prior: an edit it has not seen gets the same mean."""
+    rng = random.Random(2)
+    same = [example("forest", 0.1, True, rng, noise=0.05) for _ in range(6)]
+    wm = surrogate(estimator, min_fit=4)
+    wm.fit(same)
+    assert TASK in wm._models
+    mean, var = wm.predict([TASK, TASK], [same[0].solution_text, 'MODEL = "knn"\n'])
+    expected = float(np.mean([e.reward for e in same]))
+    assert mean.tolist() == pytest.approx([expected, expected], abs=1e-5)
+    assert bool((var > 0).all())
+
+
+@pytest.mark.parametrize("estimator", ["extra_trees", "hgb"])
 def test_calibrated_variance_matches_held_out_error(estimator):
     rng = random.Random(2)
     wm = surrogate(estimator)
