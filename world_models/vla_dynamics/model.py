@@ -413,11 +413,9 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         imgs, sts, acts = batch["images"], batch["states"], batch["actions"]
         b, h = acts.shape[:2]
         z0, _ = self.observe(imgs[:, 0], sts[:, 0], batch.get("instr"))
-        scene = self.task_embed(z0)
-        task = (
-            scene if self.instruction_task is None else self.instruction_task(self._buckets(batch["instr"]))
-        )
-        ground = Grounding(batch["goal"].float(), batch["tip0"].float(), scene, task)
+        # a window's tip0 is its episode's first hand xy, not the window's
+        ground = self.grounding(z0, sts[:, 0], batch["goal"], batch.get("instr"))
+        ground = ground._replace(tip0=batch["tip0"].float().to(z0.device))
         step_mask = batch["step_mask"].float()
         known = batch["frame_mask"].float() * step_mask  # the real next state is known
         losses = {"state": 0.0, "progress": 0.0, "success": 0.0}
