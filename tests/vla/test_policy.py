@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
 from wmrl.domain import RolloutBatch
 from wmrl_vla.policy import (
@@ -161,6 +162,48 @@ def test_locator_matches_the_per_pixel_convolutions():
     # training sees the same gradients
     w = torch.randn(4, 32 * 32, generator=gen)
     grads = [torch.autograd.grad((f * w).sum(), list(loc.pixels.parameters())) for f in (ref, out["logits"])]
+    for a, b in zip(*grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_image_encoder_matches_its_straightforward_nchw_form():
+    """The FiLM encoder runs its convolutions on channels-last maps and takes the spatial softmax over
+    their rows: the same patch and keypoint tokens, and the same gradients, as the plain NCHW form
+    (convolutions on contiguous maps, softmax over each channel's flattened map), to float rounding."""
+    torch.manual_seed(0)
+    enc = SmallVLA(CFG).image_enc
+    for p in enc.parameters():  # FiLM's zero init would hide the conditioning
+        p.data.normal_(0, 0.1)
+    images, _, _ = _obs(6, g=4)
+    cond = torch.randn(6, CFG.d_model)
+
+    def reference(images):
+        x = images.float() / 127.5 - 1.0
+        b, _, h, w = x.shape
+        ys, xs = torch.meshgrid(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w), indexing="ij")
+        x = torch.cat([x, ys.expand(b, 1, h, w), xs.expand(b, 1, h, w)], 1).contiguous()
+        film = enc.film(cond).split([2 * c for c in enc.channels], dim=-1)
+        for conv, fb in zip(enc.convs, film, strict=True):
+            gamma, beta = fb.chunk(2, dim=-1)
+            x = F.gelu(
+                F.conv2d(x, conv.weight, conv.bias, conv.stride, conv.padding) * (1 + gamma[..., None, None])
+                + beta[..., None, None]
+            )
+        patches = F.conv2d(x, enc.to_patches.weight, enc.to_patches.bias, 4).flatten(2).transpose(1, 2)
+        attn = torch.softmax(x.flatten(2) * enc.log_kp_scale.exp(), -1).view(x.shape)  # [B, C, h, w]
+        grid = torch.linspace(-1, 1, x.shape[-1])
+        kx, ky = (attn.sum(2) * grid).sum(-1), (attn.sum(3) * grid).sum(-1)
+        return patches, enc.keypoints(torch.cat([kx, ky], -1)).unsqueeze(1)
+
+    ref, out = reference(images), enc(images, cond)
+    for a, b in zip(ref, out, strict=True):
+        assert a.shape == b.shape and a.abs().max() > 0.1  # values of order one: atol means something
+        assert torch.allclose(a, b, atol=1e-5)
+    w = [torch.randn_like(t) for t in ref]
+    params = list(enc.parameters())
+    grads = [
+        torch.autograd.grad(sum((t * v).sum() for t, v in zip(o, w, strict=True)), params) for o in (ref, out)
+    ]
     for a, b in zip(*grads, strict=True):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
 

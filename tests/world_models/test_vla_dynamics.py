@@ -206,6 +206,42 @@ def test_prepared_decoding_matches_the_straightforward_decoder():
             assert (out["images"][:, t].float() != frame).float().mean() < 1e-3
 
 
+@pytest.mark.parametrize("integrator,geometric", [(False, False), (True, True)])
+def test_a_grounded_roll_is_the_same_as_stepping(integrator, geometric):
+    """``GroundedMember.roll`` (the heads applied once to every rolled state, as the grounded loss
+    and the scoring of action sequences use it) gives exactly the states, outcomes and gradients of
+    calling :meth:`step` at every step."""
+    from world_models.vla_dynamics.networks import GroundedMember, Grounding
+
+    torch.manual_seed(0)
+    gm = GroundedMember(5, 3, 8, 32, integrator=integrator, geometric=geometric)
+    gm.widen_range(torch.randn(50, 5) * 0.2)  # the clamp engages for some steps
+    b, t = 4, 12
+    s0, acts = torch.randn(b, 5) * 0.1, torch.randn(b, t, 3)
+    ground = Grounding(torch.randn(b, 2) * 0.1, torch.randn(b, 2) * 0.1, torch.randn(b, 8), torch.randn(b, 8))
+
+    def stepped():
+        s, mem, out = s0, gm.initial_memory(s0), ([], [], [])
+        for k in range(t):
+            s, mem, p, logit = gm.step(s, mem, acts[:, k], ground)
+            for seq, x in zip(out, (s, p, logit), strict=True):
+                seq.append(x)
+        return tuple(torch.stack(seq, 1) for seq in out)
+
+    ref, rolled = stepped(), gm.roll(s0, acts, ground)
+    weights = [torch.randn_like(x) for x in ref]
+    grads = [
+        torch.autograd.grad(
+            sum((x * w).sum() for x, w in zip(o, weights, strict=True)), list(gm.parameters())
+        )
+        for o in (ref, rolled)
+    ]
+    for a, c in zip(ref, rolled, strict=True):
+        assert a.shape == c.shape and torch.equal(a, c)
+    for a, c in zip(*grads, strict=True):
+        assert torch.allclose(a, c, atol=1e-6, rtol=1e-5)
+
+
 def test_variance_calibration_matches_held_out_squared_error():
     from world_models.vla_dynamics import calibration_stats, fit_variance_calibration
 

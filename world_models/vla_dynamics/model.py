@@ -214,18 +214,17 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         ground = self.grounding(z0, states, goal, instr)
         progs, succs = [], []
         for k, m in enumerate(self.members):
-            z, s, p_k, s_k = z0, states.to(z0.device).float(), [], []
-            mem = None if ground is None else self.grounded[k].initial_memory(s)
-            for t in range(actions.shape[1]):
-                a = actions[:, t].float()
-                if ground is None:
-                    z, p, logit = m.step(z, a)
-                else:
-                    s, mem, p, logit = self.grounded[k].step(s, mem, a, ground)
-                p_k.append(p)
-                s_k.append(torch.sigmoid(logit))
-            progs.append(torch.stack(p_k, 1) * mask)
-            succs.append(torch.stack(s_k, 1) * mask)
+            if ground is not None:
+                _, prog, logit = self.grounded[k].roll(states.to(z0.device).float(), actions, ground)
+            else:
+                z, p_k, l_k = z0, [], []
+                for t in range(actions.shape[1]):
+                    z, p, logit = m.step(z, actions[:, t].float())
+                    p_k.append(p)
+                    l_k.append(logit)
+                prog, logit = torch.stack(p_k, 1), torch.stack(l_k, 1)
+            progs.append(prog * mask)
+            succs.append(torch.sigmoid(logit) * mask)
         return torch.stack(progs), torch.stack(succs)
 
     @torch.no_grad()
@@ -424,25 +423,18 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
             if rows.numel() == 0:
                 continue
             g_rows = ground.rows(rows)
-            s, rolled, ps, ls = sts[rows, 0].float(), [], [], []
-            mem = gm.initial_memory(s)
-            for t in range(h):
-                s, mem, p, logit = gm.step(s, mem, acts[rows, t].float(), g_rows)
-                rolled.append(s)
-                ps.append(p)
-                ls.append(logit)
+            rolled, p_roll, l_roll = gm.roll(sts[rows, 0].float(), acts[rows], g_rows)  # [b_j, H, .]
             real_next = sts[rows, 1:].float()  # [b_j, H, S]
             every_step = Grounding(*(x.repeat_interleave(h, 0) for x in g_rows))
             p_tf, l_tf = gm.outcome_of(real_next.flatten(0, 1), every_step)
             sm, km = step_mask[rows], known[rows]
             prog, succ = batch["progress"][rows].float(), batch["success"][rows].float()
-            for p_k, l_k, mk in ((torch.stack(ps, 1), torch.stack(ls, 1), sm),
-                                 (p_tf.view(-1, h), l_tf.view(-1, h), km)):  # fmt: skip
+            for p_k, l_k, mk in ((p_roll, l_roll, sm), (p_tf.view(-1, h), l_tf.view(-1, h), km)):
                 denom = mk.sum().clamp(min=1)
                 losses["progress"] = losses["progress"] + (((p_k - prog) ** 2) * mk).sum() / denom
                 bce = F.binary_cross_entropy_with_logits(l_k, succ, reduction="none")
                 losses["success"] = losses["success"] + (bce * mk).sum() / denom
-            st_err = ((torch.stack(rolled, 1) - real_next) * 100).abs().mean(-1)
+            st_err = ((rolled - real_next) * 100).abs().mean(-1)
             losses["state"] = losses["state"] + (st_err * km).sum() / km.sum().clamp(min=1)
         c = self.cfg
         total = c.state_weight * losses["state"] + c.outcome_weight * (losses["progress"] + losses["success"])

@@ -220,6 +220,13 @@ class GroundedMember(nn.Module):
         ground: Grounding,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (next state, next memory, progress, success logit)."""
+        s2, m2 = self.advance(s, m, a, ground)
+        return (s2, m2, *self.outcome_of(s2, ground))
+
+    def advance(
+        self, s: torch.Tensor, m: torch.Tensor, a: torch.Tensor, ground: Grounding
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The dynamics of :meth:`step` alone: (next state ``[B, S]``, next memory ``[B, M (+3)]``)."""
         gru, tau = m[:, : self.memory_dim], m[:, self.memory_dim :]  # tau [B, 0] without the integrator
         gru = self.memory(torch.cat([10 * s, a], -1), gru)
         x = [10 * s, a, 10 * (ground.goal - s[:, :GOAL_DIM]), ground.scene, gru]
@@ -228,8 +235,24 @@ class GroundedMember(nn.Module):
             seen = self.lo <= self.hi  # a range widened by data (else unclamped)
             tau = torch.where(seen, torch.maximum(torch.minimum(tau, self.hi), self.lo), tau)
             x.append(10 * (tau - s[:, :HAND_DIM]))
-        s2 = s + 0.1 * self.dyn(torch.cat(x, -1))
-        return (s2, torch.cat([gru, tau], -1), *self.outcome_of(s2, ground))
+        return s + 0.1 * self.dyn(torch.cat(x, -1)), torch.cat([gru, tau], -1)
+
+    def roll(
+        self, s: torch.Tensor, actions: torch.Tensor, ground: Grounding
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Roll the state open-loop from a rollout's first state ``s`` ``[B, S]`` (zero memory) through
+        ``actions`` ``[B, T, A]``: (states ``[B, T, S]``, progress ``[B, T]``, success logits
+        ``[B, T]``), the same as :meth:`step` T times, with the outcome heads applied once to all
+        ``B * T`` states after the roll (one batched call instead of T small ones)."""
+        b, t = actions.shape[:2]
+        mem, rolled = self.initial_memory(s), []
+        for k in range(t):
+            s, mem = self.advance(s, mem, actions[:, k].float(), ground)
+            rolled.append(s)
+        states = torch.stack(rolled, 1)  # [B, T, S]
+        every_step = Grounding(*(x.repeat_interleave(t, 0) for x in ground))
+        prog, logit = self.outcome_of(states.flatten(0, 1), every_step)
+        return states, prog.view(b, t), logit.view(b, t)
 
     def outcome_of(self, s: torch.Tensor, ground: Grounding) -> tuple[torch.Tensor, torch.Tensor]:
         """(progress ``[B]``, success logit ``[B]``) of a state ``[B, S]``."""
