@@ -7,8 +7,10 @@
 Each *pair* runs the same fixed-seed run twice, once with this checkout's code and once with the
 baseline's (each in its own process and its own virtual environment, the order alternating from pair
 to pair), on the same cached SFT policy and world model (``--cache-dir``: both checkouts must key it
-the same way). A process builds the domain (not timed), then times ``--steps`` training steps (the
-first one included: a run's steps are all alike). On a loaded machine only a ratio measured side by
+the same way). A process builds the domain (not timed), runs ``--warmup`` training steps untimed (a
+process's first steps pay one-off costs: the first convolutions' kernel set-up and memory; measured,
+the first step's update takes several times a later one's), then times ``--steps`` steps. On a
+loaded machine only a ratio measured side by
 side means anything: the figure is the median over pairs of (baseline step time / this step time),
 per phase too (``time/generate``, ``time/update``, ...). The runs' final policy parameters and
 per-step metrics are compared as well (``same_results``: max absolute parameter difference, and
@@ -49,7 +51,7 @@ def worker(args: argparse.Namespace) -> None:
     cfg = load_config(
         args.preset,
         [f"--out_dir={tempfile.mkdtemp(prefix='wmrl-step-speed-')}", f"--domain.cache_dir={args.cache_dir}",
-         f"--method={args.method}", f"--seed={args.seed}", f"--grpo.steps={args.steps}",
+         f"--method={args.method}", f"--seed={args.seed}", f"--grpo.steps={args.warmup + args.steps}",
          "--tracking.eval_every=0", "--tracking.progress=false", *args.override],
     )  # fmt: skip
     domain = cfg.domain.build(cfg)
@@ -59,6 +61,7 @@ def worker(args: argparse.Namespace) -> None:
         import cProfile
 
         prof = cProfile.Profile()
+    warmup = [{k: float(v) for k, v in trainer.train_step().items()} for _ in range(args.warmup)]
     steps, t0 = [], time.perf_counter()
     for _ in range(args.steps):
         if prof is not None:
@@ -76,12 +79,12 @@ def worker(args: argparse.Namespace) -> None:
     params = torch.cat([p.detach().flatten() for p in domain.policy.parameters()])
     torch.save(params, args.params_out)
     domain.close()
-    print(json.dumps({"steps": steps, "seconds": total}))
+    print(json.dumps({"warmup": warmup, "steps": steps, "seconds": total}))
 
 
 def run_one(python: str, root: Path, args: argparse.Namespace, params_out: Path) -> dict:
     cmd = [python, str(Path(__file__).resolve()), "--worker", "--preset", args.preset, "--method", args.method,
-           "--steps", str(args.steps), "--seed", str(args.seed), "--cache-dir", str(args.cache_dir),
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed), "--cache-dir", str(args.cache_dir),
            "--params-out", str(params_out), *(f"--override={o}" for o in args.override)]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "LP_NUM_THREADS"}  # each checkout's own default
     env |= {"HF_HUB_OFFLINE": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
@@ -128,7 +131,11 @@ def compare(args: argparse.Namespace) -> dict:
             or (s_new.get(key) != s_new.get(key) and s_base.get(key) != s_base.get(key))
             for key in reward_keys
         )
-        for s_new, s_base in zip(pairs[0]["new"]["steps"], pairs[0]["base"]["steps"], strict=True)
+        for s_new, s_base in zip(
+            pairs[0]["new"]["warmup"] + pairs[0]["new"]["steps"],
+            pairs[0]["base"]["warmup"] + pairs[0]["base"]["steps"],
+            strict=True,
+        )
     )
     return {
         "command": " ".join(sys.argv),
@@ -136,6 +143,7 @@ def compare(args: argparse.Namespace) -> dict:
         "base": str(base),
         "preset": args.preset,
         "method": args.method,
+        "warmup_steps_per_run": args.warmup,
         "steps_per_run": args.steps,
         "pairs": args.pairs,
         "speedup_median": ratio,
@@ -152,7 +160,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="vla-rl")
     ap.add_argument("--method", default="real")
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per run")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--base", help="the baseline checkout (its own .venv synced)")

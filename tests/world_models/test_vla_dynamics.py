@@ -209,8 +209,9 @@ def test_prepared_decoding_matches_the_straightforward_decoder():
 @pytest.mark.parametrize("integrator,geometric", [(False, False), (True, True)])
 def test_a_grounded_roll_is_the_same_as_stepping(integrator, geometric):
     """``GroundedMember.roll`` (the heads applied once to every rolled state, as the grounded loss
-    and the scoring of action sequences use it) gives exactly the states, outcomes and gradients of
-    calling :meth:`step` at every step."""
+    and the scoring of action sequences use it) gives the states, outcomes and gradients of calling
+    :meth:`step` at every step (the states exactly: the same ops; the heads' matmul over all rows may
+    sum in another order than over one step's, so to float rounding)."""
     from world_models.vla_dynamics.networks import GroundedMember, Grounding
 
     torch.manual_seed(0)
@@ -236,8 +237,9 @@ def test_a_grounded_roll_is_the_same_as_stepping(integrator, geometric):
         )
         for o in (ref, rolled)
     ]
+    assert torch.equal(ref[0], rolled[0])
     for a, c in zip(ref, rolled, strict=True):
-        assert a.shape == c.shape and torch.equal(a, c)
+        assert a.shape == c.shape and torch.allclose(a, c, atol=1e-6, rtol=1e-6)
     for a, c in zip(*grads, strict=True):
         assert torch.allclose(a, c, atol=1e-6, rtol=1e-5)
 

@@ -242,8 +242,9 @@ class GroundedMember(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Roll the state open-loop from a rollout's first state ``s`` ``[B, S]`` (zero memory) through
         ``actions`` ``[B, T, A]``: (states ``[B, T, S]``, progress ``[B, T]``, success logits
-        ``[B, T]``), the same as :meth:`step` T times, with the outcome heads applied once to all
-        ``B * T`` states after the roll (one batched call instead of T small ones)."""
+        ``[B, T]``), as :meth:`step` T times (the states exactly; the outcomes to float rounding), with
+        the outcome heads applied once to all ``B * T`` states after the roll (one batched call
+        instead of T small ones)."""
         b, t = actions.shape[:2]
         mem, rolled = self.initial_memory(s), []
         for k in range(t):
