@@ -19,7 +19,8 @@ never saw. Then, per task:
 - **twins**: each real group's imagined twin (the policy acting on decoded frames) drawn with the
   same uniforms (CRN) and with fresh ones (independent), scored by ``predict``; the correlation of
   their group advantages with the real group's (``ppi/rho``'s statistic: sum A Â / sqrt(sum A^2 sum
-  Â^2) over rows), and that of the real rollouts' own WM scores (the shared-rollout upper bound).
+  Â^2) over rows), and that of the real rollouts' own WM scores (the shared-rollout upper bound);
+  the CRN twins' also within each kind of real group (mixed, all successes, all failures).
 
 Also saves one side-by-side GIF per task (real | open-loop imagined | CRN twin).
 
@@ -115,6 +116,28 @@ def rho(a: np.ndarray, b: np.ndarray) -> float:
     return float((a * b).sum()) / den if den > 0 else float("nan")
 
 
+GROUP_KINDS = ("mixed", "all_success", "all_fail")
+
+
+def rho_by_group_kind(adv_real: np.ndarray, adv_twin: np.ndarray, success: np.ndarray, g: int) -> dict:
+    """The twin correlation within each kind of real group: ``mixed`` (successes and failures),
+    ``all_success``, ``all_fail``; per kind its groups, its share of the real advantages' sum of
+    squares (what it weighs in the pooled figure) and :func:`rho` over its rows. Inputs ``[n * g]``,
+    group-major; ``success`` 0/1 per real rollout."""
+    s = success.reshape(-1, g)
+    kind = np.where(s.min(1) > 0, "all_success", np.where(s.max(1) == 0, "all_fail", "mixed"))
+    rows = np.repeat(kind, g)
+    total = float((adv_real**2).sum())
+    return {
+        k: {
+            "groups": int((kind == k).sum()),
+            "adv_share": float((adv_real[rows == k] ** 2).sum()) / total if total > 0 else float("nan"),
+            "crn_twin": rho(adv_real[rows == k], adv_twin[rows == k]),
+        }
+        for k in GROUP_KINDS
+    }
+
+
 def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: Path | None = None) -> dict:
     from scipy.stats import spearmanr
 
@@ -140,7 +163,9 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
     gen = torch.Generator().manual_seed(2024)
     domain.twin_anchors = True
     t0 = time.perf_counter()
-    pooled: dict[str, list] = {k: [] for k in ("sq", "var", "adv_real", "adv_self", "adv_crn", "adv_ind")}
+    pooled: dict[str, list] = {
+        k: [] for k in ("sq", "var", "success", "adv_real", "adv_self", "adv_crn", "adv_ind")
+    }
     for task_id in domain.tasks:
         tasks = [t for t in domain.sample_tasks(8 * groups * len(domain.tasks), "train", gen)
                  if t.task_id == task_id][:groups]  # fmt: skip
@@ -191,6 +216,7 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
                 "crn_twin": rho(adv["real"], adv["crn"]),
                 "independent_twin": rho(adv["real"], adv["ind"]),
             },  # fmt: skip
+            "twin_rho_by_group_kind": rho_by_group_kind(adv["real"], adv["crn"], success, g),
             "twin_same_first_action": float(
                 np.mean(
                     [
@@ -203,6 +229,7 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
         report["tasks"][task_id] = res
         pooled["sq"].append(sq)
         pooled["var"].append(var[:n])
+        pooled["success"].append(success)
         for k in ("real", "self", "crn", "ind"):
             pooled[f"adv_{k}"].append(adv[k])
         name = task_id.split("/")[-1]
@@ -221,6 +248,9 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
             "crn_twin": rho(adv["adv_real"], adv["adv_crn"]),
             "independent_twin": rho(adv["adv_real"], adv["adv_ind"]),
         },  # fmt: skip
+        "twin_rho_by_group_kind": rho_by_group_kind(
+            adv["adv_real"], adv["adv_crn"], np.concatenate(pooled["success"]), g
+        ),
     }
     report["seconds"] = time.perf_counter() - t0
     domain.close()
