@@ -20,7 +20,8 @@ never saw. Then, per task:
   same uniforms (CRN) and with fresh ones (independent), scored by ``predict``; the correlation of
   their group advantages with the real group's (``ppi/rho``'s statistic: sum A Â / sqrt(sum A^2 sum
   Â^2) over rows), and that of the real rollouts' own WM scores (the shared-rollout upper bound);
-  the CRN twins' also within each kind of real group (mixed, all successes, all failures).
+  the CRN twins' also within each kind of real group (mixed, all successes, all failures), on
+  centred advantages and on the std-normalised ones training uses.
 
 Also saves one side-by-side GIF per task (real | open-loop imagined | CRN twin).
 
@@ -111,6 +112,13 @@ def group_adv(r: np.ndarray, g: int) -> np.ndarray:
     return (x - x.mean(1, keepdims=True)).reshape(-1)
 
 
+def group_adv_normalised(r: np.ndarray, g: int, std_eps: float = 1e-4) -> np.ndarray:
+    """:func:`group_adv` divided by the group's std + ``std_eps`` (``grpo.advantage=grpo``, what
+    training uses): a near-flat group's tiny differences become unit-sized advantages."""
+    x = r.reshape(-1, g)
+    return ((x - x.mean(1, keepdims=True)) / (x.std(1, keepdims=True) + std_eps)).reshape(-1)
+
+
 def rho(a: np.ndarray, b: np.ndarray) -> float:
     den = math.sqrt(float((a**2).sum() * (b**2).sum()))
     return float((a * b).sum()) / den if den > 0 else float("nan")
@@ -164,7 +172,8 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
     domain.twin_anchors = True
     t0 = time.perf_counter()
     pooled: dict[str, list] = {
-        k: [] for k in ("sq", "var", "success", "adv_real", "adv_self", "adv_crn", "adv_ind")
+        k: []
+        for k in ("sq", "var", "success", "reward", "score_crn", "adv_real", "adv_self", "adv_crn", "adv_ind")
     }
     for task_id in domain.tasks:
         tasks = [t for t in domain.sample_tasks(8 * groups * len(domain.tasks), "train", gen)
@@ -217,6 +226,9 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
                 "independent_twin": rho(adv["real"], adv["ind"]),
             },  # fmt: skip
             "twin_rho_by_group_kind": rho_by_group_kind(adv["real"], adv["crn"], success, g),
+            "twin_rho_by_group_kind_normalised": rho_by_group_kind(
+                group_adv_normalised(reward, g), group_adv_normalised(score[n:], g), success, g
+            ),
             "twin_same_first_action": float(
                 np.mean(
                     [
@@ -230,6 +242,8 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
         pooled["sq"].append(sq)
         pooled["var"].append(var[:n])
         pooled["success"].append(success)
+        pooled["reward"].append(reward)
+        pooled["score_crn"].append(score[n:])
         for k in ("real", "self", "crn", "ind"):
             pooled[f"adv_{k}"].append(adv[k])
         name = task_id.split("/")[-1]
@@ -250,6 +264,12 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
         },  # fmt: skip
         "twin_rho_by_group_kind": rho_by_group_kind(
             adv["adv_real"], adv["adv_crn"], np.concatenate(pooled["success"]), g
+        ),
+        "twin_rho_by_group_kind_normalised": rho_by_group_kind(
+            group_adv_normalised(np.concatenate(pooled["reward"]), g),
+            group_adv_normalised(np.concatenate(pooled["score_crn"]), g),
+            np.concatenate(pooled["success"]),
+            g,
         ),
     }
     report["seconds"] = time.perf_counter() - t0
