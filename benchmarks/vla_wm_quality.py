@@ -112,11 +112,17 @@ def group_adv(r: np.ndarray, g: int) -> np.ndarray:
     return (x - x.mean(1, keepdims=True)).reshape(-1)
 
 
-def group_adv_normalised(r: np.ndarray, g: int, std_eps: float = 1e-4) -> np.ndarray:
-    """:func:`group_adv` divided by the group's std + ``std_eps`` (``grpo.advantage=grpo``, what
-    training uses): a near-flat group's tiny differences become unit-sized advantages."""
+def group_adv_normalised(r: np.ndarray, g: int, std_eps: float = 1e-4, std_floor: float = 0.0) -> np.ndarray:
+    """:func:`group_adv` divided by ``max(group std, std_floor) + std_eps`` (``grpo.advantage=grpo``,
+    what training uses, has no floor): without one a near-flat group's tiny differences become
+    unit-sized advantages."""
     x = r.reshape(-1, g)
-    return ((x - x.mean(1, keepdims=True)) / (x.std(1, keepdims=True) + std_eps)).reshape(-1)
+    std = np.maximum(x.std(1, keepdims=True), std_floor)
+    return ((x - x.mean(1, keepdims=True)) / (std + std_eps)).reshape(-1)
+
+
+#: floors on the twins' group std (reward units) tried by ``twin_rho_normalised_by_wm_std_floor``
+WM_STD_FLOORS = (0.0, 0.02, 0.05, 0.1, 0.2)
 
 
 def rho(a: np.ndarray, b: np.ndarray) -> float:
@@ -271,6 +277,14 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
             np.concatenate(pooled["success"]),
             g,
         ),
+        # the real groups normalised as training does; the twins' with a floor on their std
+        "twin_rho_normalised_by_wm_std_floor": {
+            str(f): rho(
+                group_adv_normalised(np.concatenate(pooled["reward"]), g),
+                group_adv_normalised(np.concatenate(pooled["score_crn"]), g, std_floor=f),
+            )
+            for f in WM_STD_FLOORS
+        },
     }
     report["seconds"] = time.perf_counter() - t0
     domain.close()
