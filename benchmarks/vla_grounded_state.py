@@ -44,12 +44,7 @@ def measure(preset: str, n_tasks: int, extra: list[str]) -> dict:
     with torch.no_grad():
         z0, _ = wm.observe(ex["init_images"], ex["init_states"], ex["wm_instr"])
         ground = wm.grounding(z0, ex["init_states"], ex["wm_goal"], ex["wm_instr"])
-        s, rolled = ex["init_states"].float(), []
-        mem = gm.initial_memory(s)
-        for t in range(ex["actions"].shape[1]):
-            s, mem, _, _ = gm.step(s, mem, ex["actions"][:, t].float(), ground)
-            rolled.append(s)
-        rolled = torch.stack(rolled, 1)  # [N, T, S]
+        rolled, _, _ = gm.roll(ex["init_states"].float(), ex["actions"], ground)  # [N, T, S]
         head_rolled, head_real, err = [], [], []
         for i, r in enumerate(real):
             n = r.length

@@ -257,6 +257,8 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
         print(f"{task_id}: {json.dumps({k: v for k, v in res.items() if 'per_step' not in k})}", flush=True)
     sq, var = np.concatenate(pooled["sq"]), np.concatenate(pooled["var"])
     adv = {k: np.concatenate(v) for k, v in pooled.items() if k.startswith("adv_")}
+    success, reward, score_crn = (np.concatenate(pooled[k]) for k in ("success", "reward", "score_crn"))
+    adv_real_normalised = group_adv_normalised(reward, g)
     report["pooled"] = {
         "z2_raw": calibration_stats(sq, var),
         "z2_pretraining_calibration": calibration_stats(sq, var, *pre_calib),
@@ -268,21 +270,13 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
             "crn_twin": rho(adv["adv_real"], adv["adv_crn"]),
             "independent_twin": rho(adv["adv_real"], adv["adv_ind"]),
         },  # fmt: skip
-        "twin_rho_by_group_kind": rho_by_group_kind(
-            adv["adv_real"], adv["adv_crn"], np.concatenate(pooled["success"]), g
-        ),
+        "twin_rho_by_group_kind": rho_by_group_kind(adv["adv_real"], adv["adv_crn"], success, g),
         "twin_rho_by_group_kind_normalised": rho_by_group_kind(
-            group_adv_normalised(np.concatenate(pooled["reward"]), g),
-            group_adv_normalised(np.concatenate(pooled["score_crn"]), g),
-            np.concatenate(pooled["success"]),
-            g,
+            adv_real_normalised, group_adv_normalised(score_crn, g), success, g
         ),
         # the real groups normalised as training does; the twins' with a floor on their std
         "twin_rho_normalised_by_wm_std_floor": {
-            str(f): rho(
-                group_adv_normalised(np.concatenate(pooled["reward"]), g),
-                group_adv_normalised(np.concatenate(pooled["score_crn"]), g, std_floor=f),
-            )
+            str(f): rho(adv_real_normalised, group_adv_normalised(score_crn, g, std_floor=f))
             for f in WM_STD_FLOORS
         },
     }

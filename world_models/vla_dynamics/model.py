@@ -425,8 +425,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
             g_rows = ground.rows(rows)
             rolled, p_roll, l_roll = gm.roll(sts[rows, 0].float(), acts[rows], g_rows)  # [b_j, H, .]
             real_next = sts[rows, 1:].float()  # [b_j, H, S]
-            every_step = Grounding(*(x.repeat_interleave(h, 0) for x in g_rows))
-            p_tf, l_tf = gm.outcome_of(real_next.flatten(0, 1), every_step)
+            p_tf, l_tf = gm.outcome_of(real_next.flatten(0, 1), g_rows.per_step(h))
             sm, km = step_mask[rows], known[rows]
             prog, succ = batch["progress"][rows].float(), batch["success"][rows].float()
             for p_k, l_k, mk in ((p_roll, l_roll, sm), (p_tf.view(-1, h), l_tf.view(-1, h), km)):

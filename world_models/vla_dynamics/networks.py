@@ -25,6 +25,11 @@ class Grounding(NamedTuple):
     def rows(self, index: torch.Tensor) -> Grounding:
         return Grounding(*(x[index] for x in self))
 
+    def per_step(self, t: int) -> Grounding:
+        """Each row repeated ``t`` times ``[B * t, .]``: the grounding of a ``[B, t]`` roll's states,
+        flattened row-major."""
+        return Grounding(*(x.repeat_interleave(t, 0) for x in self))
+
 
 def to_unit(images: torch.Tensor) -> torch.Tensor:
     return images.float() / 127.5 - 1.0
@@ -251,8 +256,7 @@ class GroundedMember(nn.Module):
             s, mem = self.advance(s, mem, actions[:, k].float(), ground)
             rolled.append(s)
         states = torch.stack(rolled, 1)  # [B, T, S]
-        every_step = Grounding(*(x.repeat_interleave(t, 0) for x in ground))
-        prog, logit = self.outcome_of(states.flatten(0, 1), every_step)
+        prog, logit = self.outcome_of(states.flatten(0, 1), ground.per_step(t))
         return states, prog.view(b, t), logit.view(b, t)
 
     def outcome_of(self, s: torch.Tensor, ground: Grounding) -> tuple[torch.Tensor, torch.Tensor]:
