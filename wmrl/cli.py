@@ -229,11 +229,21 @@ def _resume_command(args: argparse.Namespace, argv: list[str]) -> str:
 def _quiet_dataset_bars() -> None:
     """The datasets library's "Map" bars off for the whole command (wmrl's own bars show each
     stage): set before datasets is imported, its environment variable outlasts lerobot's
-    ``SuppressProgressBars``, whose exit turns the bars back on. ``=0`` keeps them."""
+    ``SuppressProgressBars``, whose exit turns the bars back on. ``=0`` keeps them. The warning
+    that exit then raises is ignored here and, through ``PYTHONWARNINGS``, in every worker process
+    the command spawns (a grid's cells run in spawned processes that inherit the environment, not
+    the warning filters)."""
     import warnings
 
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    warnings.filterwarnings("ignore", message="Cannot enable progress bars", category=UserWarning)
+    warnings.filterwarnings("ignore", message=_BARS_WARNING, category=UserWarning)
+    ignore = f"ignore:{_BARS_WARNING}:UserWarning"
+    inherited = os.environ.get("PYTHONWARNINGS", "")
+    if ignore not in inherited.split(","):
+        os.environ["PYTHONWARNINGS"] = f"{inherited},{ignore}" if inherited else ignore
+
+
+_BARS_WARNING = "Cannot enable progress bars"
 
 
 class _StderrLines(logging.Handler):

@@ -85,3 +85,29 @@ def test_the_cli_keeps_map_bars_off_even_after_lerobot_turns_them_back_on():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "Map" not in done.stderr and "arning" not in done.stderr, done.stderr
+
+
+def test_a_spawned_worker_of_the_cli_does_not_warn_about_the_bars():
+    """A grid's cells run in spawned processes, which inherit the environment but not the warning
+    filters: without the filter in ``PYTHONWARNINGS`` every cell's log repeats datasets' "Cannot
+    enable progress bars" warning once per LeRobot read."""
+    import subprocess
+    import sys
+
+    code = (
+        "import multiprocessing as mp\n"
+        "from wmrl.cli import main\n"
+        "main(['presets'])\n"
+        "import datasets\n"
+        "p = mp.get_context('spawn').Process(target=datasets.enable_progress_bars)\n"
+        "p.start(); p.join()\n"
+        "assert p.exitcode == 0\n"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_DATASETS_DISABLE_PROGRESS_BARS", "PYTHONWARNINGS")
+    }
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Cannot enable progress bars" not in done.stderr, done.stderr
