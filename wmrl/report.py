@@ -73,6 +73,11 @@ COLUMNS = {
         "real executions at the first in-run evaluation >= `real`'s final in-run score (its mean over "
         "seeds), averaged over the seeds that reach it: `(k of n)` where only k of n do, — where none does",
     ),
+    "sim_steps_to_real_final": (
+        "sim steps to real's final",
+        "real simulator steps of training at that same evaluation (as the executions before it); a "
+        "method reaching `real`'s final with a third of `real`'s sim steps shows a 3x saving",
+    ),
     "wall_clock_s": ("wall-clock s", "training time (time/elapsed; domain build and re-evaluation excluded)"),
     "time_generate": ("generate s", "sum of time/generate"),
     "time_execute": ("execute s", "sum of time/execute"),
@@ -94,12 +99,14 @@ TABLES = {
     "Held-out score and cost": [
         "heldout_final", "gain", "share_of_real_gain", "diff_vs_real", "diff_vs_anchors_only",
         "real_executions", "sim_steps", "offline_executions", "offline_sim_steps", "execs_to_real_final",
+        "sim_steps_to_real_final",
     ],
     "Wall-clock and its split": ["wall_clock_s", "time_generate", "time_execute", "time_wm", "time_update"],
     "World-model diagnostics": [
         "anchor_corr", "ppi_lambda", "s2", "w", "residual_before", "residual_after", "update_error",
     ],
 }  # fmt: skip
+REACH_KEYS = ("execs_to_real_final", "sim_steps_to_real_final")  # against the merged seeds' real
 TIME_KEYS = ("wall_clock_s", "time_generate", "time_execute", "time_wm", "time_update", "grid_wall_s")
 
 
@@ -186,14 +193,18 @@ def cell_figures(
     }
 
 
-def executions_to_reach(curve: list[tuple], target: float | None) -> float | None:
-    """Real executions at the first in-run evaluation whose score reaches ``target`` (None if never).
+def cost_to_reach(curve: list[tuple], target: float | None) -> tuple[float | None, float | None]:
+    """``(real executions, sim steps)`` at the first in-run evaluation whose score reaches ``target``
+    (``(None, None)`` if never; sim steps None where the domain counts none).
 
     ``curve``: the cell's evaluations in order, ``(real executions, wall-clock s, score, sim steps)``.
     """
     if target is None:
-        return None
-    return next((float(p[0]) for p in curve if p[2] >= target - 1e-12), None)
+        return None, None
+    point = next((p for p in curve if p[2] >= target - 1e-12), None)
+    if point is None:
+        return None, None
+    return float(point[0]), _number(point[3]) if len(point) > 3 else None
 
 
 def mean_se(values: Sequence[float | None]) -> dict | None:
@@ -391,7 +402,7 @@ def aggregate_domain(
     """One domain's figures over seeds from its cells' figures.
 
     ``per_cell[(method, seed)]``: ``{"status", **cell_figures(...)}``; ``curves[(method, seed)]``: that
-    cell's in-run evaluations (``executions_to_reach``). Returns ``heldout_start`` and
+    cell's in-run evaluations (``cost_to_reach``). Returns ``heldout_start`` and
     ``real_final_inrun`` (mean +- s.e. over seeds), ``methods[m]`` = ``{"figures", "per_seed"}`` with
     the paired differences against ``real`` and ``anchors_only`` and the share of ``real``'s gain,
     the curves keyed ``"<method>/seed<seed>"``, and the ``evidence`` (:func:`domain_evidence` at
@@ -401,7 +412,9 @@ def aggregate_domain(
     real_final = mean_se([v["final_inrun"] for (m, _), v in per_cell.items() if m == "real"])
     target = real_final["mean"] if real_final else None
     for key, v in per_cell.items():
-        v["execs_to_real_final"] = executions_to_reach(curves.get(key, []), target)
+        execs, sim_steps = cost_to_reach(curves.get(key, []), target)
+        v["execs_to_real_final"] = execs
+        v["sim_steps_to_real_final"] = sim_steps if v.get("sim_steps") is not None else None
     out_methods: dict = {}
     for m in methods:
         by_seed = {s: per_cell[(m, s)] for s in seeds}
@@ -803,7 +816,7 @@ def merge_reports(reports: list[dict], names: list[str], method_from: dict[str, 
     """One report over the union of the seeds of ``reports``: the same grid (spec, domains,
     methods) run in parts, e.g. seeds 0-1 on one machine and 2-3 on another, whose run directories
     are not all in one place. Every figure is recomputed from the cells' figures and curves, as
-    ``summarise`` computes it from run directories (``executions_to_reach`` against the mean of all
+    ``summarise`` computes it from run directories (``cost_to_reach`` against the mean of all
     seeds' ``real``). ``names`` label the parts (their paths) in ``merged_from``.
 
     A part may have run a subset of the first part's methods (``--methods=[real,wmrl]``); the
@@ -871,7 +884,7 @@ def merge_reports(reports: list[dict], names: list[str], method_from: dict[str, 
             for m in taken:
                 for s, v in r["domains"][dname]["methods"][m]["per_seed"].items():
                     if int(s) in seen:
-                        per_cell[(m, int(s))] = {k: x for k, x in v.items() if k != "execs_to_real_final"} | {
+                        per_cell[(m, int(s))] = {k: x for k, x in v.items() if k not in REACH_KEYS} | {
                             "exploratory": bool(v.get("exploratory"))
                             or (_is_tested(m) and int(s) in seen_before)
                         }

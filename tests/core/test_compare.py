@@ -284,6 +284,38 @@ def test_a_figure_over_fewer_seeds_than_its_row_says_how_many():
     assert fmt_cell(mean_se([None, None]), seeds=2) == ABSENT
 
 
+def test_the_cost_to_reach_reals_final_is_read_at_the_first_evaluation_that_reaches_it():
+    """Executions and simulator steps at a method's first in-run evaluation >= `real`'s final
+    (mean over seeds); none for a seed that never reaches it, and no sim steps without a simulator."""
+    from wmrl.report import aggregate_domain
+
+    def cell(method: str, sim_steps: float) -> dict:
+        rows = [{"step": 60, "exec/real_total": 64.0, "domain/sim_steps": sim_steps}]
+        fig = cell_figures(rows, method, "success", start=0.2, final=0.5)
+        return fig | {"status": "finished", "final_inrun": 0.5, "exploratory": False}
+
+    # (executions, wall-clock, score, sim steps); real's finals 0.6 and 0.4: the target is 0.5
+    curves = {
+        ("real", 0): [(0, 0, 0.2, 0), (64, 1, 0.6, 1000)],
+        ("real", 1): [(0, 0, 0.2, 0), (64, 1, 0.4, 1100)],
+        ("ppi", 0): [(0, 0, 0.2, 0), (16, 1, 0.45, 250), (32, 2, 0.55, 300), (48, 3, 0.7, 400)],
+        ("ppi", 1): [(0, 0, 0.2, 0), (16, 1, 0.3, 200)],
+    }
+    per_cell = {key: cell(key[0], curve[-1][3]) for key, curve in curves.items()}
+    per_cell[("real", 0)]["final_inrun"], per_cell[("real", 1)]["final_inrun"] = 0.6, 0.4
+    out = aggregate_domain(per_cell, curves, ["real", "ppi"], [0, 1])
+    ppi = out["methods"]["ppi"]
+    assert ppi["per_seed"]["0"]["execs_to_real_final"] == 32.0
+    assert ppi["per_seed"]["0"]["sim_steps_to_real_final"] == 300.0
+    assert ppi["per_seed"]["1"]["sim_steps_to_real_final"] is None  # never reached
+    assert ppi["figures"]["sim_steps_to_real_final"] == {"mean": 300.0, "se": None, "n": 1}
+    assert out["methods"]["real"]["per_seed"]["0"]["sim_steps_to_real_final"] == 1000.0
+    per_cell[("ppi", 0)]["sim_steps"] = None  # a domain without a simulator (research): no sim steps
+    out = aggregate_domain(per_cell, curves, ["real", "ppi"], [0, 1])
+    assert out["methods"]["ppi"]["per_seed"]["0"]["sim_steps_to_real_final"] is None
+    assert out["methods"]["ppi"]["per_seed"]["0"]["execs_to_real_final"] == 32.0
+
+
 def test_the_plot_gains_a_simulator_steps_panel_for_a_domain_with_a_simulator(tmp_path):
     from PIL import Image
 
