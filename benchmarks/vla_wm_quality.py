@@ -21,7 +21,9 @@ never saw. Then, per task:
   their group advantages with the real group's (``ppi/rho``'s statistic: sum A Â / sqrt(sum A^2 sum
   Â^2) over rows), and that of the real rollouts' own WM scores (the shared-rollout upper bound);
   the CRN twins' also within each kind of real group (mixed, all successes, all failures), on
-  centred advantages and on the std-normalised ones training uses.
+  centred advantages and on the std-normalised ones training uses; and the CRN twins scored by
+  each form of the rollout score (:data:`SCORE_FORMS`: the reward's formula on the heads, its
+  expectation when a success brings full progress, that with thresholded success heads).
 
 Also saves one side-by-side GIF per task (real | open-loop imagined | CRN twin).
 
@@ -45,7 +47,7 @@ import numpy as np
 import torch
 
 from wmrl_vla.rollout import goal_or_zeros
-from world_models.vla_dynamics import instruction_ids, rollout_score
+from world_models.vla_dynamics import expected_rollout_reward, instruction_ids, rollout_score
 
 
 def _psnr(mse: float) -> float:
@@ -104,6 +106,28 @@ def first_steps_score(wm, batch, n: int, steps: int) -> np.ndarray:
     prog, succ = wm.score_actions(ex["init_images"][:n], ex["init_states"][:n], ex["actions"][:n], mask,
                                   ex["wm_instr"][:n], ex["wm_goal"][:n])  # fmt: skip
     return rollout_score(prog.cpu(), succ.cpu()).mean(0).numpy()
+
+
+#: the WM's rollout score from its heads' progress and success: the reward's formula applied to
+#: them (what the WM reports), its expectation under "a success brings full progress", and that
+#: with the success heads thresholded at 0.5
+SCORE_FORMS = {
+    "reward_formula": lambda prog, succ: rollout_score(prog, succ),
+    "expected": lambda prog, succ: expected_rollout_reward(prog, succ),
+    "expected_hard": lambda prog, succ: expected_rollout_reward(prog, (succ > 0.5).float()),
+}
+
+
+@torch.no_grad()
+def scores_by_form(wm, batch, rows: slice) -> dict[str, np.ndarray]:
+    """``{form: [n]}`` the members' mean score of ``batch``'s ``rows`` under each of
+    :data:`SCORE_FORMS`."""
+    ex = batch.extras
+    prog, succ = wm.score_actions(ex["init_images"][rows], ex["init_states"][rows], ex["actions"][rows],
+                                  ex["step_mask"][rows].float(), ex["wm_instr"][rows],
+                                  ex["wm_goal"][rows])  # fmt: skip
+    prog, succ = prog.cpu(), succ.cpu()
+    return {name: form(prog, succ).mean(0).numpy() for name, form in SCORE_FORMS.items()}
 
 
 def group_adv(r: np.ndarray, g: int) -> np.ndarray:
@@ -179,7 +203,18 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
     t0 = time.perf_counter()
     pooled: dict[str, list] = {
         k: []
-        for k in ("sq", "var", "success", "reward", "score_crn", "adv_real", "adv_self", "adv_crn", "adv_ind")
+        for k in (
+            "sq",
+            "var",
+            "success",
+            "reward",
+            "score_crn",
+            "adv_real",
+            "adv_self",
+            "adv_crn",
+            "adv_ind",
+            *(f"form_{f}" for f in SCORE_FORMS),
+        )  # fmt: skip
     }
     for task_id in domain.tasks:
         tasks = [t for t in domain.sample_tasks(8 * groups * len(domain.tasks), "train", gen)
@@ -250,6 +285,8 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
         pooled["success"].append(success)
         pooled["reward"].append(reward)
         pooled["score_crn"].append(score[n:])
+        for f, twin_scores in scores_by_form(wm.model, batch, slice(n, None)).items():
+            pooled[f"form_{f}"].append(twin_scores)
         for k in ("real", "self", "crn", "ind"):
             pooled[f"adv_{k}"].append(adv[k])
         name = task_id.split("/")[-1]
@@ -278,6 +315,23 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
         "twin_rho_normalised_by_wm_std_floor": {
             str(f): rho(adv_real_normalised, group_adv_normalised(score_crn, g, std_floor=f))
             for f in WM_STD_FLOORS
+        },
+        # the twins scored by each form of the rollout score: pooled, on centred and normalised
+        # advantages, and per kind of real group (normalised)
+        "twin_rho_by_score_form": {
+            f: {
+                "centred": rho(adv["adv_real"], group_adv(np.concatenate(pooled[f"form_{f}"]), g)),
+                "normalised": rho(
+                    adv_real_normalised, group_adv_normalised(np.concatenate(pooled[f"form_{f}"]), g)
+                ),
+                "by_group_kind_normalised": rho_by_group_kind(
+                    adv_real_normalised,
+                    group_adv_normalised(np.concatenate(pooled[f"form_{f}"]), g),
+                    success,
+                    g,
+                ),
+            }
+            for f in SCORE_FORMS
         },
     }
     report["seconds"] = time.perf_counter() - t0

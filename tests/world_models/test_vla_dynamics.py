@@ -11,6 +11,7 @@ from world_models.vla_dynamics import (
     VLADynamicsConfig,
     episodes_from_records,
     evaluate_dynamics,
+    expected_rollout_reward,
     instruction_ids,
     rollout_score,
     sample_windows,
@@ -74,6 +75,25 @@ def test_rollout_score():
     prog = torch.tensor([[0.1, 0.5, 0.3], [0.2, 0.2, 0.9]])
     succ = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
     assert torch.allclose(rollout_score(prog, succ), torch.tensor([0.25, 0.95]))
+
+
+def test_the_expected_reward_is_the_real_reward_on_flags_and_flat_on_sure_successes():
+    """On 0/1 success flags with full progress at success it is the simulator's reward
+    (``wmrl_vla.rollout.rollout_reward``); a group the success heads are sure of scores flat, however
+    its progress heads wander (the reward's formula on the heads does not); a hand value between."""
+    from wmrl_vla.rollout import rollout_reward
+
+    prog = np.array([[0.1, 0.5, 0.3], [0.2, 0.6, 1.0], [0.4, 0.7, 0.2]])
+    succ = np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
+    real = torch.tensor([rollout_reward(p, s) for p, s in zip(prog, succ, strict=True)])
+    got = expected_rollout_reward(torch.from_numpy(prog), torch.from_numpy(succ))
+    assert torch.allclose(got, real.double())
+    sure = torch.full((4, 3), 0.0).index_fill_(1, torch.tensor([2]), 0.999)
+    noisy_prog = torch.tensor([[0.5, 0.9, 0.97], [0.3, 0.8, 0.91], [0.6, 0.95, 0.85], [0.2, 0.7, 0.99]])
+    assert float(expected_rollout_reward(noisy_prog, sure).std()) < 1e-3
+    assert float(rollout_score(noisy_prog, sure).std()) > 0.01
+    half = expected_rollout_reward(torch.tensor([[0.2, 0.6]]), torch.tensor([[0.1, 0.5]]))
+    assert torch.allclose(half, torch.tensor([0.5 + 0.5 * 0.5 * 0.6]))
 
 
 def test_bad_config():

@@ -59,7 +59,12 @@ from world_models.vla_dynamics.data import (
 from world_models.vla_dynamics.evaluate import evaluate_dynamics, score_episodes, success_auc
 from world_models.vla_dynamics.model import VLADynamics
 from world_models.vla_dynamics.networks import FrameDecoder, FrameEncoder, GroundedMember, Grounding, Member
-from world_models.vla_dynamics.scoring import calibration_stats, fit_variance_calibration, rollout_score
+from world_models.vla_dynamics.scoring import (
+    calibration_stats,
+    expected_rollout_reward,
+    fit_variance_calibration,
+    rollout_score,
+)
 from world_models.vla_dynamics.train import train_dynamics
 
 __all__ = [
@@ -81,6 +86,7 @@ __all__ = [
     "evaluate_dynamics",
     "fit_variance_calibration",
     "instruction_ids",
+    "expected_rollout_reward",
     "rollout_score",
     "sample_windows",
     "score_episodes",

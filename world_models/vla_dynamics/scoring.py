@@ -15,6 +15,21 @@ def rollout_score(progress: torch.Tensor, success: torch.Tensor, success_weight:
     return success_weight * success.amax(-1) + (1.0 - success_weight) * progress.amax(-1)
 
 
+def expected_rollout_reward(
+    progress: torch.Tensor, success: torch.Tensor, success_weight: float = 0.5
+) -> torch.Tensor:
+    """The rollout reward's expectation when a success brings full progress, ``[..., T]`` -> ``[...]``.
+
+    ``P = max_t success_t`` read as the probability that the rollout succeeds:
+    ``r = P * 1 + (1 - P) * (1 - w) * max_t progress_t``. A successful rollout's real reward is exactly
+    1 (success and full progress), so a group the WM is sure succeeds scores flat, as its real group
+    does (:func:`rollout_score` instead lets the progress heads' noise spread it). With 0/1 success
+    flags and full progress on success the two agree.
+    """
+    p = success.amax(-1)
+    return p + (1.0 - p) * (1.0 - success_weight) * progress.amax(-1)
+
+
 # ---------------------------------------------------------------------- calibration
 def fit_variance_calibration(sq_err, var, min_pairs: int = 4) -> tuple[float, float]:
     """Scale ``a`` and floor ``b`` of the calibrated variance ``v' = a * var + b`` of the rollout score.
