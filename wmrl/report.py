@@ -134,20 +134,31 @@ def _mean(rows: list[dict], key: str) -> float | None:
 
 
 # The world model's quality as a run logs it at every step, each with the band the issues' targets
-# ask of it: (metric key, axis label, (lower, upper or None)). wm/success_auc: the success AUC of the
-# step's anchors, scored before the WM trains on them; ppi/rho: the correlation of the WM's and the
-# real advantages on anchors; wm/z2: the anchors' mean z² under the calibrated variance.
+# ask of it and its axis scale: (metric key, axis label, (lower, upper or None), scale).
+# wm/success_auc: the success AUC of the step's anchors, scored before the WM trains on them;
+# ppi/rho: the correlation of the WM's and the real advantages on anchors; wm/z2: the anchors' mean
+# z² under the calibrated variance (log axis: one early step's z² of hundreds would flatten the band).
 WM_QUALITY = (
-    ("wm/success_auc", "success AUC", (0.85, None)),
-    ("ppi/rho", "advantage correlation", (0.6, None)),
-    ("wm/z2", "mean z²", (0.5, 2.0)),
+    ("wm/success_auc", "success AUC", (0.85, None), "linear"),
+    ("ppi/rho", "advantage correlation", (0.6, None), "linear"),
+    ("wm/z2", "mean z²", (0.5, 2.0), "log"),
 )
+# The plot's trend line: a centred rolling mean over this many GRPO steps (a step's figure rests on
+# its few anchor groups).
+SMOOTH_STEPS = 9
+
+
+def rolling_mean(values: Sequence[float], window: int) -> list[float]:
+    """The centred rolling mean of ``values`` ``[T]`` over ``window`` entries (fewer at the ends):
+    ``out[t] = mean(values[max(0, t - h) : t + h + 1])``, ``h = window // 2``."""
+    h = window // 2
+    return [float(mean(values[max(0, t - h) : t + h + 1])) for t in range(len(values))]
 
 
 def wm_quality_curve(rows: list[dict]) -> list[list[float | None]]:
     """``[step, *values of WM_QUALITY]`` for every metric row that logs any of them (None where a
     value is absent or not finite: an AUC before the anchors hold a success and a failure)."""
-    keys = [k for k, _, _ in WM_QUALITY]
+    keys = [k for k, *_ in WM_QUALITY]
     return [
         [float(r.get("step", i)), *(float(r[k]) if _finite(r.get(k)) else None for k in keys)]
         for i, r in enumerate(rows)
@@ -745,9 +756,9 @@ def plot(report: dict, path: Path) -> Path:
 
 def plot_wm_quality(report: dict, path: Path) -> Path | None:
     """Per domain whose runs log it (a row), the world model's quality against the GRPO step, one panel
-    per :data:`WM_QUALITY` metric, one line per method (mean over its seeds at each step), the target
-    band shaded: where a line leaves the band, the WM stopped knowing the policy. None (nothing
-    written) when no run logged any."""
+    per :data:`WM_QUALITY` metric, one line per method (mean over its seeds at each step, faint; its
+    :data:`SMOOTH_STEPS`-step rolling mean, bold), the target band shaded: where a line leaves the
+    band, the WM stopped knowing the policy. None (nothing written) when no run logged any."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -760,7 +771,7 @@ def plot_wm_quality(report: dict, path: Path) -> Path | None:
     cols = len(WM_QUALITY)
     fig, axes = plt.subplots(len(doms), cols, figsize=(5.0 * cols, 3.4 * len(doms)), squeeze=False)
     for (dname, dom), row in zip(doms.items(), axes, strict=True):
-        for j, (ax, (key, label, (lo, hi))) in enumerate(zip(row, WM_QUALITY, strict=True)):
+        for j, (ax, (key, label, (lo, hi), scale)) in enumerate(zip(row, WM_QUALITY, strict=True)):
             for m in dom["methods"]:
                 by_step: dict[float, list[float]] = {}
                 for k, curve in dom["wm_curves"].items():
@@ -770,9 +781,14 @@ def plot_wm_quality(report: dict, path: Path) -> Path | None:
                                 by_step.setdefault(p[0], []).append(p[1 + j])
                 if by_step:
                     steps = sorted(by_step)
-                    ax.plot(steps, [np.mean(by_step[x]) for x in steps], marker=".", ms=3, label=m)
+                    per_step = [float(np.mean(by_step[x])) for x in steps]
+                    (faint,) = ax.plot(steps, per_step, lw=0.8, alpha=0.3)
+                    ax.plot(
+                        steps, rolling_mean(per_step, SMOOTH_STEPS), lw=1.8, color=faint.get_color(), label=m
+                    )
             ax.axhspan(lo, hi if hi is not None else max(1.0, lo), color="tab:green", alpha=0.08)
-            ax.set_title(f"{dname}: {key}", fontsize=9)
+            ax.set_yscale(scale)
+            ax.set_title(f"{dname}: {key} (bold: {SMOOTH_STEPS}-step rolling mean)", fontsize=9)
             ax.set_xlabel("GRPO step")
             ax.set_ylabel(label, fontsize=8)
             ax.grid(alpha=0.3)

@@ -352,6 +352,13 @@ def test_the_wm_quality_the_runs_log_is_kept_per_step_and_plotted(grid):
     ]
 
 
+def test_the_wm_quality_trend_is_a_centred_rolling_mean_shortened_at_the_ends():
+    from wmrl.report import rolling_mean
+
+    assert rolling_mean([1.0, 2.0, 3.0, 4.0, 10.0], 3) == pytest.approx([1.5, 2.0, 3.0, 17 / 3, 7.0])
+    assert rolling_mean([5.0, 1.0], 9) == [3.0, 3.0] and rolling_mean([], 9) == []
+
+
 def test_the_plot_names_the_offline_data_under_the_axes_it_would_add_to():
     from wmrl.report import _offline_note
 
