@@ -10,8 +10,7 @@ to pair), on the same cached SFT policy and world model (``--cache-dir``: both c
 the same way). A process builds the domain (not timed), runs ``--warmup`` training steps untimed (a
 process's first steps pay one-off costs: the first convolutions' kernel set-up and memory; measured,
 the first step's update takes several times a later one's), then times ``--steps`` steps. On a
-loaded machine only a ratio measured side by
-side means anything: the figure is the median over pairs of (baseline step time / this step time),
+loaded machine only a ratio measured side by side means anything: the figure is the median over pairs of (baseline step time / this step time),
 per phase too (``time/generate``, ``time/update``, ...). The runs' final policy parameters and
 per-step metrics are compared as well (``same_results``: max absolute parameter difference, and
 whether every step's reward metrics agree), so a speed-up that changed the run shows.

@@ -201,21 +201,8 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
     gen = torch.Generator().manual_seed(2024)
     domain.twin_anchors = True
     t0 = time.perf_counter()
-    pooled: dict[str, list] = {
-        k: []
-        for k in (
-            "sq",
-            "var",
-            "success",
-            "reward",
-            "score_crn",
-            "adv_real",
-            "adv_self",
-            "adv_crn",
-            "adv_ind",
-            *(f"form_{f}" for f in SCORE_FORMS),
-        )  # fmt: skip
-    }
+    keys = ("sq", "var", "success", "reward", "score_crn", "adv_real", "adv_self", "adv_crn", "adv_ind")
+    pooled: dict[str, list] = {k: [] for k in (*keys, *(f"form_{f}" for f in SCORE_FORMS))}
     for task_id in domain.tasks:
         tasks = [t for t in domain.sample_tasks(8 * groups * len(domain.tasks), "train", gen)
                  if t.task_id == task_id][:groups]  # fmt: skip
@@ -296,6 +283,8 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
     adv = {k: np.concatenate(v) for k, v in pooled.items() if k.startswith("adv_")}
     success, reward, score_crn = (np.concatenate(pooled[k]) for k in ("success", "reward", "score_crn"))
     adv_real_normalised = group_adv_normalised(reward, g)
+    form_scores = {f: np.concatenate(pooled[f"form_{f}"]) for f in SCORE_FORMS}  # the CRN twins' [n]
+    form_normalised = {f: group_adv_normalised(x, g) for f, x in form_scores.items()}
     report["pooled"] = {
         "z2_raw": calibration_stats(sq, var),
         "z2_pretraining_calibration": calibration_stats(sq, var, *pre_calib),
@@ -320,15 +309,10 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
         # advantages, and per kind of real group (normalised)
         "twin_rho_by_score_form": {
             f: {
-                "centred": rho(adv["adv_real"], group_adv(np.concatenate(pooled[f"form_{f}"]), g)),
-                "normalised": rho(
-                    adv_real_normalised, group_adv_normalised(np.concatenate(pooled[f"form_{f}"]), g)
-                ),
+                "centred": rho(adv["adv_real"], group_adv(form_scores[f], g)),
+                "normalised": rho(adv_real_normalised, form_normalised[f]),
                 "by_group_kind_normalised": rho_by_group_kind(
-                    adv_real_normalised,
-                    group_adv_normalised(np.concatenate(pooled[f"form_{f}"]), g),
-                    success,
-                    g,
+                    adv_real_normalised, form_normalised[f], success, g
                 ),
             }
             for f in SCORE_FORMS

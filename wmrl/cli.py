@@ -226,6 +226,9 @@ def _resume_command(args: argparse.Namespace, argv: list[str]) -> str:
     return shlex.join(["wmrl", *argv])
 
 
+_BARS_WARNING = "Cannot enable progress bars"
+
+
 def _quiet_dataset_bars() -> None:
     """The datasets library's "Map" bars off for the whole command (wmrl's own bars show each
     stage): set before datasets is imported, its environment variable outlasts lerobot's
@@ -241,9 +244,6 @@ def _quiet_dataset_bars() -> None:
     inherited = os.environ.get("PYTHONWARNINGS", "")
     if ignore not in inherited.split(","):
         os.environ["PYTHONWARNINGS"] = f"{inherited},{ignore}" if inherited else ignore
-
-
-_BARS_WARNING = "Cannot enable progress bars"
 
 
 class _StderrLines(logging.Handler):

@@ -24,7 +24,9 @@ def expected_rollout_reward(
     ``r = P * 1 + (1 - P) * (1 - w) * max_t progress_t``. A successful rollout's real reward is exactly
     1 (success and full progress), so a group the WM is sure succeeds scores flat, as its real group
     does (:func:`rollout_score` instead lets the progress heads' noise spread it). With 0/1 success
-    flags and full progress on success the two agree.
+    flags and full progress on success the two agree. Not what the WM reports: measured as an
+    alternative form of its score (``benchmarks/vla_wm_quality.py``, ``twin_rho_by_score_form``), it
+    did not lift the twin-group correlation, so the WM keeps :func:`rollout_score`.
     """
     p = success.amax(-1)
     return p + (1.0 - p) * (1.0 - success_weight) * progress.amax(-1)
