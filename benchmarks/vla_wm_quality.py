@@ -176,7 +176,91 @@ def rho_by_group_kind(adv_real: np.ndarray, adv_twin: np.ndarray, success: np.nd
     }
 
 
-def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: Path | None = None) -> dict:
+#: the WM-guided anchor choice's floors tried by :func:`anchor_choice_variance` (1.0 is uniform)
+ANCHOR_FLOORS = (0.1, 0.2, 0.5)
+
+
+def anchor_needs(per_group: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """``{name: [T]}`` candidate needs of each real group for a WM-guided anchor choice: three read
+    from its imagined CRN twin alone (what a choice made before any execution could use) and the
+    oracle's, read from the real group itself.
+
+    - ``wm_spread``: ``sqrt(var_j r̂_j + mean_j v_j)``, the twin's score spread plus the WM's
+      (calibrated) variance: the generic expected spread of the group's rewards;
+    - ``wm_shortfall``: ``1 − mean_j r̂_j``: a group the WM sees succeed everywhere (score 1) would
+      come back all successes, its GRPO advantages all zero;
+    - ``wm_shortfall_calibrated``: ``sqrt P(real group not flat | shortfall)``, isotonic, cross-fitted
+      over two random halves of the groups (the optimal ``π ∝ sqrt E|a_t|²`` if it were exact);
+    - ``oracle``: ``sqrt |a_t|²``, the lowest variance any choice reaches.
+    """
+    from sklearn.isotonic import IsotonicRegression
+
+    sq, mean = np.asarray(per_group["sq"]), np.asarray(per_group["twin_mean"])
+    shortfall = 1.0 - mean
+    nonflat = (sq > 0).astype(float)
+    fold = np.random.default_rng(seed).permutation(len(sq)) % 2
+    p_nonflat = np.empty(len(sq))
+    for f in (0, 1):
+        iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip")
+        p_nonflat[fold == f] = iso.fit(shortfall[fold != f], nonflat[fold != f]).predict(shortfall[fold == f])
+    return {
+        "wm_spread": np.asarray(per_group["need"]),
+        "wm_shortfall": np.clip(shortfall, 0.0, None),
+        "wm_shortfall_calibrated": np.sqrt(p_nonflat),
+        "oracle": np.sqrt(sq),
+    }
+
+
+def anchor_choice_variance(
+    group_sq: np.ndarray, needs: dict[str, np.ndarray], tasks_per_step: int, k: int, shuffles: int = 300,
+    seed: int = 0,
+) -> dict:  # fmt: skip
+    """How much a WM-guided anchor choice would cut the variance of the anchors' part of the update.
+
+    The pooled real groups are dealt into steps of ``tasks_per_step``; a step executes ``k`` of them
+    with probabilities :func:`wmrl.anchors.inclusion_probabilities` of their ``need`` (per candidate
+    of :func:`anchor_needs`, per floor) and weights the anchors' advantages by ``1/π_t``
+    (Horvitz-Thompson: unbiased for any ``π``). With the groups' gradients orthogonal (the
+    equal-direction approximation ``ppi``'s λ uses) the estimate's variance is
+    ``Σ_t |a_t|² (1/π_t − 1)`` for any sampling design with those ``π``; its ratio to the uniform
+    ``π = k/N`` is averaged over ``shuffles`` dealings, and ``k / ratio`` is the uniform anchor count
+    that would give the same variance. ``group_sq`` ``[T]``: each real group's ``|a_t|²`` (sum of
+    its squared normalised advantages; 0 for a flat group)."""
+    from wmrl.anchors import inclusion_probabilities
+    from world_models.vla_dynamics import success_auc
+
+    rng = np.random.default_rng(seed)
+    n_steps = len(group_sq) // tasks_per_step
+    cells = [(name, f) for name in needs for f in ((0.0,) if name == "oracle" else ANCHOR_FLOORS)]
+    acc = {cell: 0.0 for cell in cells}
+    base = 0.0
+    for _ in range(shuffles):
+        order = rng.permutation(len(group_sq))[: n_steps * tasks_per_step].reshape(n_steps, tasks_per_step)
+        for idx in order:
+            sq = group_sq[idx]
+            base += float((sq * (tasks_per_step / k - 1)).sum())
+            for name, floor in cells:
+                pi = inclusion_probabilities(torch.from_numpy(needs[name][idx]), k, floor).numpy()
+                acc[(name, floor)] += float(np.where(sq > 0, sq * (1 / np.maximum(pi, 1e-12) - 1), 0.0).sum())
+    nonflat = (group_sq > 0).astype(float)
+    out: dict = {}
+    for name in needs:
+        out[name] = {
+            "auc_nonflat": success_auc(needs[name], nonflat) if 0 < nonflat.sum() < len(nonflat) else None
+        }
+        for (n, floor), var in acc.items():
+            if n == name:
+                ratio = var / base
+                out[name][f"floor_{floor}"] = {
+                    "variance_ratio": ratio,
+                    "equivalent_uniform_anchors": k / ratio,
+                }
+    return out
+
+
+def measure(
+    preset: str, groups: int, out: Path, extra: list[str], checkpoint: Path | None = None, seed: int = 2024
+) -> dict:
     from scipy.stats import spearmanr
 
     from wmrl.config import load_config
@@ -196,12 +280,23 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
     wm = domain.world_model
     pre_calib = (wm.var_scale, wm.var_floor)
     report: dict = {"preset": preset, "overrides": extra, "group_size": g, "groups_per_task": groups,
-                    "policy": str(checkpoint) if checkpoint else "sft", "policy_step": policy_step,
+                    "policy": str(checkpoint) if checkpoint else "sft", "policy_step": policy_step, "seed": seed,
                     "pretraining_calibration": list(pre_calib), "tasks": {}}  # fmt: skip
-    gen = torch.Generator().manual_seed(2024)
+    gen = torch.Generator().manual_seed(seed)
     domain.twin_anchors = True
     t0 = time.perf_counter()
-    keys = ("sq", "var", "success", "reward", "score_crn", "adv_real", "adv_self", "adv_crn", "adv_ind")
+    keys = (
+        "sq",
+        "var",
+        "var_crn",
+        "success",
+        "reward",
+        "score_crn",
+        "adv_real",
+        "adv_self",
+        "adv_crn",
+        "adv_ind",
+    )
     pooled: dict[str, list] = {k: [] for k in (*keys, *(f"form_{f}" for f in SCORE_FORMS))}
     for task_id in domain.tasks:
         tasks = [t for t in domain.sample_tasks(8 * groups * len(domain.tasks), "train", gen)
@@ -272,6 +367,7 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
         pooled["success"].append(success)
         pooled["reward"].append(reward)
         pooled["score_crn"].append(score[n:])
+        pooled["var_crn"].append(var[n:])
         for f, twin_scores in scores_by_form(wm.model, batch, slice(n, None)).items():
             pooled[f"form_{f}"].append(twin_scores)
         for k in ("real", "self", "crn", "ind"):
@@ -318,6 +414,20 @@ def measure(preset: str, groups: int, out: Path, extra: list[str], checkpoint: P
             for f in SCORE_FORMS
         },
     }
+    # the WM choosing which groups to execute: each real group's weight in the update against what
+    # its CRN twin shows before any execution (wm_spread with the pretraining-calibrated variance)
+    group_sq = (adv_real_normalised.reshape(-1, g) ** 2).sum(1)
+    twins = score_crn.reshape(-1, g)
+    twin_var = np.concatenate(pooled["var_crn"]).reshape(-1, g)
+    per_group = {
+        "sq": group_sq.tolist(),
+        "need": np.sqrt(twins.var(1) + (pre_calib[0] * twin_var + pre_calib[1]).mean(1)).tolist(),
+        "twin_mean": twins.mean(1).tolist(),
+        "twin_spread": twins.std(1).tolist(),
+        "twin_var": twin_var.mean(1).tolist(),
+        "real_success": success.reshape(-1, g).mean(1).tolist(),
+    }
+    report["pooled"]["anchor_choice"] = anchor_choice(per_group, cfg)
     report["seconds"] = time.perf_counter() - t0
     domain.close()
     return report
@@ -359,6 +469,37 @@ def plot(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def anchor_choice(per_group: dict, cfg) -> dict:
+    """The groups, the flat ones among them and :func:`anchor_choice_variance` of every need in
+    :func:`anchor_needs`, at the run's groups per step and anchors."""
+    sq = np.asarray(per_group["sq"])
+    k = cfg.anchors.count(cfg.grpo.tasks_per_step)
+    return {
+        "groups": len(sq),
+        "flat_real_groups": int((sq == 0).sum()),
+        "tasks_per_step": cfg.grpo.tasks_per_step,
+        "anchors_per_step": k,
+        "per_group": per_group,
+        "needs": anchor_choice_variance(sq, anchor_needs(per_group), cfg.grpo.tasks_per_step, k),
+    }
+
+
+def pool_anchor_choice(reports: list[Path], out: Path) -> None:
+    """:func:`anchor_choice` on the groups of several reports of one policy (other seeds)."""
+    from wmrl.config import load_config
+
+    runs = [json.loads(r.read_text()) for r in reports]
+    if len({(r["policy"], r["preset"], tuple(r["overrides"])) for r in runs}) != 1:
+        raise SystemExit("--pool: the reports measure different policies or configs")
+    groups = [r["pooled"]["anchor_choice"]["per_group"] for r in runs]
+    per_group = {key: [v for grp in groups for v in grp[key]] for key in groups[0]}
+    result = {"reports": [str(r) for r in reports], "policy": runs[0]["policy"]}
+    result |= anchor_choice(per_group, load_config(runs[0]["preset"], runs[0]["overrides"]))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "anchor_choice.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "per_group"}, indent=2))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="vla-rl")
@@ -368,12 +509,25 @@ def main(argv: list[str] | None = None) -> None:
                    help="a run's checkpoint (e.g. RUN/checkpoints/latest.pt of a run of half the steps): "
                         "measure on that policy's rollouts instead of the SFT policy's (the WM as "
                         "pretrained)")  # fmt: skip
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=2024,
+        help="the tasks' and the sampling's seed (repeat "
+        "with other seeds and --pool for more groups than fit in memory at once)",
+    )
+    p.add_argument("--pool", type=Path, nargs="+", default=None, metavar="REPORT",
+                   help="instead of measuring: pool the anchor-choice groups of these reports (one "
+                        "policy, several seeds) into <out>/anchor_choice.json")  # fmt: skip
     a, extra = p.parse_known_args(argv)
+    if a.pool:
+        pool_anchor_choice(a.pool, Path(a.out))
+        return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = measure(a.preset, a.groups, out, extra, a.checkpoint)
+    report = measure(a.preset, a.groups, out, extra, a.checkpoint, a.seed)
     (out / "vla_wm_quality.json").write_text(json.dumps(report, indent=2))
     plot(report, out / "vla_wm_quality.png")
     print(json.dumps(report["pooled"], indent=2))
