@@ -83,9 +83,14 @@ class VLAConfig(DomainConfig):
     dagger_rounds: int = 0
     dagger_episodes_per_task: int = 20
     dagger_epochs: int = 6
-    # Sampling temperature of the policy during RL rollouts, and at evaluation.
+    # Sampling temperature of the policy during RL rollouts, and at evaluation (0: greedy, each action
+    # dimension's most likely bin).
     temperature: float = 1.0
     eval_temperature: float = 1.0
+    # Also evaluate the policy sampled at `temperature` (the one GRPO trains) on the same episodes,
+    # as eval/success_sampled (and reward_sampled, success_sampled/<task>): a grid can fix greedy
+    # and sampled success in advance, or score on either (its spec's `score`). Doubles evaluation.
+    eval_sampled: bool = False
     # World model: frame decoder "deterministic" | "diffusion", ensemble size, pretraining.
     world_model: str = "deterministic"
     wm_members: int = 3
@@ -267,6 +272,12 @@ class VLAConfig(DomainConfig):
             raise ConfigError(
                 f"domain.temperature={self.temperature} must be > 0 and "
                 f"domain.eval_temperature={self.eval_temperature} >= 0"
+            )
+        if self.eval_sampled and self.eval_temperature == self.temperature:
+            raise ConfigError(
+                f"domain.eval_sampled=true with domain.eval_temperature equal to domain.temperature "
+                f"({self.temperature}): the evaluation already samples the policy GRPO trains; set "
+                "eval_temperature=0 for greedy and sampled both, or drop eval_sampled"
             )
 
     def _check_task_specs(self) -> None:

@@ -83,6 +83,7 @@ class VLADomain:
         image_size: int,
         temperature: float = 1.0,
         eval_temperature: float = 1.0,
+        eval_sampled: bool = False,
         eval_episodes_per_task: int = 10,
         eval_combos: str = "test",
         eval_lockstep: int = 64,
@@ -110,6 +111,10 @@ class VLADomain:
             raise ValueError(f"eval_combos={eval_combos!r} is not one of test, train")
         if eval_lockstep < 1:
             raise ValueError(f"eval_lockstep={eval_lockstep} must be >= 1")
+        if eval_sampled and eval_temperature == temperature:
+            raise ValueError(
+                f"eval_sampled: the evaluation already samples at temperature {temperature} (eval_temperature)"
+            )
         if not tasks:
             raise ValueError("VLADomain needs at least one task")
         for t in tasks:
@@ -120,6 +125,7 @@ class VLADomain:
         self.image_size = image_size
         self.temperature = temperature
         self.eval_temperature = eval_temperature
+        self.eval_sampled = eval_sampled
         self.eval_episodes_per_task = eval_episodes_per_task
         self.eval_combos = eval_combos
         self.eval_lockstep = eval_lockstep
@@ -400,36 +406,24 @@ class VLADomain:
     def evaluate(self, split: str = "eval") -> dict[str, float]:
         """Success rate in MuJoCo on held-out seeds, on held-out instruction/colour combinations (on
         the training ones with ``eval_combos="train"``); ``split="train"``: training seeds and
-        combinations."""
+        combinations. The policy acts at ``eval_temperature`` (0: each action dimension's most likely
+        bin); with ``eval_sampled`` the same episodes are run again with the policy sampled at the
+        training ``temperature`` (the policy GRPO trains), reported as ``success_sampled``,
+        ``reward_sampled`` and ``success_sampled/<task>``."""
         self.policy.eval()
         lo, _ = EVAL_SEEDS if split != "train" else TRAIN_SEEDS
         env_split = ENV_SPLIT["train"] if split == "train" else self.eval_combos
         specs = [(t, lo + 7919 * k) for t in self.tasks for k in range(self.eval_episodes_per_task)]
-        actor = policy_actor(self.policy, self.eval_temperature, torch.Generator().manual_seed(12345))
         film = set()  # indices of the filmed episodes
         if self.out_dir is not None and self.n_videos > 0:
             film = set(range(0, len(specs), max(1, len(specs) // self.n_videos))[: self.n_videos])
-        # at most eval_lockstep episodes (each an env and renderer) at a time; frames kept for the filmed ones only
-        rows, videos = [], []
-        for first in range(0, len(specs), self.eval_lockstep):
-            chunk = run_episodes(actor, specs[first : first + self.eval_lockstep], self.pool, env_split)
-            for k, r in enumerate(chunk, start=first):
-                rows.append((r.task_id, float(r.success.max()), float(r.reward), float(r.length)))
-                if k in film:
-                    videos.append(r)
-        task_ids, success, reward, length = zip(*rows, strict=True)
-        out: dict[str, float] = {
-            "success": float(np.mean(success)),
-            "reward": float(np.mean(reward)),
-            "episode_length": float(np.mean(length)),
-            # training cost so far (evaluation episodes not counted)
-            "sim_steps_train": float(self.sim_steps),
-            "imagined_steps_train": float(self.imagined_steps),
-        }
-        for t in self.tasks:
-            name = t.split("/")[-1]
-            out[f"success/{name}"] = float(
-                np.mean([s for tid, s in zip(task_ids, success, strict=True) if tid == t])
+        rows, videos = self._run_evaluation(specs, env_split, self.eval_temperature, film)
+        out = self._evaluation_scores(rows, "")
+        # training cost so far (evaluation episodes not counted)
+        out |= {"sim_steps_train": float(self.sim_steps), "imagined_steps_train": float(self.imagined_steps)}
+        if self.eval_sampled:
+            out |= self._evaluation_scores(
+                self._run_evaluation(specs, env_split, self.temperature, set())[0], "_sampled"
             )
         if videos and self.out_dir is not None:
             vdir = self.out_dir / "videos"
@@ -440,6 +434,40 @@ class VLADomain:
                 save_gif(r.images, vdir / f"{stem}_{ok}.gif")
                 save_gif(self.real_vs_imagined(r), vdir / f"{stem}_real_vs_imagined.gif")
         self.n_evals += 1
+        return out
+
+    def _run_evaluation(
+        self, specs: list[tuple[str, int]], env_split: str, temperature: float, film: set[int]
+    ) -> tuple[list[tuple[str, float, float, float]], list]:
+        """The episodes ``specs`` with the policy at ``temperature`` (its sampling seeded alike on
+        every call), at most ``eval_lockstep`` at a time (each an env and a renderer): per episode
+        ``(task, success, reward, length)``, and the episodes of the indices in ``film`` (frames kept
+        for those only)."""
+        actor = policy_actor(self.policy, temperature, torch.Generator().manual_seed(12345))
+        rows, videos = [], []
+        for first in range(0, len(specs), self.eval_lockstep):
+            chunk = run_episodes(actor, specs[first : first + self.eval_lockstep], self.pool, env_split)
+            for k, r in enumerate(chunk, start=first):
+                rows.append((r.task_id, float(r.success.max()), float(r.reward), float(r.length)))
+                if k in film:
+                    videos.append(r)
+        return rows, videos
+
+    def _evaluation_scores(
+        self, rows: list[tuple[str, float, float, float]], suffix: str
+    ) -> dict[str, float]:
+        """``success``, ``reward``, ``episode_length`` and ``success/<task>`` of ``rows``, each key
+        with ``suffix`` after its first word."""
+        task_ids, success, reward, length = zip(*rows, strict=True)
+        out = {
+            f"success{suffix}": float(np.mean(success)),
+            f"reward{suffix}": float(np.mean(reward)),
+            f"episode_length{suffix}": float(np.mean(length)),
+        }
+        for t in self.tasks:
+            out[f"success{suffix}/{t.split('/')[-1]}"] = float(
+                np.mean([s for tid, s in zip(task_ids, success, strict=True) if tid == t])
+            )
         return out
 
     def step_metrics(self) -> dict[str, float]:

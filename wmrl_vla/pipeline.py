@@ -558,6 +558,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         cfg.image_size,
         temperature=cfg.temperature,
         eval_temperature=cfg.eval_temperature,
+        eval_sampled=cfg.eval_sampled,
         eval_episodes_per_task=cfg.eval_episodes_per_task,
         eval_combos=cfg.eval_combos,
         eval_lockstep=cfg.eval_lockstep,

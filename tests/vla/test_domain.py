@@ -223,6 +223,30 @@ def test_evaluation_runs_in_lockstep_chunks_with_the_same_result(built, monkeypa
     assert chunked == whole
 
 
+def test_eval_sampled_adds_the_sampled_policys_success_on_the_same_episodes(built, monkeypatch):
+    """Greedy figures unchanged by the second pass; the sampled ones equal a plain evaluation at the
+    training temperature."""
+    from wmrl.config import ConfigError
+
+    _, domain, _ = built
+    for k, v in {"n_videos": 0, "eval_episodes_per_task": 2, "eval_temperature": 0.0}.items():
+        monkeypatch.setattr(domain, k, v)
+    greedy = domain.evaluate("eval")
+    monkeypatch.setattr(domain, "eval_sampled", True)
+    both = domain.evaluate("eval")
+    monkeypatch.setattr(domain, "eval_sampled", False)
+    monkeypatch.setattr(domain, "eval_temperature", domain.temperature)
+    sampled = domain.evaluate("eval")
+    assert {k: v for k, v in both.items() if "_sampled" not in k} == greedy
+    names = [f"success/{t.split('/')[-1]}" for t in domain.tasks]
+    for key in ["success", "reward", "episode_length", *names]:
+        first, _, rest = key.partition("/")
+        assert both[f"{first}_sampled" + (f"/{rest}" if rest else "")] == sampled[key], key
+    assert any(both[f"{k}_sampled"] != greedy[k] for k in ("reward", "episode_length"))  # another policy
+    with pytest.raises(ConfigError, match="eval_sampled=true with domain.eval_temperature equal"):
+        load_config("vla-debug", ["--domain.eval_sampled=true", "--domain.eval_temperature=1.0"])
+
+
 def test_real_vs_imagined_frames_start_from_the_real_first_frame_and_change_no_generator(built, batch):
     _, domain, _ = built
     r = next(p["rollout"] for p in batch.payload if p["kind"] == "sim")
