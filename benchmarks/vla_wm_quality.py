@@ -25,10 +25,16 @@ never saw. Then, per task:
   each form of the rollout score (:data:`SCORE_FORMS`: the reward's formula on the heads, its
   expectation when a success brings full progress, that with thresholded success heads).
 
+- **anchor choice**: what executing the groups the WM picks (drawn with unequal probabilities,
+  weighted by ``1/π``) would save against uniform anchors, per candidate need read from the twins
+  (:func:`anchor_choice_variance`); ``--seed`` repeats the measurement on other groups and ``--pool``
+  pools the groups of several reports (``<out>/anchor_choice.json``).
+
 Also saves one side-by-side GIF per task (real | open-loop imagined | CRN twin).
 
     uv run python benchmarks/vla_wm_quality.py --preset vla-rl --groups 12 --out benchmarks/results
     ... --checkpoint RUN/checkpoints/latest.pt   # e.g. a run of half the steps: a policy halfway through RL
+    ... --pool DIR_S11/vla_wm_quality.json DIR_S12/vla_wm_quality.json --out DIR   # anchor choice, pooled
 
 Writes ``<out>/vla_wm_quality.json`` and ``.png``. Not a test.
 """
