@@ -1,10 +1,12 @@
 """What a grid of ``n`` seeds can show: the paired spread of each method's held-out final to
-``anchors_only`` and the smallest mean difference ``n`` seeds would detect.
+``anchors_only`` (and of each WM method's to its controls, the placebo WM and for ``ppi`` λ = 0) and
+the smallest mean difference ``n`` seeds would detect.
 
 For the regime grid's seeds, greedy (the grid's metric, each seed's ``reeval.json``) and sampled at
 T = 1 (``benchmarks/reeval_run.py ... --domain.eval_temperature=1.0`` outputs named
-``seedK_METHOD.json``); per method the paired differences in points, their standard deviation and
-:func:`min_detectable_difference` at ``--n`` seeds:
+``seedK_METHOD.json``): every method's finals (``anchors_only``'s too), and per comparison the paired
+differences in points, their standard deviation and :func:`min_detectable_difference` at ``--n``
+seeds:
 
     uv run python benchmarks/seed_power.py --seeds 0 1 3 --out benchmarks/results/vla_regime_sampled/power.json
 
@@ -21,7 +23,9 @@ import numpy as np
 from scipy import optimize, stats
 
 RESULTS = Path(__file__).resolve().parent / "results"
+BASELINE = "anchors_only"  # the same real executions without a WM: the bar every comparison includes
 METHODS = ("real", "wmrl", "wmrl_placebo", "ppi", "ppi_placebo", "ppi_lambda0")
+READS = ("greedy", "sampled")
 
 
 def min_detectable_difference(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
@@ -45,28 +49,46 @@ def sampled(seed: int, method: str) -> float:
     return 100 * json.loads(path.read_text())["final"]["eval"]["success"]
 
 
+def paired(
+    finals: dict[str, dict[str, list[float]]], seeds: list[int], method: str, against: str, n: int
+) -> dict:
+    """Per read-out, ``method``'s finals minus ``against``'s over ``seeds``: the report's paired
+    evidence (:func:`wmrl.report.paired_evidence`: mean, s.e., one-sided 95% bounds, seeds ahead),
+    the differences, their standard deviation and the difference ``n`` seeds would detect."""
+    from wmrl.report import paired_evidence
+
+    out = {}
+    for read in READS:
+        a, b = (dict(zip(seeds, finals[m][read], strict=True)) for m in (method, against))
+        diffs = np.subtract(finals[method][read], finals[against][read])
+        sd = float(diffs.std(ddof=1))
+        out[read] = (paired_evidence(a, b, seeds) or {}) | {
+            "differences": diffs.tolist(),
+            "sd": sd,
+            "min_detectable": min_detectable_difference(sd, n),
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
+    from wmrl.grid_spec import controls_of
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", required=True, help="seeds with both read-outs")
     p.add_argument("--n", type=int, default=8, help="the seeds of the grid whose power is asked")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
-    report: dict = {"seeds": a.seeds, "n": a.n, "alpha": 0.05, "power": 0.8, "methods": {}}
+    reads = {"greedy": greedy, "sampled": sampled}
+    finals = {m: {r: [reads[r](s, m) for s in a.seeds] for r in READS} for m in (BASELINE, *METHODS)}
+    report: dict = {"seeds": a.seeds, "n": a.n, "alpha": 0.05, "power": 0.8, "baseline": BASELINE,
+                    "finals": finals, "vs_anchors_only": {}, "vs_controls": {}}  # fmt: skip
     for m in METHODS:
-        row = {}
-        for name, read in (("greedy", greedy), ("sampled", sampled)):
-            diffs = np.array([read(s, m) - read(s, "anchors_only") for s in a.seeds])
-            sd = float(diffs.std(ddof=1))
-            row[name] = {
-                "differences": diffs.tolist(),
-                "mean": float(diffs.mean()),
-                "sd": sd,
-                "min_detectable": min_detectable_difference(sd, a.n),
-            }
-        report["methods"][m] = row
+        row = report["vs_anchors_only"][m] = paired(finals, a.seeds, m, BASELINE, a.n)
         g, s = row["greedy"], row["sampled"]
-        print(f"{m:14s} sd greedy {g['sd']:5.1f} sampled {s['sd']:5.1f}  "
+        print(f"{m:14s} - {BASELINE}: sd greedy {g['sd']:5.1f} sampled {s['sd']:5.1f}  "
               f"detectable at n={a.n}: {g['min_detectable']:5.1f} / {s['min_detectable']:5.1f} points")  # fmt: skip
+        for c in controls_of(m):
+            report["vs_controls"][f"{m} - {c}"] = paired(finals, a.seeds, m, c, a.n)
     a.out.write_text(json.dumps(report, indent=2))
 
 
