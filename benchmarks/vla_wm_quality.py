@@ -24,6 +24,10 @@ never saw. Then, per task:
   centred advantages and on the std-normalised ones training uses; and the CRN twins scored by
   each form of the rollout score (:data:`SCORE_FORMS`: the reward's formula on the heads, its
   expectation when a success brings full progress, that with thresholded success heads).
+- **where the twins part**: each CRN twin's imagined action sequence executed in MuJoCo from its
+  task's seed (``replay``), which splits the twin correlation in two (:func:`twin_decomposition`):
+  the imagined closed loop (do the twin's own actions, executed, keep its real group's advantages?)
+  and the WM's scoring of them (does its score follow what those actions really do?).
 
 - **anchor choice**: what executing the groups the WM picks (drawn with unequal probabilities,
   weighted by ``1/π``) would save against uniform anchors, per candidate need read from the twins
@@ -34,7 +38,7 @@ Also saves one side-by-side GIF per task (real | open-loop imagined | CRN twin).
 
     uv run python benchmarks/vla_wm_quality.py --preset vla-rl --groups 12 --out benchmarks/results
     ... --checkpoint RUN/checkpoints/latest.pt   # e.g. a run of half the steps: a policy halfway through RL
-    ... --pool DIR_S11/vla_wm_quality.json DIR_S12/vla_wm_quality.json --out DIR   # anchor choice, pooled
+    ... --pool DIR_S11/vla_wm_quality.json DIR_S12/vla_wm_quality.json --out DIR   # anchor choice and twins, pooled
 
 Writes ``<out>/vla_wm_quality.json`` and ``.png``. Not a test.
 """
@@ -52,7 +56,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from wmrl_vla.rollout import goal_or_zeros
+from wmrl_vla.rollout import goal_or_zeros, replay, rollout_reward
 from world_models.vla_dynamics import expected_rollout_reward, instruction_ids, rollout_score
 
 
@@ -182,6 +186,58 @@ def rho_by_group_kind(adv_real: np.ndarray, adv_twin: np.ndarray, success: np.nd
     }
 
 
+def twin_decomposition(rows: dict[str, np.ndarray], g: int) -> dict:
+    """Where an imagined CRN twin loses its real group's advantages.
+
+    ``rows`` holds ``[n * g]`` arrays, group-major, row ``i`` of each the real rollout ``i`` or its
+    twin: ``reward`` and ``success`` (the real rollouts), ``twin_replayed_reward`` and
+    ``twin_replayed_success`` (the twin's imagined actions executed in MuJoCo), ``twin_score`` (the
+    WM's score of the twin: what training uses), ``self_score`` (the WM's score of the real
+    rollout's actions) and ``twin_claimed`` (1 where imagination ended the twin on a predicted
+    success). With ``A(x)`` the group advantages of ``x`` and :func:`rho` their correlation, per
+    advantage form (``centred``, and ``normalised`` as training uses):
+
+    - ``real_vs_twin_replayed`` = ρ(A(reward), A(twin_replayed_reward)): the imagined closed loop,
+      scored perfectly: what the twin's own actions keep of the real group's advantages;
+    - ``twin_replayed_vs_wm`` = ρ(A(twin_replayed_reward), A(twin_score)): the WM's scoring of the
+      twin's actions against what they really do;
+    - ``real_vs_wm`` = ρ(A(reward), A(twin_score)): the twin correlation (``crn_twin``);
+    - ``real_vs_wm_of_real`` = ρ(A(reward), A(self_score)): the WM scoring the real actions
+      (``shared_rollout``);
+
+    each also per kind of real group (:func:`rho_by_group_kind`). Also the success rates and, of the
+    twins imagination ended on a predicted success, the share that succeed when executed."""
+    r = {k: np.asarray(v, dtype=float) for k, v in rows.items()}
+    out: dict = {}
+    for form, adv in (("centred", group_adv), ("normalised", group_adv_normalised)):
+        real, replayed, wm, own = (
+            adv(r[k], g) for k in ("reward", "twin_replayed_reward", "twin_score", "self_score")
+        )
+        out[form] = {
+            "real_vs_twin_replayed": rho(real, replayed),
+            "twin_replayed_vs_wm": rho(replayed, wm),
+            "real_vs_wm": rho(real, wm),
+            "real_vs_wm_of_real": rho(real, own),
+            "real_vs_twin_replayed_by_group_kind": rho_by_group_kind(real, replayed, r["success"], g),
+            "twin_replayed_vs_wm_by_group_kind": rho_by_group_kind(
+                replayed, wm, r["twin_replayed_success"], g
+            ),
+        }
+    claimed = r["twin_claimed"] > 0
+    out["success"] = {
+        "real": float(r["success"].mean()),
+        "twin_replayed": float(r["twin_replayed_success"].mean()),
+        "twin_claimed": float(claimed.mean()),
+        "twin_replayed_given_claimed": float(r["twin_replayed_success"][claimed].mean())
+        if claimed.any()
+        else None,
+        "twin_replayed_given_not_claimed": (
+            float(r["twin_replayed_success"][~claimed].mean()) if (~claimed).any() else None
+        ),
+    }
+    return out
+
+
 #: the WM-guided anchor choice's floors tried by :func:`anchor_choice_variance` (1.0 is uniform)
 ANCHOR_FLOORS = (0.1, 0.2, 0.5)
 
@@ -264,6 +320,45 @@ def anchor_choice_variance(
     return out
 
 
+def action_agreement(real_bins: list[np.ndarray], twin_bins: list[np.ndarray]) -> list[float]:
+    """``[T]`` the share of action dimensions whose bin the CRN twin drew equal to its real rollout's
+    at step ``t``, over the pairs that both reach ``t`` (each ``[T_i, A]``): how long the imagined
+    closed loop keeps choosing what the real one chose."""
+    t_max = max(min(len(a), len(b)) for a, b in zip(real_bins, twin_bins, strict=True))
+    out = []
+    for t in range(t_max):
+        same = [
+            np.mean(a[t] == b[t])
+            for a, b in zip(real_bins, twin_bins, strict=True)
+            if t < min(len(a), len(b))
+        ]
+        out.append(float(np.mean(same)))
+    return out
+
+
+def twin_rows(domain, batch, reward: np.ndarray, success: np.ndarray, score: np.ndarray, n: int) -> dict:
+    """The per-rollout arrays :func:`twin_decomposition` reads, for a batch of ``n`` real rollouts
+    followed by their ``n`` CRN twins (``score`` ``[2n]``: the WM's score of each row): every twin's
+    imagined actions executed in MuJoCo from its task's seed (:func:`~wmrl_vla.rollout.replay`)."""
+    replayed_reward, replayed_success, claimed = [], [], []
+    for i in range(n, 2 * n):
+        p = batch.payload[i]
+        task = batch.tasks[int(batch.group_ids[i])]
+        prog, succ = replay(p["task_id"], p["seed"], task.env_split, p["actions"], domain.max_steps)
+        replayed_reward.append(rollout_reward(prog, succ))
+        replayed_success.append(float(succ.max()) if len(succ) else 0.0)
+        claimed.append(float(len(p["actions"]) < domain.horizon[p["task_id"]]))
+    return {
+        "reward": reward,
+        "success": success,
+        "twin_replayed_reward": np.array(replayed_reward),
+        "twin_replayed_success": np.array(replayed_success),
+        "twin_score": score[n:],
+        "self_score": score[:n],
+        "twin_claimed": np.array(claimed),
+    }
+
+
 def measure(
     preset: str, groups: int, out: Path, extra: list[str], checkpoint: Path | None = None, seed: int = 2024
 ) -> dict:
@@ -318,6 +413,7 @@ def measure(
         ind_batch = domain._collate(indep, tasks, g)
         score_ind = wm.raw_predict(ind_batch).mean.numpy()
         mse = open_loop_frame_mse(wm.model, real)
+        rows = twin_rows(domain, batch, reward, success, score, n)
         sq = (score[:n] - reward) ** 2
         # calibration, cross-fitted over two folds of whole groups
         fold = (np.arange(n) // g) % 2
@@ -358,6 +454,10 @@ def measure(
             "twin_rho_by_group_kind_normalised": rho_by_group_kind(
                 group_adv_normalised(reward, g), group_adv_normalised(score[n:], g), success, g
             ),
+            "twin_decomposition": twin_decomposition(rows, g),
+            "twin_action_agreement_per_step": action_agreement(
+                [batch.payload[i]["bins"] for i in range(n)], [batch.payload[n + i]["bins"] for i in range(n)]
+            ),
             "twin_same_first_action": float(
                 np.mean(
                     [
@@ -368,6 +468,8 @@ def measure(
             ),  # fmt: skip
         }
         report["tasks"][task_id] = res
+        for k, v in rows.items():
+            pooled.setdefault(f"row_{k}", []).append(v)
         pooled["sq"].append(sq)
         pooled["var"].append(var[:n])
         pooled["success"].append(success)
@@ -420,6 +522,9 @@ def measure(
             for f in SCORE_FORMS
         },
     }
+    rows = {k[4:]: np.concatenate(v) for k, v in pooled.items() if k.startswith("row_")}
+    report["pooled"]["twin_decomposition"] = twin_decomposition(rows, g)
+    report["pooled"]["rows"] = {k: v.tolist() for k, v in rows.items()}
     # the WM choosing which groups to execute: each real group's weight in the update against what
     # its CRN twin shows before any execution (wm_spread with the pretraining-calibrated variance)
     group_sq = (adv_real_normalised.reshape(-1, g) ** 2).sum(1)
@@ -486,12 +591,16 @@ def anchor_choice(per_group: dict, cfg) -> dict:
         "tasks_per_step": cfg.grpo.tasks_per_step,
         "anchors_per_step": k,
         "per_group": per_group,
-        "needs": anchor_choice_variance(sq, anchor_needs(per_group), cfg.grpo.tasks_per_step, k),
+        # fewer groups than one step holds: no step to deal them into (pool more with --pool)
+        "needs": anchor_choice_variance(sq, anchor_needs(per_group), cfg.grpo.tasks_per_step, k)
+        if len(sq) >= cfg.grpo.tasks_per_step
+        else None,
     }
 
 
-def pool_anchor_choice(reports: list[Path], out: Path) -> None:
-    """:func:`anchor_choice` on the groups of several reports of one policy (other seeds)."""
+def pool_reports(reports: list[Path], out: Path) -> None:
+    """:func:`anchor_choice` on the groups of several reports of one policy (other seeds), and
+    :func:`twin_decomposition` on their rollouts where the reports hold them."""
     from wmrl.config import load_config
 
     runs = [json.loads(r.read_text()) for r in reports]
@@ -500,10 +609,23 @@ def pool_anchor_choice(reports: list[Path], out: Path) -> None:
     groups = [r["pooled"]["anchor_choice"]["per_group"] for r in runs]
     per_group = {key: [v for grp in groups for v in grp[key]] for key in groups[0]}
     result = {"reports": [str(r) for r in reports], "policy": runs[0]["policy"]}
-    result |= anchor_choice(per_group, load_config(runs[0]["preset"], runs[0]["overrides"]))
+    cfg = load_config(runs[0]["preset"], runs[0]["overrides"])
+    result |= anchor_choice(per_group, cfg)
     out.mkdir(parents=True, exist_ok=True)
     (out / "anchor_choice.json").write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "per_group"}, indent=2))
+    if all("rows" in r["pooled"] for r in runs):  # reports measured with the twins executed
+        rows = {k: np.concatenate([r["pooled"]["rows"][k] for r in runs]) for k in runs[0]["pooled"]["rows"]}
+        twins = {"reports": result["reports"], "policy": result["policy"], "rollouts": len(rows["reward"])}
+        twins["twin_decomposition"] = twin_decomposition(rows, cfg.grpo.group_size)
+        curves = {
+            t: [r["tasks"][t]["twin_action_agreement_per_step"] for r in runs] for t in runs[0]["tasks"]
+        }
+        twins["twin_action_agreement_per_step"] = {  # the reports' mean, over the steps all reach
+            t: np.mean([c[: min(map(len, cs))] for c in cs], 0).tolist() for t, cs in curves.items()
+        }
+        (out / "twin_decomposition.json").write_text(json.dumps(twins, indent=2))
+        print(json.dumps(twins, indent=2))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -523,11 +645,11 @@ def main(argv: list[str] | None = None) -> None:
         "with other seeds and --pool for more groups than fit in memory at once)",
     )
     p.add_argument("--pool", type=Path, nargs="+", default=None, metavar="REPORT",
-                   help="instead of measuring: pool the anchor-choice groups of these reports (one "
-                        "policy, several seeds) into <out>/anchor_choice.json")  # fmt: skip
+                   help="instead of measuring: pool the groups of these reports (one policy, several "
+                        "seeds) into <out>/anchor_choice.json and <out>/twin_decomposition.json")  # fmt: skip
     a, extra = p.parse_known_args(argv)
     if a.pool:
-        pool_anchor_choice(a.pool, Path(a.out))
+        pool_reports(a.pool, Path(a.out))
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)

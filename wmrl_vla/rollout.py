@@ -223,12 +223,12 @@ def policy_actor(policy, temperature: float, generator: torch.Generator | None =
     return act
 
 
-def replay_reward(
+def replay(
     task_id: str, seed: int, split: str, actions: np.ndarray, max_steps: int | None = None
-) -> float:
-    """Re-simulate a recorded action sequence from its seed (no rendering) and grade it: a real
-    execution, picklable for an executor. MuJoCo is deterministic, so this equals the reward
-    recorded while the rollout was generated."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Re-simulate a recorded action sequence from its seed (no rendering): ``(progress, success)``,
+    each ``[T']`` per step, ``T' <= len(actions)`` (the episode may end first). MuJoCo is
+    deterministic, so these are the values recorded while the rollout was generated."""
     import sims
 
     kwargs = {"split": split, "render": False}
@@ -246,7 +246,15 @@ def replay_reward(
                 break
     finally:
         env.close()
-    return rollout_reward(np.array(prog), np.array(succ))
+    return np.array(prog), np.array(succ)
+
+
+def replay_reward(
+    task_id: str, seed: int, split: str, actions: np.ndarray, max_steps: int | None = None
+) -> float:
+    """:func:`replay`, graded: a real execution, picklable for an executor; equal to the reward
+    recorded while the rollout was generated."""
+    return rollout_reward(*replay(task_id, seed, split, actions, max_steps))
 
 
 def run_expert_episodes(

@@ -22,7 +22,7 @@ from wmrl_vla.offline_data import (
     record_offline,
 )
 from wmrl_vla.policy import SmallVLA, SmallVLAConfig
-from wmrl_vla.rollout import EnvPool, replay_reward, run_expert_episodes
+from wmrl_vla.rollout import EnvPool, replay, replay_reward, run_expert_episodes
 
 TASK = "wmrl/ReachColor-v0"
 
@@ -83,6 +83,12 @@ def test_noisy_expert_actions_differ_from_the_expert_and_are_the_ones_executed()
     assert noisy.actions.min() >= -1 and noisy.actions.max() <= 1
     # the recorded actions replayed from the seed give the recorded reward: they are what was executed
     assert replay_reward(TASK, 11, "train", noisy.actions, max_steps=30) == pytest.approx(noisy.reward)
+    prog, succ = replay(TASK, 11, "train", noisy.actions, max_steps=30)  # and step by step
+    np.testing.assert_allclose(prog, noisy.progress, atol=1e-6)
+    np.testing.assert_array_equal(succ, noisy.success)
+    # a prefix executes only its own steps
+    prog, succ = replay(TASK, 11, "train", noisy.actions[:5], max_steps=30)
+    np.testing.assert_allclose(prog, noisy.progress[:5], atol=1e-6)
     with pytest.raises(ValueError, match="needs an rng"):
         run_expert_episodes([(TASK, 11)], EnvPool(32, 30), action_noise=0.5)
 
