@@ -198,7 +198,7 @@ def twin_decomposition(rows: dict[str, np.ndarray], g: int) -> dict:
     advantage form (``centred``, and ``normalised`` as training uses):
 
     - ``real_vs_twin_replayed`` = ρ(A(reward), A(twin_replayed_reward)): the imagined closed loop,
-      scored perfectly: what the twin's own actions keep of the real group's advantages;
+      scored perfectly: how well the twin's own actions, executed, track the real group's advantages;
     - ``twin_replayed_vs_wm`` = ρ(A(twin_replayed_reward), A(twin_score)): the WM's scoring of the
       twin's actions against what they really do;
     - ``real_vs_wm`` = ρ(A(reward), A(twin_score)): the twin correlation (``crn_twin``);
