@@ -28,7 +28,6 @@ never saw. Then, per task:
   task's seed (``replay``), which splits the twin correlation in two (:func:`twin_decomposition`):
   the imagined closed loop (do the twin's own actions, executed, keep its real group's advantages?)
   and the WM's scoring of them (does its score follow what those actions really do?).
-
 - **anchor choice**: what executing the groups the WM picks (drawn with unequal probabilities,
   weighted by ``1/π``) would save against uniform anchors, per candidate need read from the twins
   (:func:`anchor_choice_variance`); ``--seed`` repeats the measurement on other groups and ``--pool``
