@@ -147,6 +147,52 @@ def test_update_refines_the_world_model_and_records_anchors(built, batch):
     assert (domain.world_model.var_scale, len(domain.world_model.calib_pairs)) == (wm.var_scale, 4)
 
 
+def test_a_resumed_world_model_refines_on_the_replay_it_was_saved_with(built, batch, tmp_path):
+    """A checkpoint keeps the anchor episodes of the WM's replay: a WM rebuilt from the demos and
+    loaded from it (through a weights-only file) refines exactly as the one that saved it, the
+    oldest demos trimmed alike; loaded from a checkpoint without them (as written before the replay
+    was kept) it refines on another replay and ends elsewhere."""
+    import copy
+
+    from wmrl.tracking import safe_load
+    from wmrl_vla.world_model import VLAWorldModel
+
+    _, domain, _ = built
+    base = domain.world_model
+    n0 = len(base.initial_episodes)
+
+    def fresh():
+        return VLAWorldModel(
+            copy.deepcopy(base.model), base.initial_episodes, update_steps=2, batch_size=4,
+            horizon=base.horizon, state_horizon=base.state_horizon, max_episodes=n0, seed=3,
+        )  # fmt: skip
+
+    rewards = torch.tensor([p["reward"] for p in batch.payload[:4]])
+    saved = fresh()
+    torch.manual_seed(0)
+    saved.update(batch, torch.arange(2), rewards[:2])
+    assert len(saved.episodes) == n0 and saved.n_anchor_episodes == 2  # two demos made room
+    torch.save(saved.state_dict(), tmp_path / "wm.pt")
+    state = safe_load(tmp_path / "wm.pt")
+    resumed, before = fresh(), fresh()
+    resumed.load_state_dict(state)
+    before.load_state_dict({k: v for k, v in state.items() if k != "anchor_episodes"})
+    assert len(resumed.episodes) == n0 and resumed.episodes[0] is base.initial_episodes[2]
+    for a, b in zip(resumed.episodes[-2:], saved.episodes[-2:], strict=True):
+        assert a.keys() == b.keys() and a["instruction"] == b["instruction"]
+        for k in ("images", "states", "actions", "progress", "success"):
+            assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+    assert len(before.episodes) == n0 and before.n_anchor_episodes == 0
+    for wm in (saved, resumed, before):
+        torch.manual_seed(1)
+        wm.update(batch, torch.arange(2, 4), rewards[2:4])
+    pairs = list(
+        zip(saved.model.parameters(), resumed.model.parameters(), before.model.parameters(), strict=True)
+    )
+    assert all(torch.equal(a, b) for a, b, _ in pairs)
+    assert any(not torch.equal(a, c) for a, _, c in pairs)
+
+
 def test_a_failed_anchor_write_is_raised_with_the_dataset_named(tmp_path, batch):
     from wmrl_vla.world_model import AnchorRecorder
 

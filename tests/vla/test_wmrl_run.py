@@ -46,3 +46,31 @@ def test_short_wmrl_run_improves_the_training_reward(vla_debug, tmp_path):
     assert after > before + 0.015, (before, after)
     assert last["wm/episodes"] > 0  # the world model was refined on anchor rollouts
     domain.close()
+
+
+def test_a_resumed_wmrl_run_ends_as_an_uninterrupted_one(vla_debug, tmp_path):
+    """4 steps in one go, and 2 steps then a resume to 4 in a fresh domain: the same policy and WM
+    (the WM's replay holds the first steps' anchors after the resume too)."""
+    _, _, root = vla_debug
+
+    def trainer(out, steps, resume=False):
+        cfg = load_config(
+            "vla-debug",
+            [f"--out_dir={tmp_path / out}", f"--domain.cache_dir={root / 'cache'}", f"--grpo.steps={steps}",
+             "--grpo.tasks_per_step=2", "--grpo.group_size=4", "--anchors.fraction=0.5",
+             "--domain.record_anchors=false", "--domain.n_videos=0", "--tracking.eval_every=0"],
+        )  # fmt: skip
+        return Trainer(cfg, cfg.domain.build(cfg), resume=resume)
+
+    ref = trainer("ref", 4)
+    ref.train()
+    trainer("run", 2).train()
+    resumed = trainer("run", 4, resume=True)
+    resumed.train()
+    wm_ref, wm_run = ref.domain.world_model, resumed.domain.world_model
+    assert wm_run.n_updates == wm_ref.n_updates == 4 and len(wm_run.episodes) == len(wm_ref.episodes)
+    for a, b in [(ref.policy, resumed.policy), (wm_ref.model, wm_run.model)]:
+        for (k, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+            assert torch.equal(x, y), k
+    ref.domain.close()
+    resumed.domain.close()

@@ -162,6 +162,29 @@ def test_batched_imagination_policy_sees_predicted_frames():
     assert short["mask"].sum() == 4 and (short["progress"][:, 1:] == 0).all()
 
 
+@pytest.mark.parametrize("decoder", ["deterministic", "diffusion"])
+def test_training_draws_only_from_its_seed(decoder):
+    """The frames decoded (frame_fraction < 1) and the diffusion noise come from the seed, not the
+    global RNG: a draw from the global RNG in between changes nothing; another seed does."""
+    cfg = VLADynamicsConfig(
+        **{**CFG.__dict__, "frame_decoder": decoder, "frame_fraction": 0.5, "diffusion_steps": 3}
+    )
+    torch.manual_seed(0)
+    init = VLADynamics(cfg).state_dict()
+    eps = _square_episodes(6)
+
+    def trained(seed, global_draws):
+        model = VLADynamics(cfg)
+        model.load_state_dict(init)
+        torch.rand(global_draws)
+        train_dynamics(model, eps, steps=3, batch_size=4, horizon=3, seed=seed)
+        return list(model.parameters())
+
+    a, b, c = trained(0, 1), trained(0, 7), trained(1, 1)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert any(not torch.equal(x, z) for x, z in zip(a, c, strict=True))
+
+
 def test_diffusion_frame_decoder_trains_and_samples():
     torch.manual_seed(0)
     cfg = VLADynamicsConfig(
@@ -542,8 +565,10 @@ def _press_episodes(n, t_max=20, seed=0):
 def test_geometric_outcome_heads_tell_a_press_from_a_press_beside_the_button():
     """A press succeeds 2 cm from the button and fails 5 cm from it. The heads that read the hand's
     offset and height in centimetres (``outcome_reads="geometry"``) rank held-out episodes by it after
-    150 training steps; the decimetre heads with the scene's embedding do not yet (AUC 0.87-0.98 and
-    0.41-0.49 over torch seeds 0-2 when written). The geometric heads' task comes from the
+    150 training steps; the decimetre heads with the scene's embedding do not yet (AUC 0.79-0.91 and
+    0.42-0.50 over torch seeds 0-3 on one thread, with the frames decoded drawn from the training
+    seed; 0.87-0.98 and 0.41-0.49 over seeds 0-2 when they came from the global RNG). The geometric
+    heads' task comes from the
     instruction: a new scene leaves it unchanged."""
     from world_models.vla_dynamics import score_episodes
     from world_models.vla_dynamics import success_auc as _auc
@@ -560,7 +585,7 @@ def test_geometric_outcome_heads_tell_a_press_from_a_press_beside_the_button():
         scores, _, label = score_episodes(model, held)
         auc[reads] = _auc(scores[0].numpy(), label)
     assert 0.15 < label.mean() < 0.5
-    assert auc["geometry"] > 0.8 and auc["scene"] < 0.65, auc
+    assert auc["geometry"] > 0.75 and auc["scene"] < 0.65, auc
 
     images = torch.from_numpy(np.stack([held[0]["images"][0], held[1]["images"][0]]))
     states, instr = (

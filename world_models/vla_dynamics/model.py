@@ -150,11 +150,15 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
             x = self.scheduler.step(eps, t, x).prev_sample
         return to_uint8(x)
 
-    def diffusion_loss(self, target: torch.Tensor, z: torch.Tensor, context) -> torch.Tensor:
-        """Epsilon-prediction loss of the UNet on target frames ``[B, 3, H, W]`` in [-1, 1]."""
+    def diffusion_loss(
+        self, target: torch.Tensor, z: torch.Tensor, context, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """Epsilon-prediction loss of the UNet on target frames ``[B, 3, H, W]`` in [-1, 1]; noise and
+        timesteps drawn from ``generator`` (a CPU generator; None: the global RNG)."""
         _, frame0 = context
-        noise = torch.randn_like(target)
-        t = torch.randint(0, self.cfg.diffusion_train_timesteps, (target.shape[0],), device=target.device)
+        noise = torch.randn(target.shape, generator=generator).to(target.device)
+        t = torch.randint(0, self.cfg.diffusion_train_timesteps, (target.shape[0],), generator=generator)
+        t = t.to(target.device)
         noisy = self.scheduler.add_noise(target, noise, t)
         eps = self.unet(torch.cat([noisy, frame0], 1), t, class_labels=self.cond_proj(z.detach())).sample
         return F.mse_loss(eps, noise)
@@ -327,7 +331,10 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
 
     # ------------------------------------------------------------------ training
     def loss(
-        self, batch: dict[str, torch.Tensor], member_ids: torch.Tensor | None = None
+        self,
+        batch: dict[str, torch.Tensor],
+        member_ids: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, dict]:
         """Open-loop multi-step loss on windows.
 
@@ -335,7 +342,9 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
         ``[B, H, A]``, ``progress``/``success`` ``[B, H]``, ``frame_mask`` ``[B, H]`` (1 where the next
         frame is known), ``step_mask`` ``[B, H]`` (1 on real steps), ``instr`` ``[B, L]``. Row ``i``
         trains member ``member_ids[i]`` (default: every member on every row). The grounded heads of
-        ``outcome_input="state"`` train on their own windows (:meth:`grounded_loss`).
+        ``outcome_input="state"`` train on their own windows (:meth:`grounded_loss`). The frames
+        decoded (``frame_fraction``) and the diffusion noise are drawn from ``generator`` (a CPU
+        generator; None: the global RNG, which other work in the process may draw from too).
         """
         imgs, sts, acts = batch["images"], batch["states"], batch["actions"]
         b, h = acts.shape[:2]
@@ -373,7 +382,7 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
             flat = fm.reshape(-1).nonzero().squeeze(-1)
             if self.training and self.cfg.frame_fraction < 1 and flat.numel() > 1:
                 keep = max(1, int(round(flat.numel() * self.cfg.frame_fraction)))
-                flat = flat[torch.randperm(flat.numel())[:keep]]
+                flat = flat[torch.randperm(flat.numel(), generator=generator)[:keep]]
             if flat.numel():
                 zf = zs_t.reshape(-1, zs_t.shape[-1])[flat]
                 rep = flat // h  # row (within rows) of each frame
@@ -381,7 +390,9 @@ class VLADynamics(nn.Module, PyTorchModelHubMixin, library_name="wmrl", tags=["w
                 target = target_frames[rows].reshape(-1, *target_frames.shape[2:])[flat]
                 losses["frame"] = losses["frame"] + F.mse_loss(self.decode(zf, ctx_f), target)
                 if self.unet is not None:
-                    losses["diffusion"] = losses["diffusion"] + self.diffusion_loss(target, zf, ctx_f)
+                    losses["diffusion"] = losses["diffusion"] + self.diffusion_loss(
+                        target, zf, ctx_f, generator
+                    )
         c = self.cfg
         total = (
             c.frame_weight * (losses["frame"] + losses["diffusion"])

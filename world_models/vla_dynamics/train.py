@@ -26,10 +26,12 @@ def train_dynamics(
     """``steps`` Adam steps on random windows; each row trains one member (bootstrap). A grounded
     model's heads also train at every step on ``batch_size`` windows of ``state_horizon`` steps
     (:meth:`VLADynamics.grounded_loss`: no frame decoded, so whole episodes are cheap). Returns the
-    optimizer (to keep for online refinement) and the loss history."""
+    optimizer (to keep for online refinement) and the loss history. Every draw comes from ``seed``,
+    none from the global RNG: the same model, episodes and seed train to the same weights."""
     from tqdm.auto import tqdm
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed)  # the windows and members
+    gen = torch.Generator().manual_seed(seed)  # the frames decoded, the diffusion noise
     opt = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     hist = []
@@ -42,7 +44,7 @@ def train_dynamics(
     for _ in it:
         batch = {n: v.to(model.device) for n, v in sample_windows(episodes, batch_size, horizon, rng).items()}
         member_ids = torch.from_numpy(rng.integers(k, size=batch_size)) if k > 1 else None
-        loss, _ = model.loss(batch, member_ids)
+        loss, _ = model.loss(batch, member_ids, gen)
         if model.grounded is not None:
             long = sample_windows(episodes, batch_size, state_horizon, rng, frames=False, from_start=True)
             g_ids = torch.from_numpy(rng.integers(k, size=batch_size)) if k > 1 else None
