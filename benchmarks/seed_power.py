@@ -8,7 +8,7 @@ T = 1 (``benchmarks/reeval_run.py ... --domain.eval_temperature=1.0`` outputs na
 differences in points, their standard deviation and :func:`min_detectable_difference` at ``--n``
 seeds:
 
-    uv run python benchmarks/seed_power.py --seeds 0 1 2 3 4 5 --out benchmarks/results/vla_regime_sampled/power.json
+    uv run python benchmarks/seed_power.py --seeds 0 1 2 3 4 5 6 7 --out benchmarks/results/vla_regime_sampled/power.json
 
 Not a test.
 """

@@ -568,8 +568,7 @@ def test_geometric_outcome_heads_tell_a_press_from_a_press_beside_the_button():
     150 training steps; the decimetre heads with the scene's embedding do not yet (AUC 0.79-0.91 and
     0.42-0.50 over torch seeds 0-3 on one thread, with the frames decoded drawn from the training
     seed; 0.87-0.98 and 0.41-0.49 over seeds 0-2 when they came from the global RNG). The geometric
-    heads' task comes from the
-    instruction: a new scene leaves it unchanged."""
+    heads' task comes from the instruction: a new scene leaves it unchanged."""
     from world_models.vla_dynamics import score_episodes
     from world_models.vla_dynamics import success_auc as _auc
 
