@@ -9,6 +9,7 @@ wmrl config PRESET [overrides]     # every field with its value and comment (als
 wmrl tasks DOMAIN
 wmrl presets
 wmrl export RUN_DIR --out-dir DIR [--adapter] [--push-to-hub REPO [--private] [--dry-run]]
+wmrl status DIR [--json]           # where a run or a grid stands: each run's state, steps, scores, time left
 
 Every bad input ends in one line on stderr, ``wmrl: error: ...``, exit status 2, and nothing
 written before is touched.
@@ -98,6 +99,19 @@ def build_parser() -> _Parser:
         help="take every cell of METHOD from REPORT, a grid that ran it with other overrides on the same "
         "preset and re-evaluation (e.g. --method-from ppi=runs/grid-ppi-gradient); repeatable",
     )
+    status = sub.add_parser(
+        "status",
+        help="where a run or a grid stands: each run's state, steps, scores and time left",
+        description="Read a run or grid directory (nothing is written) and print, for each run, its state "
+        "(running while a process holds the directory, stopped with a checkpoint to resume, finished, "
+        "...), its steps out of grpo.steps, its latest in-run and final held-out scores, its training "
+        "time and, for a running one, the time its remaining steps take at its recent pace.",
+        formatter_class=fmt,
+    )
+    status.add_argument(
+        "dir", metavar="DIR", help="a run directory (wmrl run) or a grid directory (wmrl compare)"
+    )
+    status.add_argument("--json", action="store_true", help="print the figures as JSON")
     config = sub.add_parser(
         "config",
         help="print every config field of a preset with its value and comment (as a YAML preset)",
@@ -173,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
             if overrides:
                 raise ConfigError(f"wmrl merge-reports takes no overrides: {' '.join(overrides)}")
             _merge_reports(args, argv)
+        elif args.command == "status":
+            if overrides:
+                raise ConfigError(f"wmrl status takes no overrides: {' '.join(overrides)}")
+            _status(args)
         elif args.command == "export":
             if overrides:
                 raise ConfigError(f"wmrl export takes no overrides: {' '.join(overrides)}")
@@ -333,6 +351,15 @@ def _merge_reports(args: argparse.Namespace, argv: list[str]) -> None:
     merged = merge_reports([r for r, _ in parts], [n for _, n in parts], method_from)
     write_report_files(Path(args.out_dir), merged, command=shlex.join(["wmrl", *argv]))
     print(f"merged report of seeds {merged['spec']['seeds']}: {Path(args.out_dir) / 'report.md'}")
+
+
+def _status(args: argparse.Namespace) -> None:
+    import json
+
+    from wmrl.status import format_status, status
+
+    report = status(args.dir)
+    print(json.dumps(report, indent=2) if args.json else format_status(report))
 
 
 def _export(args: argparse.Namespace) -> None:

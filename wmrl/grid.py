@@ -71,7 +71,7 @@ from wmrl.grid_spec import (
     reeval_current,
 )
 from wmrl.runs import comparison_runs, config_diffs, result_fields, writable_dir
-from wmrl.tracking import CHECKPOINT, RunDirError, _diff, read_metrics
+from wmrl.tracking import CHECKPOINT, RunDirError, _diff, exclusive, read_metrics
 
 __all__ = ["Cell", "DomainEntry", "GridSpec", "load_spec", "plan", "run_grid"]
 
@@ -212,16 +212,18 @@ def run_cell(c: Cell, cwd: str) -> dict:
     _enter(cwd)
     t0 = time.perf_counter()
     run_dir = Path(c.run_dir)
-    if not (run_dir / "summary.json").exists():
-        resume = (run_dir / CHECKPOINT).exists()
-        if not resume and (run_dir / "metrics.jsonl").exists():
-            _set_aside_metrics(run_dir)
-        if not resume:  # a worker runs cells one after another: each starts from its seed alone
-            _seed_globals(c.seed)
-        train_run(load_config(c.preset, c.overrides), resume=resume)
-    if reeval_current(c) is None:
-        scores = _final_inrun_eval(c) or _evaluate(c, checkpoint=run_dir / CHECKPOINT)
-        _write_json(run_dir / "reeval.json", {"reeval_overrides": c.reeval_overrides, **scores})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive(run_dir):  # held through training (train_run takes it again) and re-evaluation
+        if not (run_dir / "summary.json").exists():
+            resume = (run_dir / CHECKPOINT).exists()
+            if not resume and (run_dir / "metrics.jsonl").exists():
+                _set_aside_metrics(run_dir)
+            if not resume:  # a worker runs cells one after another: each starts from its seed alone
+                _seed_globals(c.seed)
+            train_run(load_config(c.preset, c.overrides), resume=resume)
+        if reeval_current(c) is None:
+            scores = _final_inrun_eval(c) or _evaluate(c, checkpoint=run_dir / CHECKPOINT)
+            _write_json(run_dir / "reeval.json", {"reeval_overrides": c.reeval_overrides, **scores})
     return {"cell": c.name, "status": "finished", "seconds": time.perf_counter() - t0}
 
 
@@ -400,14 +402,21 @@ def run_grid(
     spec: GridSpec, out: str | Path, echo: Callable[[str], None] = print, command: str | None = None
 ) -> dict:
     """Run (or finish) the grid of ``spec`` in ``out`` and write its report; returns the report."""
-    from wmrl.report import write_report
-
     out = Path(out)
     cells = plan(spec, out)
     if out.exists():
         check_grid_dir(out, cells)
     writable_dir(out)
     out = out.resolve()
+    with exclusive(out):  # a second `wmrl compare` on this directory stops here, naming this one
+        return _run_grid_locked(spec, out, cells, echo, command)
+
+
+def _run_grid_locked(
+    spec: GridSpec, out: Path, cells: list[Cell], echo: Callable[[str], None], command: str | None
+) -> dict:
+    from wmrl.report import write_report
+
     with open(out / "spec.yaml", "w") as f:
         draccus.dump(spec, f)
     cwd = os.getcwd()

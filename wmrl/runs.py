@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -11,7 +12,15 @@ import tempfile
 from pathlib import Path
 
 from wmrl.config import RunConfig, load_config, save_config, to_dict, upgrade_saved
-from wmrl.tracking import CHECKPOINT, RunDirError, _diff, prepare_run_dir, read_metrics
+from wmrl.tracking import (
+    CHECKPOINT,
+    RunDirError,
+    _diff,
+    check_fresh,
+    exclusive,
+    prepare_run_dir,
+    read_metrics,
+)
 
 log = logging.getLogger("wmrl")
 
@@ -21,18 +30,15 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
 
     The run directory is checked before anything is built: a fresh run needs a writable directory
     holding no checkpoint; a resumed one steps left to train, and starts from step 0 where it
-    stopped before its first checkpoint."""
+    stopped before its first checkpoint. The main process holds the directory's lock
+    (``wmrl.tracking.exclusive``) from before it writes anything until the run ends: a second
+    process on the same directory stops with an error naming the first."""
     from wmrl.device import check_precision, resolve_device
     from wmrl.distributed import make_accelerator, wants_distributed
-    from wmrl.trainer import Trainer
 
     check_precision(cfg.precision, resolve_device(cfg.device))  # fails here, before any preparation
     acc = make_accelerator(cfg) if wants_distributed(cfg) else None
     main = acc is None or acc.is_main_process
-    build_cfg = cfg  # the domain builds its models on this rank's GPU (the saved config keeps cfg's)
-    if acc is not None and acc.num_processes > 1 and cfg.device.startswith("cuda"):
-        build_cfg = copy.copy(cfg)
-        build_cfg.device = str(acc.device)
     out = Path(cfg.out_dir)
     restart = False  # resumed, but it stopped before its first checkpoint: trained from step 0
     if resume:
@@ -42,7 +48,23 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
     if not resume and main:
         if comparison_runs(out):
             raise RunDirError(f"{out} holds a comparison ({_runs_brief(out)}); choose another --out-dir")
+        check_fresh(out)  # before the lock: a refused run leaves the directory as it was
         writable_dir(out)
+    with exclusive(out) if main else contextlib.nullcontext():
+        return _train_locked(cfg, acc, resume, restart)
+
+
+def _train_locked(cfg: RunConfig, acc, resume: bool, restart: bool) -> dict[str, float]:
+    """``train_run`` past its checks, the run directory locked by the main process."""
+    from wmrl.trainer import Trainer
+
+    main = acc is None or acc.is_main_process
+    build_cfg = cfg  # the domain builds its models on this rank's GPU (the saved config keeps cfg's)
+    if acc is not None and acc.num_processes > 1 and cfg.device.startswith("cuda"):
+        build_cfg = copy.copy(cfg)
+        build_cfg.device = str(acc.device)
+    out = Path(cfg.out_dir)
+    if not resume and main:
         moved = prepare_run_dir(out, resume=False, cfg=cfg)
         save_config(cfg, out / "config.yaml")  # before the build: a run stopped in it can be resumed
         if restart or moved:

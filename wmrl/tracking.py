@@ -10,19 +10,28 @@ config that differs from the new one to ``config.orphaned.yaml``.
 
 SIGINT and SIGTERM (:class:`StopSignals`) stop a run at the end of the step in progress, with a
 checkpoint of that step; a second signal stops it at once, keeping the last checkpoint.
+
+A process that writes a run (or a grid) directory holds the lock of its ``run.lock`` file
+(:func:`exclusive`), so a second process started on the same directory (``--resume`` while the run
+trains, a grid rerun while it runs) stops with an error naming the first, and ``wmrl status`` tells
+a running run from a stopped one (:func:`locked_by`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import logging
 import os
 import random
 import signal
+import socket
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -81,6 +90,95 @@ def stage(description: str, enabled: bool = True, refresh_s: float = 1.0):
 
 class RunDirError(RuntimeError):
     """A run directory that cannot be used as asked (exists, missing, or does not match the config)."""
+
+
+LOCK = "run.lock"
+_held: dict[str, int] = {}  # lock files this process holds -> how many `exclusive` blocks hold each
+
+
+@contextlib.contextmanager
+def exclusive(directory: Path | str) -> Iterator[None]:
+    """Hold ``directory/run.lock``'s exclusive lock (``flock``) for the block, or raise a
+    RunDirError naming the process that holds it. Re-entrant within a process (a grid cell locks
+    its run directory, then trains it through ``train_run``, which locks it again). The kernel
+    drops the lock when the process ends, however it ends, so a killed run leaves nothing stale.
+    The file keeps the holder's pid, host and start time for the error and for ``wmrl status``.
+    Where the filesystem has no locks, a warning says so and the block runs unlocked."""
+    path = Path(directory) / LOCK
+    key = str(path.resolve())
+    if key in _held:
+        _held[key] += 1
+        try:
+            yield
+        finally:
+            _held[key] -= 1
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            _flock_soon(fd)
+        except BlockingIOError:
+            raise RunDirError(
+                f"{directory} is being written by another process ({_lock_text(path)}): wait for it to end, "
+                "or stop it (Ctrl-C or SIGTERM checkpoint it) before starting this one"
+            ) from None
+        except OSError as e:
+            log.warning("cannot lock %s (%s): nothing stops a second process writing it", path, e.strerror)
+            yield
+            return
+        os.ftruncate(fd, 0)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode())
+        _held[key] = 1
+        try:
+            yield
+        finally:
+            del _held[key]
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _flock_soon(fd: int, patience_s: float = 2.0) -> None:
+    """Take ``fd``'s exclusive lock, retrying for ``patience_s`` (``locked_by`` holds a shared lock
+    for an instant); BlockingIOError when another process holds it past that."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def locked_by(directory: Path | str) -> str | None:
+    """Who holds ``directory``'s lock (``pid N on HOST since T``), or None when no process does."""
+    path = Path(directory) / LOCK
+    if not path.exists():
+        return None
+    if str(path.resolve()) in _held:
+        return _lock_text(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _lock_text(path)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return None
+
+
+def _lock_text(path: Path) -> str:
+    try:
+        return path.read_text().strip() or "pid unknown"
+    except OSError:
+        return "pid unknown"
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -291,6 +389,14 @@ def _read_rows(path: Path) -> tuple[list[dict], str | None]:
     return rows, None
 
 
+def check_fresh(run_dir: Path) -> None:
+    """A new run needs a directory that holds no run to resume (no checkpoint)."""
+    if (run_dir / CHECKPOINT).exists():
+        raise RunDirError(
+            f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose another --out-dir"
+        )
+
+
 def prepare_run_dir(run_dir: Path, resume: bool, cfg: RunConfig | None = None) -> str:
     """Create a fresh run directory, or check that a resumable one exists.
 
@@ -301,10 +407,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, cfg: RunConfig | None = None) -
         if not (run_dir / CHECKPOINT).exists():
             raise RunDirError(f"cannot resume {run_dir}: it holds no checkpoint ({CHECKPOINT})")
         return ""
-    if (run_dir / CHECKPOINT).exists():
-        raise RunDirError(
-            f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose another --out-dir"
-        )
+    check_fresh(run_dir)
     moved = []
     if (run_dir / "metrics.jsonl").exists():
         n = trim_metrics_after(run_dir, -1)
