@@ -78,7 +78,7 @@ def grid_states(out: Path) -> tuple[list[dict], int]:
     """Every cell of the grid in ``out`` (planned from its ``spec.yaml``) with its standing, and
     the number of cells the grid runs at once."""
     from wmrl.grid import plan
-    from wmrl.grid_spec import load_spec, reeval_current
+    from wmrl.grid_spec import base_method, load_spec, reeval_current
 
     spec = load_spec(out / "spec.yaml")
     cells = plan(spec, out)
@@ -94,7 +94,7 @@ def grid_states(out: Path) -> tuple[list[dict], int]:
         cached = reeval_current(c)
         reevaluated = (cached or {}).get("eval", {}).get(score)
         state = run_state(Path(c.run_dir), score, steps_of[c.domain], grid_cell=True, reevaluated=reevaluated)
-        states.append({"name": c.name} | state)
+        states.append({"name": c.name, "code": base_method(c.method)} | state)
     workers = spec.executor.workers if spec.executor.type == "process" else 1
     return states, max(workers, 1)
 
@@ -117,18 +117,22 @@ def status(path: str | Path) -> dict:
 
 
 def left_seconds(report: dict) -> float | None:
-    """A grid's time to finish: each unfinished cell's remaining steps at the mean pace of the
-    grid's trained cells (the running ones' own pace where they have one), spread over its workers.
-    None before any step was timed."""
+    """A grid's time to finish: each unfinished cell's remaining steps at its pace (a running cell's
+    own; else the mean pace of the grid's cells that run the same method's code, a control with its
+    method; else of all its cells), spread over its workers. None before any step was timed."""
     runs = report["runs"]
-    paces = [r["elapsed_s"] / r["step"] for r in runs if r["elapsed_s"] and r["step"]]
-    if not paces:
+    timed = [r for r in runs if r["elapsed_s"] and r["step"]]
+    if not timed:
         return None
-    pace = statistics.fmean(paces)
+    by_code: dict[str, list[float]] = {}
+    for r in timed:
+        by_code.setdefault(r.get("code", ""), []).append(r["elapsed_s"] / r["step"])
+    overall = statistics.fmean(x for paces in by_code.values() for x in paces)
     left = 0.0
     for r in runs:
         if r["state"] in ("finished", "trained", "re-evaluating"):
             continue
+        pace = statistics.fmean(by_code[r.get("code", "")]) if r.get("code", "") in by_code else overall
         left += r["eta_s"] if r["eta_s"] is not None else max(r["steps"] - r["step"], 0) * pace
     return left / report["workers"]
 

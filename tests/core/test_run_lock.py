@@ -166,9 +166,12 @@ def test_time_left_is_the_remaining_steps_at_the_recent_pace():
     assert remaining_seconds(rows, steps=20) == 0.0
     assert remaining_seconds([{"step": 0}], steps=5) is None
     runs = [
-        {"state": "finished", "step": 10, "steps": 10, "elapsed_s": 100.0, "eta_s": None},  # 10 s a step
-        {"state": "running", "step": 4, "steps": 10, "elapsed_s": 80.0, "eta_s": 90.0},  # 20 s a step
-        {"state": "pending", "step": 0, "steps": 10, "elapsed_s": None, "eta_s": None},
+        {"code": "real", "state": "finished", "step": 10, "steps": 10, "elapsed_s": 100.0, "eta_s": None},
+        {"code": "ppi", "state": "finished", "step": 10, "steps": 10, "elapsed_s": 300.0, "eta_s": None},
+        {"code": "ppi", "state": "running", "step": 4, "steps": 10, "elapsed_s": 80.0, "eta_s": 90.0},
+        {"code": "ppi", "state": "pending", "step": 0, "steps": 10, "elapsed_s": None, "eta_s": None},
+        {"code": "wmrl", "state": "pending", "step": 0, "steps": 10, "elapsed_s": None, "eta_s": None},
     ]
-    # the pending cell at the mean pace (15 s a step), the running one at its own; two workers
-    assert left_seconds({"runs": runs, "workers": 2}) == (90.0 + 10 * 15.0) / 2
+    # the running cell at its own pace; the pending ppi cell (a control, say) at ppi's mean pace
+    # (30 and 20 s a step), the pending wmrl cell, no wmrl cell timed, at the mean of all (20 s a step)
+    assert left_seconds({"runs": runs, "workers": 2}) == (90.0 + 10 * 25.0 + 10 * 20.0) / 2
