@@ -15,7 +15,7 @@ from wmrl_vla.lerobot_env import LeRobotEnvConfig
 OWN_TASKS_DEFAULT = ["wmrl/ReachColor-v0", "wmrl/PushColor-v0", "wmrl/PressButton-v0"]
 POLICIES = ("small_vla", "lerobot_act", "lerobot_smolvla")
 WORLD_MODELS = ("deterministic", "diffusion")
-IMAGINE_INPUTS = ("pixels", "latent")
+IMAGINE_INPUTS = ("pixels", "latent", "first_frame")
 # What the world model's state and outcome heads read (world_models.vla_dynamics.OUTCOME_INPUTS).
 WM_OUTCOMES = ("latent", "state")
 # What the grounded outcome heads read besides the state (world_models.vla_dynamics.OUTCOME_READS).
@@ -143,7 +143,9 @@ class VLAConfig(DomainConfig):
     # What the policy sees in imagination: "pixels" (frames decoded by the world model, the pixel
     # encoder as in the simulator) | "latent" (the WM latent through a small adapter distilled from
     # the pixel encoder, no frame decoded: several times faster imagination; small_vla only; see
-    # wmrl_vla/latent.py). latent_adapter_steps: distillation steps at build time;
+    # wmrl_vla/latent.py) | "first_frame" (the task's real first frame at every step, with the
+    # proprioception the WM predicts: no frame decoded, the arm's motion reaches the policy through
+    # its state alone). latent_adapter_steps: distillation steps at build time;
     # latent_refresh_steps: distillation steps after every imagined batch (on its own latents).
     imagine_input: str = "pixels"
     latent_adapter_steps: int = 500

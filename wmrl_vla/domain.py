@@ -262,15 +262,18 @@ class VLADomain:
             bins, lps, feats = actor.stacked()  # [B, T', A], [B, T', A], [B, T', F]
         else:
             rec_bins, rec_lp = [], []
+            still = self.imagine_input == "first_frame"  # the first frame throughout, none decoded
 
-            def act(frames: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
+            def act(seen: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
                 kw = {} if noise is None else {"noise": noise[:, t]}
+                frames = imgs if still else seen
                 bins, lp, a = self.policy.act(frames, states, instr_ids, self.temperature, self.gen, **kw)
                 rec_bins.append(bins)
                 rec_lp.append(lp)
                 return a
 
-            out = wm.imagine(imgs, sts, act, horizon, generator=self.gen, instr=wm_instr, goal=goals)
+            out = wm.imagine(imgs, sts, act, horizon, generator=self.gen, instr=wm_instr, goal=goals,
+                             observe="latents" if still else "frames")  # fmt: skip
             bins = torch.stack(rec_bins, 1)  # [B, T', A]
             lps = torch.stack(rec_lp, 1)
         res = []

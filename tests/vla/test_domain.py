@@ -81,6 +81,35 @@ def test_log_probs_recompute_the_sampling_log_probs(built, batch):
     assert torch.allclose(lp[m], batch.logprobs[m], atol=1e-5)
 
 
+def test_imagining_on_the_first_frame_decodes_none_and_the_update_reads_what_the_policy_saw(
+    built, monkeypatch
+):
+    """--domain.imagine_input=first_frame: the policy acts on its task's real first frame at every
+    imagined step, with the WM's predicted proprioception; no frame is decoded."""
+    _, domain, _ = built
+    monkeypatch.setattr(domain, "imagine_input", "first_frame")
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("a frame was decoded")
+
+    monkeypatch.setattr(domain.world_model.model, "sample_frame", no_decoding)
+    tasks = domain.sample_tasks(2, "train", torch.Generator().manual_seed(3))
+    batch = domain.generate(tasks, 4, torch.tensor([False, False]))
+    images, states = batch.extras["images"], batch.extras["states"]
+    first = batch.extras["init_images"]
+    for i, p in enumerate(batch.payload):
+        n = len(p["actions"])
+        assert p["kind"] == "imagined" and torch.equal(images[i, :n], first[i].expand(n, *first[i].shape))
+    moved = [
+        len(p["actions"]) > 1 and not torch.equal(states[i, 0], states[i, 1])
+        for i, p in enumerate(batch.payload)
+    ]
+    assert any(moved)  # the state the policy reads is the WM's prediction, not the first one
+    lp = domain.policy.log_probs(batch)
+    m = batch.mask.bool()
+    assert torch.allclose(lp[m], batch.logprobs[m], atol=1e-5)
+
+
 def test_execution_jobs_grade_the_real_rollouts(built, batch):
     cfg, domain, _ = built
     # the closed loop: the sim rollouts' rewards come back with the batch (no execution job)
