@@ -100,7 +100,8 @@ def grid_states(out: Path) -> tuple[list[dict], int]:
 
 
 def status(path: str | Path) -> dict:
-    """The standing of the grid or the run in ``path``: ``{"kind", "dir", "runs", "workers"}``."""
+    """The standing of the grid or the run in ``path``: ``{"kind", "dir", "runs", "workers",
+    "holder"}`` (``holder``: the process writing the grid, or the run, if one is)."""
     out = Path(path)
     if (out / "spec.yaml").exists() and (out / "index.json").exists():
         runs, workers = grid_states(out)
