@@ -17,7 +17,7 @@ from wmrl.cli import main
 from wmrl.status import format_status, left_seconds, remaining_seconds, status
 from wmrl.tracking import CHECKPOINT, RunDirError, exclusive, locked_by, read_metrics
 
-STEPS = 60
+STEPS = 40
 FAST = [
     "--executor.type=inline",
     "--tracking.wandb=disabled",
