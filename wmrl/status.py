@@ -69,7 +69,7 @@ def remaining_seconds(rows: list[dict], steps: int) -> float | None:
     """``(steps - last step) * median(time/step of the last RECENT_STEPS rows)``; None without a
     timed step."""
     paces = [r["time/step"] for r in rows[-RECENT_STEPS:] if _finite(r.get("time/step"))]
-    if not rows or not paces:
+    if not paces:
         return None
     return max(steps - int(rows[-1]["step"]), 0) * statistics.median(paces)
 

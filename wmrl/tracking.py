@@ -93,7 +93,7 @@ class RunDirError(RuntimeError):
 
 
 LOCK = "run.lock"
-_held: dict[str, int] = {}  # lock files this process holds -> how many `exclusive` blocks hold each
+_held: set[str] = set()  # the lock files this process holds
 
 
 @contextlib.contextmanager
@@ -106,15 +106,12 @@ def exclusive(directory: Path | str) -> Iterator[None]:
     Where the filesystem has no locks, a warning says so and the block runs unlocked."""
     path = Path(directory) / LOCK
     key = str(path.resolve())
-    if key in _held:
-        _held[key] += 1
-        try:
-            yield
-        finally:
-            _held[key] -= 1
+    if key in _held:  # the outer block holds it and releases it
+        yield
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
+        locked = True
         try:
             _flock_soon(fd)
         except BlockingIOError:
@@ -124,16 +121,16 @@ def exclusive(directory: Path | str) -> Iterator[None]:
             ) from None
         except OSError as e:
             log.warning("cannot lock %s (%s): nothing stops a second process writing it", path, e.strerror)
-            yield
-            return
-        os.ftruncate(fd, 0)
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode())
-        _held[key] = 1
+            locked = False
+        if locked:
+            os.ftruncate(fd, 0)
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode())
+            _held.add(key)
         try:
             yield
         finally:
-            del _held[key]
+            _held.discard(key)
     finally:
         os.close(fd)  # releases the lock
 
