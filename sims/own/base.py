@@ -305,6 +305,35 @@ class TabletopEnv(gym.Env):
         raise RuntimeError("could not place objects; relax min_dist")
 
 
+class ColouredObjectsEnv(TabletopEnv):
+    """A scene of ``n_objects`` objects of distinct colours, one of them named in the instruction.
+
+    An episode draws the colours, the positions (``placement``: square bounds and minimum spacing,
+    as :meth:`TabletopEnv.sample_positions` takes them), the named object and a template, in that
+    order; a subclass places its objects (``apply_params``) and measures its task.
+    """
+
+    n_objects: int = 2
+    #: (lo, hi, min_dist) of the objects' xy positions
+    placement: tuple[float, float, float] = (-0.2, 0.2, 0.1)
+
+    def sample_params(self, rng: np.random.Generator) -> dict[str, Any]:
+        colours = rng.choice(len(COLOURS), self.n_objects, replace=False).tolist()
+        pos = self.sample_positions(rng, self.n_objects, *self.placement)
+        return {
+            "colours": colours,
+            "positions": pos.tolist(),
+            "goal": int(rng.integers(self.n_objects)),
+            "template": int(rng.integers(len(self.templates))),
+        }
+
+    def combo_of(self, p: dict[str, Any]) -> tuple[int, ...]:
+        return (p["template"], p["colours"][p["goal"]])
+
+    def instruction_of(self, p: dict[str, Any]) -> str:
+        return self.templates[p["template"]].format(c=COLOURS[p["colours"][p["goal"]]])
+
+
 def rgba(colour: str) -> np.ndarray:
     return np.array([*PALETTE[colour], 1.0])
 

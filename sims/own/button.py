@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from sims.own.base import COLOURS, TabletopEnv, move_toward, rgba, tolerance_progress
+from sims.own.base import COLOURS, ColouredObjectsEnv, move_toward, rgba, tolerance_progress
 
 N_BUTTONS = 3
 TRAVEL = 0.02
@@ -18,31 +18,17 @@ PRESSED = 0.014
 CAP_TOP = 0.054  # table-frame height of an unpressed cap's top face
 
 
-class PressButtonEnv(TabletopEnv):
+class PressButtonEnv(ColouredObjectsEnv):
     task_id = "wmrl/PressButton-v0"
     xml_file = "button.xml"
+    n_objects = N_BUTTONS
+    placement = (-0.2, 0.2, 0.13)
     max_steps = 50
     templates = (
         "press the {c} button",
         "push down the {c} button",
         "hit the {c} button",
     )
-
-    def sample_params(self, rng: np.random.Generator) -> dict[str, Any]:
-        colours = rng.choice(len(COLOURS), N_BUTTONS, replace=False).tolist()
-        pos = self.sample_positions(rng, N_BUTTONS, -0.2, 0.2, 0.13)
-        return {
-            "colours": colours,
-            "positions": pos.tolist(),
-            "goal": int(rng.integers(N_BUTTONS)),
-            "template": int(rng.integers(len(self.templates))),
-        }
-
-    def combo_of(self, p: dict[str, Any]) -> tuple[int, ...]:
-        return (p["template"], p["colours"][p["goal"]])
-
-    def instruction_of(self, p: dict[str, Any]) -> str:
-        return self.templates[p["template"]].format(c=COLOURS[p["colours"][p["goal"]]])
 
     def apply_params(self, p: dict[str, Any]) -> None:
         for i in range(N_BUTTONS):

@@ -11,15 +11,17 @@ from typing import Any
 
 import numpy as np
 
-from sims.own.base import COLOURS, TabletopEnv, move_toward, rgba, tolerance_progress
+from sims.own.base import COLOURS, ColouredObjectsEnv, move_toward, rgba, tolerance_progress
 
 HALF = 0.02
 LIFT = 0.06
 
 
-class LiftColorEnv(TabletopEnv):
+class LiftColorEnv(ColouredObjectsEnv):
     task_id = "wmrl/LiftColor-v0"
     xml_file = "lift.xml"
+    n_objects = 2
+    placement = (-0.18, 0.18, 0.12)
     max_steps = 60
     templates = (
         "pick up the {c} cube",
@@ -27,24 +29,8 @@ class LiftColorEnv(TabletopEnv):
         "grasp the {c} cube and raise it",
     )
 
-    def sample_params(self, rng: np.random.Generator) -> dict[str, Any]:
-        colours = rng.choice(len(COLOURS), 2, replace=False).tolist()
-        pos = self.sample_positions(rng, 2, -0.18, 0.18, 0.12)
-        return {
-            "colours": colours,
-            "positions": pos.tolist(),
-            "goal": int(rng.integers(2)),
-            "template": int(rng.integers(len(self.templates))),
-        }
-
-    def combo_of(self, p: dict[str, Any]) -> tuple[int, ...]:
-        return (p["template"], p["colours"][p["goal"]])
-
-    def instruction_of(self, p: dict[str, Any]) -> str:
-        return self.templates[p["template"]].format(c=COLOURS[p["colours"][p["goal"]]])
-
     def apply_params(self, p: dict[str, Any]) -> None:
-        for i in range(2):
+        for i in range(self.n_objects):
             self.model.geom(f"cube{i}").rgba[:] = rgba(COLOURS[p["colours"][i]])
             adr = self.model.jnt_qposadr[self.model.joint(f"cube{i}").id]
             self.data.qpos[adr : adr + 7] = [*p["positions"][i], HALF, 1, 0, 0, 0]

@@ -10,16 +10,18 @@ from typing import Any
 
 import numpy as np
 
-from sims.own.base import COLOURS, TabletopEnv, move_toward, rgba, tolerance_progress
+from sims.own.base import COLOURS, ColouredObjectsEnv, move_toward, rgba, tolerance_progress
 
 N_TARGETS = 3
 HIT_RADIUS = 0.03
 HIT_HEIGHT = 0.04
 
 
-class ReachColorEnv(TabletopEnv):
+class ReachColorEnv(ColouredObjectsEnv):
     task_id = "wmrl/ReachColor-v0"
     xml_file = "reach.xml"
+    n_objects = N_TARGETS
+    placement = (-0.2, 0.2, 0.1)
     max_steps = 50
     templates = (
         "reach the {c} target",
@@ -27,22 +29,6 @@ class ReachColorEnv(TabletopEnv):
         "touch the {c} spot",
         "go to the {c} marker",
     )
-
-    def sample_params(self, rng: np.random.Generator) -> dict[str, Any]:
-        colours = rng.choice(len(COLOURS), N_TARGETS, replace=False).tolist()
-        pos = self.sample_positions(rng, N_TARGETS, -0.2, 0.2, 0.1)
-        return {
-            "colours": colours,
-            "positions": pos.tolist(),
-            "goal": int(rng.integers(N_TARGETS)),
-            "template": int(rng.integers(len(self.templates))),
-        }
-
-    def combo_of(self, p: dict[str, Any]) -> tuple[int, ...]:
-        return (p["template"], p["colours"][p["goal"]])
-
-    def instruction_of(self, p: dict[str, Any]) -> str:
-        return self.templates[p["template"]].format(c=COLOURS[p["colours"][p["goal"]]])
 
     def apply_params(self, p: dict[str, Any]) -> None:
         for i in range(N_TARGETS):
