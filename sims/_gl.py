@@ -7,8 +7,11 @@ ENVIRONMENT.md), so we default to it. A user who sets ``MUJOCO_GL`` (e.g. ``osme
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import sys
+import weakref
 
 if "mujoco" not in sys.modules and not os.environ.get("DISPLAY"):
     os.environ.setdefault("MUJOCO_GL", "egl")
@@ -44,4 +47,17 @@ def make_renderer(model: mujoco.MjModel, height: int, width: int) -> mujoco.Rend
     model.mat_reflectance[:] = 0
     model.vis.global_.offwidth = max(int(model.vis.global_.offwidth), width)
     model.vis.global_.offheight = max(int(model.vis.global_.offheight), height)
-    return mujoco.Renderer(model, height=height, width=width)
+    renderer = mujoco.Renderer(model, height=height, width=width)
+    _LIVE.add(renderer)
+    _close_live_renderers_at_exit()  # after the first context, so atexit runs it before EGL's teardown
+    return renderer
+
+
+#: renderers not yet collected; an env left unclosed would otherwise free its GL context after the
+#: interpreter has torn OpenGL down, printing "Exception ignored in Renderer.__del__" tracebacks
+_LIVE: weakref.WeakSet[mujoco.Renderer] = weakref.WeakSet()
+
+
+@functools.cache  # once per process
+def _close_live_renderers_at_exit() -> None:
+    atexit.register(lambda: [renderer.close() for renderer in list(_LIVE)])  # close() is idempotent
