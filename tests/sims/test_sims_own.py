@@ -136,7 +136,9 @@ def test_state_is_proprioception_only(make):
 def test_an_env_left_open_exits_without_gl_teardown_errors():
     """A script that never calls env.close() must not print tracebacks from renderers freed after
     the interpreter tore OpenGL down."""
-    script = "import sims\nfor seed in range(3):\n    env = sims.make('wmrl/ReachColor-v0'); env.reset(seed=seed)"
+    script = (
+        "import sims\nfor seed in range(3):\n    env = sims.make('wmrl/ReachColor-v0'); env.reset(seed=seed)"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "Exception ignored" not in done.stderr, done.stderr
