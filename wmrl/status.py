@@ -103,6 +103,8 @@ def status(path: str | Path) -> dict:
     """The standing of the grid or the run in ``path``: ``{"kind", "dir", "runs", "workers",
     "holder"}`` (``holder``: the process writing the grid, or the run, if one is)."""
     out = Path(path)
+    if not out.is_dir():
+        raise ConfigError(f"{out} is not a directory" if out.exists() else f"{out} does not exist")
     if (out / "spec.yaml").exists() and (out / "index.json").exists():
         runs, workers = grid_states(out)
         return {"kind": "grid", "dir": str(out), "runs": runs, "workers": workers, "holder": locked_by(out)}

@@ -158,6 +158,8 @@ def test_status_of_a_grid_cell_waiting_for_its_reevaluation_and_of_no_run(tmp_pa
     assert [r["state"] for r in json.loads(capsys.readouterr().out)["runs"]] == ["finished", "trained"]
     assert main(["status", str(tmp_path)]) == 2
     assert "holds neither a grid" in capsys.readouterr().err
+    assert main(["status", str(tmp_path / "typo")]) == 2
+    assert "typo does not exist" in capsys.readouterr().err
 
 
 def test_time_left_is_the_remaining_steps_at_the_recent_pace():
