@@ -56,7 +56,7 @@ from wmrl_vla.rollout import (
     replay_reward,
     run_episodes,
 )
-from wmrl_vla.world_model import VLAWorldModel, to_frames  # noqa: F401  (importable from here, as before)
+from wmrl_vla.world_model import VLAWorldModel
 from world_models.vla_dynamics import VLADynamics, instruction_ids
 
 TRAIN_SEEDS = (0, 1_000_000)

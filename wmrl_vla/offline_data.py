@@ -115,8 +115,8 @@ def record_offline(
 
     from wmrl.tracking import stage
     from wmrl_vla.data import append_episodes
-    from wmrl_vla.domain import to_frames
     from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes, run_expert_episodes
+    from wmrl_vla.world_model import to_frames
 
     sources = parse_mix(mix)
     pool = EnvPool(image_size, max_steps)

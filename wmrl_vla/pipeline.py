@@ -400,8 +400,8 @@ def prepare_policy_rollouts(cfg: VLAConfig, policy, progress: bool = True) -> li
     once as a LeRobot dataset. Expert demos alone never fail, so a WM trained on them alone cannot
     tell a failing trajectory from a succeeding one."""
     from wmrl_vla.data import append_episodes, load_episodes
-    from wmrl_vla.domain import to_frames
     from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes
+    from wmrl_vla.world_model import to_frames
 
     n = cfg.wm_policy_rollouts_per_task
     if n <= 0:
