@@ -12,7 +12,6 @@ import numpy as np
 
 from sims.own.base import COLOURS, ColouredObjectsEnv, move_toward, rgba, tolerance_progress
 
-N_BUTTONS = 3
 TRAVEL = 0.02
 PRESSED = 0.014
 CAP_TOP = 0.054  # table-frame height of an unpressed cap's top face
@@ -21,7 +20,7 @@ CAP_TOP = 0.054  # table-frame height of an unpressed cap's top face
 class PressButtonEnv(ColouredObjectsEnv):
     task_id = "wmrl/PressButton-v0"
     xml_file = "button.xml"
-    n_objects = N_BUTTONS
+    n_objects = 3
     placement = (-0.2, 0.2, 0.13)
     max_steps = 50
     templates = (
@@ -31,7 +30,7 @@ class PressButtonEnv(ColouredObjectsEnv):
     )
 
     def apply_params(self, p: dict[str, Any]) -> None:
-        for i in range(N_BUTTONS):
+        for i in range(self.n_objects):
             self.model.body(f"button{i}").pos[:2] = p["positions"][i]
             self.model.geom(f"cap{i}").rgba[:] = rgba(COLOURS[p["colours"][i]])
 

@@ -12,7 +12,6 @@ import numpy as np
 
 from sims.own.base import COLOURS, ColouredObjectsEnv, move_toward, rgba, tolerance_progress
 
-N_TARGETS = 3
 HIT_RADIUS = 0.03
 HIT_HEIGHT = 0.04
 
@@ -20,7 +19,7 @@ HIT_HEIGHT = 0.04
 class ReachColorEnv(ColouredObjectsEnv):
     task_id = "wmrl/ReachColor-v0"
     xml_file = "reach.xml"
-    n_objects = N_TARGETS
+    n_objects = 3
     placement = (-0.2, 0.2, 0.1)
     max_steps = 50
     templates = (
@@ -31,7 +30,7 @@ class ReachColorEnv(ColouredObjectsEnv):
     )
 
     def apply_params(self, p: dict[str, Any]) -> None:
-        for i in range(N_TARGETS):
+        for i in range(self.n_objects):
             self.model.body(f"target{i}").pos[:2] = p["positions"][i]
             self.model.geom(f"target{i}").rgba[:] = rgba(COLOURS[p["colours"][i]])
 
