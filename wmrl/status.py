@@ -94,7 +94,8 @@ def grid_states(out: Path) -> tuple[list[dict], int]:
         cached = reeval_current(c)
         reevaluated = (cached or {}).get("eval", {}).get(score)
         state = run_state(Path(c.run_dir), score, steps_of[c.domain], grid_cell=True, reevaluated=reevaluated)
-        states.append({"name": c.name, "code": base_method(c.method)} | state)
+        reeval_s = (cached or {}).get("seconds")
+        states.append({"name": c.name, "code": base_method(c.method), "reeval_s": reeval_s} | state)
     workers = spec.executor.workers if spec.executor.type == "process" else 1
     return states, max(workers, 1)
 
@@ -122,22 +123,41 @@ def status(path: str | Path) -> dict:
 def left_seconds(report: dict) -> float | None:
     """A grid's time to finish: each unfinished cell's remaining steps at its pace (a running cell's
     own; else the mean pace of the grid's cells that run the same method's code, a control with its
-    method; else of all its cells), spread over its workers. None before any step was timed."""
+    method; else of all its cells), plus, for each cell not yet re-evaluated, the mean time the
+    grid's re-evaluations took, spread over its workers. None before any step was timed."""
     runs = report["runs"]
-    timed = [r for r in runs if r["elapsed_s"] and r["step"]]
-    if not timed:
+    by_code = _paces(runs)
+    if not by_code:
         return None
-    by_code: dict[str, list[float]] = {}
-    for r in timed:
-        by_code.setdefault(r.get("code", ""), []).append(r["elapsed_s"] / r["step"])
     overall = statistics.fmean(x for paces in by_code.values() for x in paces)
+    reevals = [r["reeval_s"] for r in runs if _finite(r.get("reeval_s"))]
+    reeval = statistics.fmean(reevals) if reevals else 0.0
     left = 0.0
     for r in runs:
-        if r["state"] in ("finished", "trained", "re-evaluating"):
+        if r["state"] == "finished":
+            continue
+        left += reeval
+        if r["state"] in ("trained", "re-evaluating"):
             continue
         pace = statistics.fmean(by_code[r.get("code", "")]) if r.get("code", "") in by_code else overall
         left += r["eta_s"] if r["eta_s"] is not None else max(r["steps"] - r["step"], 0) * pace
     return left / report["workers"]
+
+
+def _paces(runs: list[dict]) -> dict[str, list[float]]:
+    """Seconds per step of every timed run, by the method code it runs."""
+    by_code: dict[str, list[float]] = {}
+    for r in runs:
+        if r["elapsed_s"] and r["step"]:
+            by_code.setdefault(r.get("code", ""), []).append(r["elapsed_s"] / r["step"])
+    return by_code
+
+
+def untimed_cells(report: dict) -> int:
+    """Unfinished cells whose method no cell of the grid has timed yet: :func:`left_seconds` counts
+    them at the pace of other methods, which may be much faster or slower."""
+    timed = _paces(report["runs"])
+    return sum(r["state"] == "pending" and r.get("code", "") not in timed for r in report["runs"])
 
 
 def format_status(report: dict) -> str:
@@ -165,7 +185,14 @@ def format_status(report: dict) -> str:
     total = f"{report['kind']} {report['dir']}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
     if report["kind"] == "grid":
         left = left_seconds(report)
-        total += f"; about {_duration(left)} left on {report['workers']} worker(s)" if left else ""
+        guessed = untimed_cells(report)
+        if left:
+            total += f"; about {_duration(left)} left on {report['workers']} worker(s)"
+            total += (
+                f" ({guessed} cell(s) of methods not yet timed counted at the others' pace)"
+                if guessed
+                else ""
+            )
         total += f"; `wmrl compare` running ({report['holder']})" if report.get("holder") else ""
     return "\n".join([*text, total])
 

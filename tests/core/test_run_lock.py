@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from wmrl.cli import main
-from wmrl.status import format_status, left_seconds, remaining_seconds, status
+from wmrl.status import format_status, left_seconds, remaining_seconds, status, untimed_cells
 from wmrl.tracking import CHECKPOINT, RunDirError, exclusive, locked_by, read_metrics
 
 STEPS = 40
@@ -177,3 +177,12 @@ def test_time_left_is_the_remaining_steps_at_the_recent_pace():
     # the running cell at its own pace; the pending ppi cell (a control, say) at ppi's mean pace
     # (30 and 20 s a step), the pending wmrl cell, no wmrl cell timed, at the mean of all (20 s a step)
     assert left_seconds({"runs": runs, "workers": 2}) == (90.0 + 10 * 25.0 + 10 * 20.0) / 2
+    assert untimed_cells({"runs": runs}) == 1  # the wmrl cell
+    # re-evaluations: each cell not yet re-evaluated (a trained one included) adds their mean time
+    runs[0]["reeval_s"], runs[1]["reeval_s"] = 20.0, 40.0
+    # (a trained cell of another method at the overall mean pace, 20 s a step, moves no pace)
+    trained = {"code": "mix", "state": "trained", "step": 10, "steps": 10, "elapsed_s": 200.0, "eta_s": None}
+    assert (
+        left_seconds({"runs": [*runs, trained], "workers": 2})
+        == (90.0 + 10 * 25.0 + 10 * 20.0 + 4 * 30.0) / 2
+    )
