@@ -154,7 +154,7 @@ def _paces(runs: list[dict]) -> dict[str, list[float]]:
 
 
 def untimed_cells(report: dict) -> int:
-    """Unfinished cells whose method no cell of the grid has timed yet: :func:`left_seconds` counts
+    """Pending cells whose method no cell of the grid has timed yet: :func:`left_seconds` counts
     them at the pace of other methods, which may be much faster or slower."""
     timed = _paces(report["runs"])
     return sum(r["state"] == "pending" and r.get("code", "") not in timed for r in report["runs"])
@@ -185,14 +185,10 @@ def format_status(report: dict) -> str:
     total = f"{report['kind']} {report['dir']}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
     if report["kind"] == "grid":
         left = left_seconds(report)
-        guessed = untimed_cells(report)
         if left:
             total += f"; about {_duration(left)} left on {report['workers']} worker(s)"
-            total += (
-                f" ({guessed} cell(s) of methods not yet timed counted at the others' pace)"
-                if guessed
-                else ""
-            )
+            if guessed := untimed_cells(report):
+                total += f" ({guessed} cell(s) of methods not yet timed counted at the others' pace)"
         total += f"; `wmrl compare` running ({report['holder']})" if report.get("holder") else ""
     return "\n".join([*text, total])
 
