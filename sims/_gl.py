@@ -36,6 +36,16 @@ def _patch_late_import() -> None:
 _patch_late_import()
 
 
+#: renderers not yet collected; an env left unclosed would otherwise free its GL context after the
+#: interpreter has torn OpenGL down, printing "Exception ignored in Renderer.__del__" tracebacks
+_LIVE: weakref.WeakSet[mujoco.Renderer] = weakref.WeakSet()
+
+
+@functools.cache  # once per process
+def _close_live_renderers_at_exit() -> None:
+    atexit.register(lambda: [renderer.close() for renderer in list(_LIVE)])  # close() is idempotent
+
+
 def make_renderer(model: mujoco.MjModel, height: int, width: int) -> mujoco.Renderer:
     """A ``mujoco.Renderer`` with the settings that make small offscreen renders cheap.
 
@@ -51,13 +61,3 @@ def make_renderer(model: mujoco.MjModel, height: int, width: int) -> mujoco.Rend
     _LIVE.add(renderer)
     _close_live_renderers_at_exit()  # after the first context, so atexit runs it before EGL's teardown
     return renderer
-
-
-#: renderers not yet collected; an env left unclosed would otherwise free its GL context after the
-#: interpreter has torn OpenGL down, printing "Exception ignored in Renderer.__del__" tracebacks
-_LIVE: weakref.WeakSet[mujoco.Renderer] = weakref.WeakSet()
-
-
-@functools.cache  # once per process
-def _close_live_renderers_at_exit() -> None:
-    atexit.register(lambda: [renderer.close() for renderer in list(_LIVE)])  # close() is idempotent
