@@ -74,11 +74,13 @@ def remaining_seconds(rows: list[dict], steps: int) -> float | None:
     return max(steps - int(rows[-1]["step"]), 0) * statistics.median(paces)
 
 
-def grid_states(out: Path) -> tuple[list[dict], int]:
-    """Every cell of the grid in ``out`` (planned from its ``spec.yaml``) with its standing, and
-    the number of cells the grid runs at once."""
+def grid_states(out: Path) -> tuple[list[dict], int, list[str]]:
+    """Every cell of the grid in ``out`` (planned from its ``spec.yaml``) with its standing, the
+    number of cells the grid runs at once, and the starts not yet prepared (``"vla seed 12"``: the
+    domain's caches, SFT and WM pretraining, then the starting policy's held-out evaluation, which
+    ``wmrl compare`` does before any cell of that seed trains)."""
     from wmrl.grid import plan
-    from wmrl.grid_spec import base_method, load_spec, reeval_current
+    from wmrl.grid_spec import base_method, load_spec, read_cached, reeval_current
 
     spec = load_spec(out / "spec.yaml")
     cells = plan(spec, out)
@@ -96,19 +98,23 @@ def grid_states(out: Path) -> tuple[list[dict], int]:
         state = run_state(Path(c.run_dir), score, steps_of[c.domain], grid_cell=True, reevaluated=reevaluated)
         reeval_s = (cached or {}).get("seconds")
         states.append({"name": c.name, "code": base_method(c.method), "reeval_s": reeval_s} | state)
+    unprepared = {f"{c.domain} seed {c.seed}": None for c in cells
+                  if read_cached(Path(c.start_path), c.reeval_overrides) is None}  # fmt: skip
     workers = spec.executor.workers if spec.executor.type == "process" else 1
-    return states, max(workers, 1)
+    return states, max(workers, 1), list(unprepared)
 
 
 def status(path: str | Path) -> dict:
     """The standing of the grid or the run in ``path``: ``{"kind", "dir", "runs", "workers",
-    "holder"}`` (``holder``: the process writing the grid, or the run, if one is)."""
+    "holder", "unprepared"}`` (``holder``: the process writing the grid, or the run, if one is;
+    ``unprepared``: a grid's starts not yet prepared, see :func:`grid_states`)."""
     out = Path(path)
     if not out.is_dir():
         raise ConfigError(f"{out} is not a directory" if out.exists() else f"{out} does not exist")
     if (out / "spec.yaml").exists() and (out / "index.json").exists():
-        runs, workers = grid_states(out)
-        return {"kind": "grid", "dir": str(out), "runs": runs, "workers": workers, "holder": locked_by(out)}
+        runs, workers, unprepared = grid_states(out)
+        return {"kind": "grid", "dir": str(out), "runs": runs, "workers": workers, "holder": locked_by(out),
+                "unprepared": unprepared}  # fmt: skip
     if (out / "config.yaml").exists():
         cfg = load_config(out / "config.yaml", [f"--out_dir={out}"])
         state = run_state(out, type(cfg.domain).HELDOUT_SCORE, cfg.grpo.steps)
@@ -189,7 +195,11 @@ def format_status(report: dict) -> str:
             total += f"; about {_duration(left)} left on {report['workers']} worker(s)"
             if guessed := untimed_cells(report):
                 total += f" ({guessed} cell(s) of methods not yet timed counted at the others' pace)"
-        total += f"; `wmrl compare` running ({report['holder']})" if report.get("holder") else ""
+        if report.get("holder"):
+            total += f"; `wmrl compare` running ({report['holder']})"
+            if report.get("unprepared"):
+                total += f"\npreparing the start of {', '.join(report['unprepared'])} first"
+                total += " (caches, SFT and WM pretraining on a first run here, then its held-out evaluation)"
     return "\n".join([*text, total])
 
 

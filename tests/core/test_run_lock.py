@@ -162,6 +162,21 @@ def test_status_of_a_grid_cell_waiting_for_its_reevaluation_and_of_no_run(tmp_pa
     assert "typo does not exist" in capsys.readouterr().err
 
 
+def test_status_of_a_running_grid_names_the_starts_it_is_still_preparing(tmp_path):
+    spec = _tiny_grid_spec(tmp_path, seeds="[0, 1]")
+    out = tmp_path / "g"
+    assert main(["compare", str(spec), "--out-dir", str(out)]) == 0
+    assert status(out)["unprepared"] == []
+    (out / "toy/start-seed1.json").unlink()  # as while `wmrl compare` builds and evaluates seed 1's start
+    assert status(out)["unprepared"] == ["toy seed 1"]
+    assert "preparing" not in format_status(status(out))  # no process is preparing it
+    other = _hold(out)
+    try:
+        assert "\npreparing the start of toy seed 1 first (" in format_status(status(out))
+    finally:
+        _kill(other)
+
+
 def test_time_left_is_the_remaining_steps_at_the_recent_pace():
     rows = [{"step": s, "time/step": float(s)} for s in range(1, 21)]  # the last 10 paces: 11..20
     assert remaining_seconds(rows, steps=30) == 10 * 15.5
