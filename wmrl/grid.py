@@ -10,7 +10,9 @@ the runs' own ExecutorConfig). ``wmrl compare SPEC --out-dir DIR``:
    cells that share them do not build them at the same time) and evaluates the starting policy on
    the held-out split (``DIR/<domain>/start-seed<k>.json``);
 3. trains every unfinished cell (an ordinary run directory ``DIR/<domain>/<method>/seed<k>``: a
-   finished one is kept, a killed one resumes from its checkpoint), then re-evaluates its final
+   finished one is kept, a killed one resumes from its checkpoint; a fresh one whose starting
+   policy is not the one its seed's other cells recorded, ``start_policy.json``, is refused before
+   its first step, so that every method of a seed starts from one policy), then re-evaluates its final
    policy on ``reeval_episodes`` held-out episodes or samples per task (``reeval.json`` in the run
    directory, kept while the run and the re-evaluation settings are unchanged; where those settings
    are the run's own, its final in-run evaluation is reused, not repeated);
@@ -71,7 +73,7 @@ from wmrl.grid_spec import (
     reeval_current,
 )
 from wmrl.runs import comparison_runs, config_diffs, result_fields, writable_dir
-from wmrl.tracking import CHECKPOINT, RunDirError, _diff, exclusive, read_metrics
+from wmrl.tracking import CHECKPOINT, START_POLICY, RunDirError, _diff, exclusive, read_metrics
 
 __all__ = ["Cell", "DomainEntry", "GridSpec", "load_spec", "plan", "run_grid"]
 
@@ -220,11 +222,20 @@ def run_cell(c: Cell, cwd: str) -> dict:
                 _set_aside_metrics(run_dir)
             if not resume:  # a worker runs cells one after another: each starts from its seed alone
                 _seed_globals(c.seed)
-            train_run(load_config(c.preset, c.overrides), resume=resume)
+            train_run(load_config(c.preset, c.overrides), resume=resume, start_policy=seed_start(run_dir))
         if reeval_current(c) is None:
             scores = _final_inrun_eval(c) or _evaluate(c, checkpoint=run_dir / CHECKPOINT)
             _write_json(run_dir / "reeval.json", {"reeval_overrides": c.reeval_overrides, **scores})
     return {"cell": c.name, "status": "finished", "seconds": time.perf_counter() - t0}
+
+
+def seed_start(run_dir: Path) -> tuple[str, str] | None:
+    """The starting-policy fingerprint another cell of this cell's domain and seed recorded
+    (``<domain>/<method>/seed<k>/start_policy.json``) and that file, or None before any did."""
+    for other in sorted(run_dir.parent.parent.glob(f"*/{run_dir.name}/{START_POLICY}")):
+        if other.parent != run_dir and (sha1 := (read_json(other) or {}).get("policy_sha1")):
+            return sha1, str(other.parent)
+    return None
 
 
 def _final_inrun_eval(c: Cell) -> dict | None:

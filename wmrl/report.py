@@ -42,7 +42,7 @@ from wmrl.grid_spec import (
     reeval_current,
 )
 from wmrl.methods import METHODS, wm_methods
-from wmrl.tracking import OFFLINE_DATA, read_metrics
+from wmrl.tracking import OFFLINE_DATA, START_POLICY, read_metrics
 
 if TYPE_CHECKING:
     from wmrl.grid_spec import Cell, GridSpec
@@ -367,7 +367,10 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
                 | cell_figures(
                     rows, base_method(c.method), score, start, final, _json(Path(c.run_dir) / OFFLINE_DATA)
                 )
-                | {"exploratory": _is_tested(c.method) and (c.seed in seen or c.seed in spec.seen_seeds)}
+                | {
+                    "exploratory": _is_tested(c.method) and (c.seed in seen or c.seed in spec.seen_seeds),
+                    "start_policy": (_json(Path(c.run_dir) / START_POLICY) or {}).get("policy_sha1"),
+                }
             )
             curves[(c.method, c.seed)] = [
                 (
@@ -402,6 +405,17 @@ def _is_tested(method: str) -> bool:
     return method in wm_methods()
 
 
+def start_mismatches(per_cell: dict) -> dict[str, dict[str, str]]:
+    """The seeds whose cells started from more than one policy: ``{seed: {method: sha1[:12]}}`` over
+    the cells that recorded their start (``start_policy``, :func:`wmrl.tracking.policy_fingerprint`).
+    Their paired differences compare different starts."""
+    by_seed: dict[int, dict[str, str]] = {}
+    for (m, s), v in per_cell.items():
+        if v.get("start_policy"):
+            by_seed.setdefault(s, {})[m] = v["start_policy"][:12]
+    return {str(s): ms for s, ms in sorted(by_seed.items()) if len(set(ms.values())) > 1}
+
+
 def aggregate_domain(
     per_cell: dict,
     curves: dict,
@@ -418,7 +432,7 @@ def aggregate_domain(
     the paired differences against ``real`` and ``anchors_only`` and the share of ``real``'s gain,
     the curves keyed ``"<method>/seed<seed>"``, and the ``evidence`` (:func:`domain_evidence` at
     ``margin``). ``wm_curves[(method, seed)]``: that cell's :func:`wm_quality_curve`, kept as
-    ``wm_curves`` keyed as the curves.
+    ``wm_curves`` keyed as the curves. ``start_mismatch``: :func:`start_mismatches`.
     """
     real_final = mean_se([v["final_inrun"] for (m, _), v in per_cell.items() if m == "real"])
     target = real_final["mean"] if real_final else None
@@ -430,7 +444,7 @@ def aggregate_domain(
     for m in methods:
         by_seed = {s: per_cell[(m, s)] for s in seeds}
         figs = {k: mean_se([v[k] for v in by_seed.values()]) for k in by_seed[seeds[0]]
-                if k not in ("status", "exploratory")}  # fmt: skip
+                if k not in ("status", "exploratory", "start_policy")}  # fmt: skip
         for ref in ("real", "anchors_only"):
             figs[f"diff_vs_{ref}"] = (
                 paired(
@@ -453,6 +467,7 @@ def aggregate_domain(
         "real_final_inrun": real_final,
         "methods": out_methods,
         "evidence": domain_evidence(per_cell, methods, seeds, margin),
+        "start_mismatch": start_mismatches(per_cell),
         "curves": {f"{m}/seed{s}": v for (m, s), v in curves.items()},
         "wm_curves": {f"{m}/seed{s}": v for (m, s), v in (wm_curves or {}).items()},
     }
@@ -633,6 +648,13 @@ def _preamble(report: dict) -> list[str]:
                 else ""
             )
         )
+    for dname, dom in report["domains"].items():
+        for seed, starts in (dom.get("start_mismatch") or {}).items():
+            given = ", ".join(f"`{m}` {sha}" for m, sha in starts.items())
+            out.append(
+                f"- **{dname} seed {seed}: its cells started from different policies** ({given}): its "
+                "paired differences compare different starts; re-run them from one start"
+            )
     if report.get("grid_wall_s") is not None:
         out.append(
             f"- wall-clock of the grid's stages (start-up excluded) in the run that finished it: "

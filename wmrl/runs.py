@@ -12,12 +12,15 @@ import tempfile
 from pathlib import Path
 
 from wmrl.config import RunConfig, load_config, save_config, to_dict, upgrade_saved
+from wmrl.domain import DomainCapabilities
 from wmrl.tracking import (
     CHECKPOINT,
+    START_POLICY,
     RunDirError,
     _diff,
     check_fresh,
     exclusive,
+    policy_fingerprint,
     prepare_run_dir,
     read_metrics,
 )
@@ -25,14 +28,18 @@ from wmrl.tracking import (
 log = logging.getLogger("wmrl")
 
 
-def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
+def train_run(cfg: RunConfig, resume: bool = False, start_policy: tuple[str, str] | None = None) -> dict[str, float]:  # fmt: skip
     """Build the domain and train one run in ``cfg.out_dir``; returns the last step's metrics.
 
     The run directory is checked before anything is built: a fresh run needs a writable directory
     holding no checkpoint; a resumed one steps left to train, and starts from step 0 where it
     stopped before its first checkpoint. The main process holds the directory's lock
     (``wmrl.tracking.exclusive``) from before it writes anything until the run ends: a second
-    process on the same directory stops with an error naming the first."""
+    process on the same directory stops with an error naming the first.
+
+    A fresh run records its starting policy's fingerprint in ``start_policy.json``;
+    ``start_policy=(sha1, source)`` (a grid cell: its seed's other cells' start) refuses to train
+    from another one, naming both, before the first step."""
     from wmrl.device import check_precision, resolve_device
     from wmrl.distributed import make_accelerator, wants_distributed
 
@@ -51,10 +58,10 @@ def train_run(cfg: RunConfig, resume: bool = False) -> dict[str, float]:
         check_fresh(out)  # before the lock: a refused run leaves the directory as it was
         writable_dir(out)
     with exclusive(out) if main else contextlib.nullcontext():
-        return _train_locked(cfg, acc, resume, restart)
+        return _train_locked(cfg, acc, resume, restart, start_policy)
 
 
-def _train_locked(cfg: RunConfig, acc, resume: bool, restart: bool) -> dict[str, float]:
+def _train_locked(cfg: RunConfig, acc, resume: bool, restart: bool, start_policy: tuple[str, str] | None) -> dict[str, float]:  # fmt: skip
     """``train_run`` past its checks, the run directory locked by the main process."""
     from wmrl.trainer import Trainer
 
@@ -84,6 +91,8 @@ def _train_locked(cfg: RunConfig, acc, resume: bool, restart: bool) -> dict[str,
             sft(build_cfg, acc)
         with acc.main_process_first():
             domain = cfg.domain.build(build_cfg)
+    if not resume and main:
+        _record_start(out, domain, start_policy)
     trainer = Trainer(cfg, domain, resume=resume, accelerator=acc)
     try:
         last = trainer.train()
@@ -97,6 +106,21 @@ def _train_locked(cfg: RunConfig, acc, resume: bool, restart: bool) -> dict[str,
     if last:
         (out / "summary.json").write_text(json.dumps(last, indent=2))
     return last
+
+
+def _record_start(out: Path, domain, expected: tuple[str, str] | None) -> None:
+    """Write the fresh run's starting-policy fingerprint, or refuse (closing the domain) when it is
+    not ``expected``'s."""
+    sha1 = policy_fingerprint(domain.policy)
+    if expected is not None and sha1 != expected[0]:
+        DomainCapabilities.of(domain).close_domain()
+        raise RunDirError(
+            f"{out} would start from policy {sha1[:12]}, not its seed's {expected[0][:12]} ({expected[1]}): "
+            "every method of a seed must start from one policy. The domain's cached start (SFT, WM "
+            "pretraining) differs between the grid's workers (built on CPUs that round differently, "
+            "say): give every worker the same domain.cache_dir"
+        )
+    (out / START_POLICY).write_text(json.dumps({"policy_sha1": sha1}) + "\n")
 
 
 def resume_run(run_dir: str | Path) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import io
 import json
 import logging
@@ -46,6 +47,9 @@ CHECKPOINT = "checkpoints/latest.pt"
 # The data a run's WM pretrained on before training (``{"executions", "sim_steps"}``, either may be
 # absent), written by the domain's build and counted by a comparison report apart from the RL budget.
 OFFLINE_DATA = "offline_data.json"
+# The policy a fresh run started from (``{"policy_sha1"}``, :func:`policy_fingerprint`): a grid checks
+# that every method of a seed started from the same one.
+START_POLICY = "start_policy.json"
 log = logging.getLogger("wmrl")
 
 
@@ -384,6 +388,20 @@ def _read_rows(path: Path) -> tuple[list[dict], str | None]:
                 return rows, line
             raise RunDirError(f"{path}: line {i + 1} is not JSON ({e.msg}); repair or remove it") from None
     return rows, None
+
+
+def policy_fingerprint(policy: torch.nn.Module) -> str:
+    """SHA-1 of a policy's parameters and buffers: every ``state_dict`` entry's name, dtype, shape and
+    bytes, in name order. Equal for equal weights whatever the device; two builds of one start on
+    machines whose kernels round differently (SFT on another CPU) differ."""
+    digest = hashlib.sha1()
+    for name, value in sorted(policy.state_dict().items()):
+        if not isinstance(value, torch.Tensor):  # a module's extra state
+            digest.update(f"{name}|{value!r}|".encode())
+            continue
+        digest.update(f"{name}|{value.dtype}|{tuple(value.shape)}|".encode())
+        digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def check_fresh(run_dir: Path) -> None:

@@ -15,8 +15,9 @@ import psutil
 import pytest
 
 from wmrl.cli import main
+from wmrl.config import load_config
 from wmrl.report import ABSENT, TIME_KEYS, cell_figures, fmt_cell, mean_se
-from wmrl.tracking import read_metrics, safe_load
+from wmrl.tracking import policy_fingerprint, read_metrics, safe_load
 
 TINY = [
     "--domain.n_contexts=8",
@@ -172,6 +173,40 @@ def test_reevaluation_reuses_the_runs_final_evaluation_only_when_its_settings_ar
 
 
 @pytest.mark.slow
+def test_every_method_of_a_seed_starts_from_one_policy(grid, tmp_path, capsys):
+    spec, out = grid
+    cfg = load_config("toy", [*TINY, f"--out_dir={tmp_path / 'fresh'}"])
+    built = policy_fingerprint(cfg.domain.build(cfg).policy)  # the toy starts every seed alike
+    cells = [(m, s) for m in ("real", "anchors_only", "ppi", "ppi_placebo", "ppi_lambda0") for s in (0, 1)]
+    for m, s in cells:
+        assert json.loads((out / f"toy/{m}/seed{s}/start_policy.json").read_text())["policy_sha1"] == built
+    assert json.loads((out / "report.json").read_text())["domains"]["toy"]["start_mismatch"] == {}
+    # seed 1's other cells started elsewhere (a cache built on another machine): its ppi cell, run
+    # again, is refused before its first step, naming both starts
+    copy = tmp_path / "g"
+    shutil.copytree(out, copy)
+    shutil.rmtree(copy / "toy/ppi/seed1")
+    for m, s in cells:
+        if s == 1 and m != "ppi":
+            (copy / f"toy/{m}/seed{s}/start_policy.json").write_text(json.dumps({"policy_sha1": "ab" * 20}))
+    capsys.readouterr()
+    assert main(["compare", str(spec), "--out-dir", str(copy), "--executor.type=inline"]) == 2
+    text = capsys.readouterr().out
+    assert (
+        f"toy/ppi/seed1: FAILED ({copy}/toy/ppi/seed1 would start from policy {built[:12]}, not its " in text
+    )
+    assert "abababababab" in text and not (copy / "toy/ppi/seed1/checkpoints/latest.pt").exists()
+    # finished cells that recorded different starts: the report names the seed and each cell's start
+    other = tmp_path / "other"
+    shutil.copytree(out, other)
+    (other / "toy/real/seed1/start_policy.json").write_text(json.dumps({"policy_sha1": "ab" * 20}))
+    assert main(["compare", str(spec), "--out-dir", str(other)]) == 0
+    report = json.loads((other / "report.json").read_text())["domains"]["toy"]
+    starts = {m: built[:12] for m in ("anchors_only", "ppi", "ppi_placebo", "ppi_lambda0")}
+    assert report["start_mismatch"] == {"1": starts | {"real": "abababababab"}}
+    assert "**toy seed 1: its cells started from different policies**" in (other / "report.md").read_text()
+
+
 def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):
     """Kill the grid's process once the first cell finished and the second is between checkpoints;
     the rerun keeps the first, resumes the second and runs the rest."""
