@@ -145,10 +145,22 @@ def test_a_second_compare_on_a_running_grid_stops_before_writing(tmp_path, capsy
     assert cell["state"] == "finished" and cell["final"] == reeval["eval"]["true_reward"]
 
 
-def test_status_of_a_grid_cell_waiting_for_its_reevaluation_and_of_no_run(tmp_path, capsys):
+def test_status_of_a_grid_cell_waiting_for_its_reevaluation_or_start_and_of_no_run(tmp_path, capsys):
     spec = _tiny_grid_spec(tmp_path, seeds="[0, 1]")
     out = tmp_path / "g"
     assert main(["compare", str(spec), "--out-dir", str(out)]) == 0
+    assert status(out)["unprepared"] == []
+    start = out / "toy/start-seed1.json"
+    saved = start.read_bytes()
+    start.unlink()  # as while `wmrl compare` builds and evaluates seed 1's start
+    assert status(out)["unprepared"] == ["toy seed 1"]
+    assert "preparing" not in format_status(status(out))  # no process is preparing it
+    other = _hold(out)
+    try:
+        assert "\npreparing the start of toy seed 1 first (" in format_status(status(out))
+    finally:
+        _kill(other)
+    start.write_bytes(saved)
     (out / "toy/real/seed1/reeval.json").unlink()
     states = {r["name"]: (r["state"], r["final"]) for r in status(out)["runs"]}
     assert states["toy/real/seed1"] == ("trained", None)
@@ -160,21 +172,6 @@ def test_status_of_a_grid_cell_waiting_for_its_reevaluation_and_of_no_run(tmp_pa
     assert "holds neither a grid" in capsys.readouterr().err
     assert main(["status", str(tmp_path / "typo")]) == 2
     assert "typo does not exist" in capsys.readouterr().err
-
-
-def test_status_of_a_running_grid_names_the_starts_it_is_still_preparing(tmp_path):
-    spec = _tiny_grid_spec(tmp_path, seeds="[0, 1]")
-    out = tmp_path / "g"
-    assert main(["compare", str(spec), "--out-dir", str(out)]) == 0
-    assert status(out)["unprepared"] == []
-    (out / "toy/start-seed1.json").unlink()  # as while `wmrl compare` builds and evaluates seed 1's start
-    assert status(out)["unprepared"] == ["toy seed 1"]
-    assert "preparing" not in format_status(status(out))  # no process is preparing it
-    other = _hold(out)
-    try:
-        assert "\npreparing the start of toy seed 1 first (" in format_status(status(out))
-    finally:
-        _kill(other)
 
 
 def test_time_left_is_the_remaining_steps_at_the_recent_pace():
