@@ -5,6 +5,7 @@ wmrl run --resume RUN_DIR
 wmrl compare SPEC.yaml [--out-dir DIR] [--executor.type=ray --seeds=[0,1] ...]   # a grid: domain x method x seed
 wmrl merge-reports A/report.json B/report.json --out-dir DIR   # one grid run in parts (disjoint seeds)
 wmrl merge-reports A B --method-from ppi=C --out-dir DIR       # ... with ppi's cells from grid C (other overrides)
+wmrl family FAMILY.yaml --out-dir DIR   # a confirmatory family over grids: Holm-adjusted verdicts
 wmrl config PRESET [overrides]     # every field with its value and comment (also: wmrl run PRESET --help)
 wmrl tasks DOMAIN
 wmrl presets
@@ -99,6 +100,18 @@ def build_parser() -> _Parser:
         help="take every cell of METHOD from REPORT, a grid that ran it with other overrides on the same "
         "preset and re-evaluation (e.g. --method-from ppi=runs/grid-ppi-gradient); repeatable",
     )
+    family = sub.add_parser(
+        "family",
+        help="a confirmatory family over grids: each comparison's p, Holm-adjusted p and verdict",
+        description="Read the grids a family declares (FAMILY.yaml: its methods, baseline and each "
+        "grid's spec and report.json) and write family.md and family.json: per comparison the paired "
+        "difference to the baseline, its one-sided p and Holm-adjusted p (superiority and "
+        "non-inferiority at the domain's margin), whether it clears its controls, a verdict (withheld "
+        "until every seed the grid's spec fixed has finished) and a combined estimate per method.",
+        formatter_class=fmt,
+    )
+    family.add_argument("spec", metavar="FAMILY.yaml", help="the family's declaration (wmrl/family.py)")
+    family.add_argument("--out-dir", required=True, help="where family.md and family.json go")
     status = sub.add_parser(
         "status",
         help="where a run or a grid stands: each run's state, steps, scores and time left",
@@ -187,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
             if overrides:
                 raise ConfigError(f"wmrl merge-reports takes no overrides: {' '.join(overrides)}")
             _merge_reports(args, argv)
+        elif args.command == "family":
+            if overrides:
+                raise ConfigError(f"wmrl family takes no overrides: {' '.join(overrides)}")
+            from wmrl.family import write_family
+
+            write_family(args.spec, args.out_dir)
+            print(f"family: {args.out_dir}/family.md  {args.out_dir}/family.json")
         elif args.command == "status":
             if overrides:
                 raise ConfigError(f"wmrl status takes no overrides: {' '.join(overrides)}")

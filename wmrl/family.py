@@ -1,0 +1,340 @@
+"""A confirmatory family: the comparisons a claim rests on, declared before their grids ran, tested
+together with a multiplicity correction, and the seeds each needs, planned from pilots.
+
+A family (``FamilySpec``, a YAML file such as ``benchmarks/specs/family_wm_payoff.yaml``) names its
+methods, the baseline they are compared with (``anchors_only``: the same real executions without a
+world model) and one grid per domain (the grid's spec and where its merged ``report.json`` lies).
+``wmrl family FAMILY.yaml --out-dir DIR`` reads the reports and writes ``family.md`` and
+``family.json``:
+
+- per comparison (method x grid) the paired differences ``d_s = final(method, s) − final(baseline, s)``
+  over the grid's fresh seeds, their mean, s.e., the one-sided p of ``H0: E[d] <= 0`` (paired t) and
+  of ``H0: E[d] <= −margin`` (non-inferiority), each Holm-adjusted over the family's comparisons;
+- the controls (placebo WM, ``ppi_lambda0``): a gain counts only where the method also beats each of
+  its controls at level ``alpha`` on at least ``min_control_seeds`` seeds (an intersection-union
+  test: requiring every one to reject keeps the level without a further correction);
+- a combined estimate per method over the family's grids, whose scores have different units: each
+  grid's standardised effect ``δ_g = mean_g / sd_g`` pooled by inverse variance, and Stouffer's
+  combination of the grids' one-sided p-values weighted by ``sqrt(n_g)``;
+- a comparison whose grid has not finished every seed its spec fixed is *interim*: its figures are
+  shown, its verdict withheld.
+
+The math is in the small functions below; nothing here runs a grid.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+from wmrl.config import ConfigError
+
+# ---- statistics ----------------------------------------------------------------------------------
+
+
+def one_sided_p(diffs: list[float], shift: float = 0.0) -> float | None:
+    """p-value of the paired t test of ``H0: E[d] <= −shift`` against ``E[d] > −shift``:
+    ``P(T_{n−1} >= (mean + shift) / (sd / sqrt(n)))``. ``shift = 0``: superiority; ``shift`` = the
+    margin: non-inferiority. None for fewer than 2 differences; 0 or 1 where they do not vary."""
+    n = len(diffs)
+    if n < 2:
+        return None
+    m = sum(diffs) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in diffs) / (n - 1))
+    if sd == 0:
+        return 0.0 if m + shift > 0 else 1.0
+    return float(stats.t.sf((m + shift) / (sd / math.sqrt(n)), n - 1))
+
+
+def holm(pvalues: list[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values (Holm 1979): with the ``m`` present p-values sorted,
+    ``p̃_(i) = max_{j <= i} min(1, (m − j + 1) p_(j))``; reject where ``p̃ <= α`` controls the
+    family-wise error at ``α``. A missing p-value (None) stays None and does not count in ``m``."""
+    present = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    m = len(present)
+    out: list[float | None] = [None] * len(pvalues)
+    running = 0.0
+    for rank, (p, i) in enumerate(present):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
+
+
+def power(sd: float, delta: float, n: int, alpha: float = 0.05) -> float:
+    """Power of the one-sided level-``alpha`` paired t test on ``n`` seeds to reject ``E[d] <= 0``
+    when ``E[d] = delta`` and ``sd(d) = sd``: ``P(T' > t_{1−α, n−1})``, ``T'`` noncentral t with
+    ``n − 1`` degrees of freedom and noncentrality ``delta sqrt(n) / sd``."""
+    if sd <= 0 or n < 2:
+        raise ValueError(f"need sd > 0 and n >= 2, got sd={sd}, n={n}")
+    crit = stats.t.ppf(1 - alpha, n - 1)
+    return float(stats.nct.sf(crit, n - 1, delta * math.sqrt(n) / sd))
+
+
+def seeds_needed(
+    sd: float, delta: float, alpha: float = 0.05, target: float = 0.8, n_max: int = 10_000
+) -> int:
+    """The fewest seeds ``n >= 2`` whose paired t test has :func:`power` >= ``target`` at ``delta``."""
+    if delta <= 0:
+        raise ValueError(f"delta={delta} must be > 0: no number of seeds detects a difference <= 0")
+    lo, hi = 2, 2
+    while power(sd, delta, hi, alpha) < target:
+        lo, hi = hi, hi * 2
+        if hi > n_max:
+            raise ValueError(f"more than {n_max} seeds needed (sd={sd}, delta={delta})")
+    while lo < hi:  # power grows with n: the smallest n in (lo, hi] that reaches the target
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if power(sd, delta, mid, alpha) < target else (lo, mid)
+    return hi
+
+
+def combined_estimate(groups: list[list[float]], alpha: float = 0.05) -> dict | None:
+    """One effect over grids whose scores have different units, from each grid's paired differences.
+
+    Standardised effect per grid ``δ_g = mean_g / sd_g`` with ``Var(δ_g) ≈ 1/n_g + δ_g² / (2 n_g)``
+    (Hedges & Olkin 1985), pooled by inverse variance: ``δ = Σ w_g δ_g / Σ w_g``, ``w_g = 1/Var``,
+    s.e. ``1/sqrt(Σ w_g)``, one-sided ``1 − alpha`` lower bound ``δ − z_{1−α} s.e.``. Beside it,
+    Stouffer's weighted z of the grids' one-sided p-values, ``z = Σ sqrt(n_g) z_g / sqrt(Σ n_g)``
+    with ``z_g = Φ⁻¹(1 − p_g)``, and its p. None where no grid has 2 varying differences."""
+    effects, weights, zs, ns = [], [], [], []
+    for d in groups:
+        n = len(d)
+        p = one_sided_p(d)
+        if p is None:
+            continue
+        m = sum(d) / n
+        sd = math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1))
+        if sd == 0:
+            continue
+        delta = m / sd
+        effects.append(delta)
+        weights.append(1 / (1 / n + delta**2 / (2 * n)))
+        zs.append(float(stats.norm.isf(min(max(p, 1e-300), 1 - 1e-16))))
+        ns.append(n)
+    if not effects:
+        return None
+    total = sum(weights)
+    pooled = sum(w * e for w, e in zip(weights, effects, strict=True)) / total
+    se = 1 / math.sqrt(total)
+    z = sum(math.sqrt(n) * zg for n, zg in zip(ns, zs, strict=True)) / math.sqrt(sum(ns))
+    return {
+        "std_effect": pooled,
+        "std_effect_se": se,
+        "std_effect_lb": pooled - float(stats.norm.ppf(1 - alpha)) * se,
+        "stouffer_z": z,
+        "stouffer_p": float(stats.norm.sf(z)),
+        "grids": len(effects),
+    }
+
+
+# ---- the family's declaration --------------------------------------------------------------------
+
+
+@dataclass
+class FamilyGrid:
+    # The grid's spec (benchmarks/specs/*.yaml): its seeds, fixed before any cell ran, are the
+    # seeds a comparison must have finished before its verdict is given.
+    spec: str = ""
+    # The grid's report.json (merged over its parts with `wmrl merge-reports`).
+    report: str = ""
+    # The domain entry of the grid that holds the comparison ("" where the grid has one).
+    domain: str = ""
+
+
+@dataclass
+class FamilySpec:
+    # What the family claims, in a few words (the report's title).
+    name: str = ""
+    # The methods tested against the baseline in every grid (the family: methods x grids).
+    methods: list[str] = field(default_factory=list)
+    # The comparison every method must beat: the same real executions without a world model.
+    baseline: str = "anchors_only"
+    # The family-wise error rate; each test is one-sided at this level after Holm's correction.
+    alpha: float = 0.05
+    # A gain counts only where the method also beats each of its controls on at least this many seeds.
+    min_control_seeds: int = 8
+    grids: list[FamilyGrid] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.methods:
+            raise ConfigError("family: methods is empty (name the methods tested, e.g. [wmrl, ppi])")
+        if not self.grids:
+            raise ConfigError("family: grids is empty (name each grid's spec and report)")
+        if not 0 < self.alpha < 1:
+            raise ConfigError(f"family: alpha={self.alpha} must lie in (0, 1)")
+        for g in self.grids:
+            if not g.spec or not g.report:
+                raise ConfigError(f"family: grid entry {g} needs both spec and report")
+
+
+def load_family(path: str | Path) -> FamilySpec:
+    """Parse a family YAML; a missing file or an unknown field is one line naming it."""
+    import draccus
+    from draccus.utils import DraccusException
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"family spec {path} does not exist")
+    try:
+        with open(path) as f:
+            return draccus.load(FamilySpec, f)
+    except DraccusException as e:
+        raise ConfigError(f"family spec {path}: {str(e).splitlines()[0]}") from None
+
+
+# ---- the family's report -------------------------------------------------------------------------
+
+
+def _finals(dom: dict, method: str) -> dict[int, float]:
+    """``method``'s held-out finals per fresh (not exploratory) seed in a report's domain."""
+    per_seed = (dom.get("methods", {}).get(method) or {}).get("per_seed", {})
+    return {
+        int(s): v["heldout_final"]
+        for s, v in per_seed.items()
+        if v.get("heldout_final") is not None and not v.get("exploratory")
+    }
+
+
+def _diffs(a: dict[int, float], b: dict[int, float]) -> tuple[list[int], list[float]]:
+    seeds = sorted(set(a) & set(b))
+    return seeds, [a[s] - b[s] for s in seeds]
+
+
+def _pick_domain(report: dict, g: FamilyGrid, where: str) -> tuple[str, dict]:
+    domains = report.get("domains", {})
+    if g.domain:
+        if g.domain not in domains:
+            raise ConfigError(f"{where}: domain {g.domain!r} is not in the report ({', '.join(domains)})")
+        return g.domain, domains[g.domain]
+    if len(domains) != 1:
+        raise ConfigError(f"{where}: the report has domains {', '.join(domains)}: name one with `domain:`")
+    return next(iter(domains.items()))
+
+
+def family_report(spec: FamilySpec, reports: list[dict], declared_seeds: list[list[int]]) -> dict:
+    """The family's table from its grids' reports (``reports[i]`` and the seeds its spec fixed,
+    ``declared_seeds[i]``, for ``spec.grids[i]``): see the module's docstring."""
+    from wmrl.grid_spec import controls_of
+
+    rows: list[dict[str, Any]] = []
+    for g, report, declared in zip(spec.grids, reports, declared_seeds, strict=True):
+        name, dom = _pick_domain(report, g, g.report)
+        base = _finals(dom, spec.baseline)
+        margin = dom.get("margin") or 0.0
+        for method in spec.methods:
+            seeds, d = _diffs(_finals(dom, method), base)
+            n = len(d)
+            mean = sum(d) / n if n else None
+            sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 and mean is not None else None
+            controls: dict[str, dict[str, Any]] = {}
+            for c in controls_of(method):
+                c_seeds, cd = _diffs(_finals(dom, method), _finals(dom, c))
+                controls[c] = {"n": len(cd), "mean": sum(cd) / len(cd) if cd else None, "p": one_sided_p(cd)}
+            rows.append({
+                "grid": g.report, "spec": g.spec, "domain": name, "method": method,
+                "seeds": seeds, "n": n, "declared_seeds": len(declared),
+                "declared_done": len(set(declared) & set(seeds)),
+                "complete": set(declared) <= set(seeds),
+                "mean": mean, "sd": sd, "se": sd / math.sqrt(n) if sd is not None else None,
+                "margin": margin, "p": one_sided_p(d), "p_noninferior": one_sided_p(d, shift=margin),
+                "controls": controls,
+                "clears_controls": bool(controls) and all(
+                    c["n"] >= spec.min_control_seeds and c["p"] is not None and c["p"] <= spec.alpha
+                    for c in controls.values()
+                ),
+                "diffs": d,
+            })  # fmt: skip
+    for key, adj in (("p", "p_holm"), ("p_noninferior", "p_noninferior_holm")):
+        for row, q in zip(rows, holm([r[key] for r in rows]), strict=True):
+            row[adj] = q
+    for r in rows:
+        r["verdict"] = _verdict(r, spec)
+    combined = {
+        m: combined_estimate([r["diffs"] for r in rows if r["method"] == m], spec.alpha) for m in spec.methods
+    }
+    return {"name": spec.name, "alpha": spec.alpha, "baseline": spec.baseline, "methods": spec.methods,
+            "min_control_seeds": spec.min_control_seeds, "comparisons": rows, "combined": combined}  # fmt: skip
+
+
+def _verdict(r: dict, spec: FamilySpec) -> str:
+    if not r["complete"]:
+        return f"interim ({r['declared_done']} of the {r['declared_seeds']} declared seeds): no verdict"
+    if r["p_holm"] is not None and r["p_holm"] <= spec.alpha:
+        return "superior; gain counts" if r["clears_controls"] else "superior; does not clear its controls"
+    if r["p_noninferior_holm"] is not None and r["p_noninferior_holm"] <= spec.alpha:
+        return "non-inferior, superiority not shown"
+    return "not shown"
+
+
+def _signed(v: float | None) -> str:
+    return "—" if v is None else f"{v:+.3f}"
+
+
+def _p(v: float | None) -> str:
+    return "—" if v is None else f"{v:.4f}"
+
+
+def family_markdown(fam: dict) -> str:
+    """The family's table as Markdown."""
+    lines = [
+        f"# Confirmatory family: {fam['name']}",
+        "",
+        f"Each comparison: the paired difference of the held-out final to `{fam['baseline']}` over the "
+        f"grid's fresh seeds, its one-sided p (paired t) and Holm's adjustment over the family's "
+        f"{len(fam['comparisons'])} comparisons at α = {fam['alpha']}; a gain counts only where the "
+        f"method also beats each of its controls at α on at least {fam['min_control_seeds']} seeds.",
+        "",
+        "| grid | method | seeds | mean ± s.e. | p | Holm p | p (non-inf., margin) | Holm p | controls | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in fam["comparisons"]:
+        ctrl = (
+            ", ".join(
+                f"{c} {_signed(v['mean'])} (p {_p(v['p'])}, n {v['n']})" for c, v in r["controls"].items()
+            )
+            or "—"
+        )
+        mean = "—" if r["mean"] is None else f"{r['mean']:+.3f} ± {r['se'] or float('nan'):.3f}"
+        lines.append(
+            f"| `{Path(r['grid']).parent.name}` ({r['domain']}) | `{r['method']}` | {r['declared_done']} of {r['declared_seeds']} "
+            f"| {mean} | {_p(r['p'])} | {_p(r['p_holm'])} | {_p(r['p_noninferior'])} ({r['margin']}) "
+            f"| {_p(r['p_noninferior_holm'])} | {ctrl} | {r['verdict']} |"
+        )
+    lines += ["", "Combined over the family's grids (standardised effect mean/sd, inverse-variance pooled; "
+              "Stouffer's z of the one-sided p-values weighted by sqrt(n)):", "",
+              "| method | grids | std. effect ± s.e. | one-sided 95% bound | Stouffer p |", "|---|---|---|---|---|"]  # fmt: skip
+    for m, c in fam["combined"].items():
+        if c is None:
+            lines.append(f"| `{m}` | 0 | — | — | — |")
+        else:
+            lines.append(
+                f"| `{m}` | {c['grids']} | {c['std_effect']:+.2f} ± {c['std_effect_se']:.2f} "
+                f"| {c['std_effect_lb']:+.2f} | {c['stouffer_p']:.4f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def write_family(spec_path: str | Path, out_dir: str | Path) -> dict:
+    """Read a family's grids and write ``family.md`` and ``family.json`` in ``out_dir``."""
+    from wmrl.grid_spec import load_spec
+
+    spec = load_family(spec_path)
+    reports, declared = [], []
+    for g in spec.grids:
+        path = Path(g.report)
+        if not path.is_file():
+            raise ConfigError(
+                f"family {spec_path}: report {path} does not exist (run or merge the grid first)"
+            )
+        reports.append(json.loads(path.read_text()))
+        declared.append(list(load_spec(g.spec).seeds))
+    fam = family_report(spec, reports, declared)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "family.json").write_text(json.dumps(fam, indent=2) + "\n")
+    (out / "family.md").write_text(family_markdown(fam))
+    return fam
