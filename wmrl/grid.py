@@ -88,7 +88,7 @@ def plan(spec: GridSpec, out: Path) -> list[Cell]:
     for d in spec.domains:
         _check_preset(d)
         for method in spec.all_methods:
-            for seed in spec.seeds:
+            for seed in spec.seeds_of(method):
                 run_dir = out / d.name / method / f"seed{seed}"
                 over = [
                     *d.overrides,
@@ -103,7 +103,7 @@ def plan(spec: GridSpec, out: Path) -> list[Cell]:
                     raise ConfigError(
                         f"domain {d.name!r} (preset {d.preset}), {method} seed {seed}: {e}"
                     ) from None
-                if method == spec.all_methods[0] and seed == spec.seeds[0]:
+                if not any(c.domain == d.name for c in cells):
                     domain_margin(d, cfg)  # a domain without a margin fails before anything runs
                 n = d.reeval_episodes or spec.reeval_episodes
                 size = type(cfg.domain).HELDOUT_SIZE

@@ -89,6 +89,10 @@ class GridSpec:
     # chosen, e.g. the seeds of the grid it varies: its WM methods' figures on them are exploratory,
     # left out of the evidence table (which rests on the other, fresh seeds).
     seen_seeds: list[int] = field(default_factory=list)
+    # Methods that run on only some of the seeds, e.g. the controls and `real` on the first 8 of a
+    # grid of many: label -> the seeds it runs on (of `seeds`; a part run with --seeds=[k] runs it
+    # where k is listed). Every other method runs on every seed.
+    method_seeds: dict[str, list[int]] = field(default_factory=dict)
     # Held-out episodes or samples per task of the final re-evaluation (None: each preset's own).
     reeval_episodes: int | None = None
     domains: list[DomainEntry] = field(default_factory=list)
@@ -120,6 +124,12 @@ class GridSpec:
                     raise ConfigError(f"domain {d.name!r}: reeval_episodes={n} must be >= 1")
             if d.margin is not None and not d.margin >= 0:
                 raise ConfigError(f"domain {d.name!r}: margin={d.margin} must be >= 0")
+        for m in self.method_seeds:
+            if m not in self.all_methods:
+                raise ConfigError(
+                    f"method_seeds names {m!r}, which the grid does not run ({', '.join(self.all_methods)})"
+                    f"{did_you_mean(m, self.all_methods)}"
+                )
 
     @property
     def all_methods(self) -> list[str]:
@@ -130,6 +140,13 @@ class GridSpec:
         for m in with_control(self.methods):
             out += [m, *(c for c in controls_of(m) if c not in self.methods)]
         return out
+
+
+    def seeds_of(self, method: str) -> list[int]:
+        """The seeds ``method`` runs on: ``seeds``, or those of them ``method_seeds`` lists for it."""
+        if method not in self.method_seeds:
+            return list(self.seeds)
+        return [s for s in self.seeds if s in self.method_seeds[method]]
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> GridSpec:

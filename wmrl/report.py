@@ -384,6 +384,10 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
             ]
             if wm_curve := wm_quality_curve(rows):
                 wm_curves[(c.method, c.seed)] = wm_curve
+        template = next(iter(per_cell.values()))
+        for m in spec.all_methods:  # a method run on some seeds only (spec.method_seeds): not planned
+            for s in spec.seeds:
+                per_cell.setdefault((m, s), {k: None for k in template} | {"status": "not planned"})
         sizes = {c.reeval_overrides and " ".join(c.reeval_overrides) or "(the preset's)" for c in dcells}
         margin = domain_margin(d, cfg)
         domains[d.name] = {

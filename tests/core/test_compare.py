@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from wmrl.cli import main
-from wmrl.config import load_config
+from wmrl.config import ConfigError, load_config
 from wmrl.report import ABSENT, TIME_KEYS, cell_figures, fmt_cell, mean_se
 from wmrl.tracking import policy_fingerprint, read_metrics, safe_load
 
@@ -588,3 +588,33 @@ def test_the_report_reads_a_grid_without_the_grid_runner():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_a_control_planned_on_some_seeds_only_runs_and_is_reported_there(grid, tmp_path):
+    """`method_seeds` (the controls on the first seeds of a long grid): the controls' cells are
+    planned on seed 0 only; seed 1 reads "not planned" and the evidence pairs the controls over
+    seed 0 alone, with the figures of the grid that ran them on both seeds."""
+    from wmrl.grid import plan
+    from wmrl.grid_spec import load_spec
+
+    spec, out = grid
+    part = tmp_path / "g"
+    shutil.copytree(out, part)
+    narrowed = tmp_path / "spec.yaml"
+    narrowed.write_text(spec.read_text() + "method_seeds: {ppi_placebo: [0], ppi_lambda0: [0]}\n")
+    cells = plan(load_spec(narrowed), part)
+    assert sorted((c.method, c.seed) for c in cells if c.method.startswith("ppi_")) == [
+        ("ppi_lambda0", 0),
+        ("ppi_placebo", 0),
+    ]
+    assert len(cells) == 8
+    assert main(["compare", str(narrowed), "--out-dir", str(part)]) == 0
+    toy = json.loads((part / "report.json").read_text())["domains"]["toy"]
+    whole = json.loads((out / "report.json").read_text())["domains"]["toy"]
+    assert toy["methods"]["ppi_placebo"]["per_seed"]["1"]["status"] == "not planned"
+    assert toy["methods"]["ppi_placebo"]["per_seed"]["0"] == whole["methods"]["ppi_placebo"]["per_seed"]["0"]
+    assert toy["evidence"]["ppi"]["vs_controls"]["ppi_placebo"]["n"] == 1
+    assert toy["evidence"]["ppi"]["vs_anchors_only"]["n"] == 2
+    narrowed.write_text(spec.read_text() + "method_seeds: {ppi_plaecbo: [0]}\n")
+    with pytest.raises(ConfigError, match="ppi_plaecbo.*did you mean 'ppi_placebo'"):
+        load_spec(narrowed)
