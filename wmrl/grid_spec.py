@@ -141,7 +141,6 @@ class GridSpec:
             out += [m, *(c for c in controls_of(m) if c not in self.methods)]
         return out
 
-
     def seeds_of(self, method: str) -> list[int]:
         """The seeds ``method`` runs on: ``seeds``, or those of them ``method_seeds`` lists for it."""
         if method not in self.method_seeds:
