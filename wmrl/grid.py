@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import signal
 import sys
 import tempfile
@@ -61,6 +62,7 @@ from wmrl.domain import check_domain
 from wmrl.grid_spec import (
     CONTROLS,
     LEDGER,
+    START,
     Cell,
     DomainEntry,
     GridSpec,
@@ -73,7 +75,15 @@ from wmrl.grid_spec import (
     reeval_current,
 )
 from wmrl.runs import comparison_runs, config_diffs, result_fields, writable_dir
-from wmrl.tracking import CHECKPOINT, START_POLICY, RunDirError, _diff, exclusive, read_metrics
+from wmrl.tracking import (
+    CHECKPOINT,
+    START_POLICY,
+    RunDirError,
+    _diff,
+    exclusive,
+    policy_fingerprint,
+    read_metrics,
+)
 
 __all__ = ["Cell", "DomainEntry", "GridSpec", "load_spec", "plan", "run_grid"]
 
@@ -118,6 +128,7 @@ def plan(spec: GridSpec, out: Path) -> list[Cell]:
                         reeval,
                         str(run_dir),
                         str(out / d.name / f"start-seed{seed}.json"),
+                        d.start_sha1,
                     )  # fmt: skip
                 )
     return cells
@@ -199,7 +210,11 @@ def prepare_domain(cells: list[Cell], cwd: str) -> dict:
             continue
         with tempfile.TemporaryDirectory(prefix="wmrl-prepare-") as tmp:
             cfg = load_config(c.preset, [*c.overrides, f"--out_dir={tmp}"])
-            _close(cfg.domain.build(cfg))  # the training build: its caches
+            domain = cfg.domain.build(cfg)  # the training build: its caches
+            try:
+                record_grid_start(c, policy_fingerprint(domain.policy), cfg)
+            finally:
+                _close(domain)
         if read_cached(path, c.reeval_overrides) is None:
             scores = _evaluate(c, checkpoint=None)
             _write_json(path, {"reeval_overrides": c.reeval_overrides, **scores})
@@ -229,12 +244,42 @@ def run_cell(c: Cell, cwd: str) -> dict:
     return {"cell": c.name, "status": "finished", "seconds": time.perf_counter() - t0}
 
 
+def record_grid_start(c: Cell, sha1: str, cfg) -> None:
+    """Check the start a preparation built against the domain's pinned start (``c.start_sha1``) and
+    the grid's recorded one (``DIR/<domain>/start.json``), then record it there if it is the first.
+    One start per grid: every seed of a domain, on any machine, starts from one policy."""
+    cache = getattr(cfg.domain, "cache_dir", None)
+    copy = (
+        f"copy the domain's cache_dir ({cache}) from the machine that built it" if cache else "build it once"
+    )
+    if c.start_sha1 and sha1 != c.start_sha1:
+        raise RunDirError(
+            f"domain {c.domain}: this machine's start is policy {sha1[:12]}, but the spec pins "
+            f"start_sha1 {c.start_sha1[:12]}: {copy} before the grid prepares, so that its start is loaded, "
+            "not rebuilt (floating-point sums differ between CPUs)"
+        )
+    path = c.grid_start_path
+    recorded = (read_json(path) or {}).get("policy_sha1")
+    if recorded and recorded != sha1:
+        raise RunDirError(
+            f"domain {c.domain}: this preparation built policy {sha1[:12]}, but {path} records "
+            f"{recorded[:12]}, the start of the grid's other seeds: {copy}"
+        )
+    if not recorded:
+        _write_json(path, {"policy_sha1": sha1, "cache_dir": cache, "host": platform.node(),
+                           "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})  # fmt: skip
+
+
 def seed_start(run_dir: Path) -> tuple[str, str] | None:
-    """The starting-policy fingerprint another cell of this cell's domain and seed recorded
-    (``<domain>/<method>/seed<k>/start_policy.json``) and that file, or None before any did."""
+    """The start this cell must begin from, and where it was recorded: the one another cell of its
+    seed recorded (``<domain>/<method>/seed<k>/start_policy.json``), else the grid's
+    (``<domain>/start.json``, which the preparation checked the build against), or None."""
     for other in sorted(run_dir.parent.parent.glob(f"*/{run_dir.name}/{START_POLICY}")):
         if other.parent != run_dir and (sha1 := (read_json(other) or {}).get("policy_sha1")):
             return sha1, str(other.parent)
+    grid_start = run_dir.parent.parent / START
+    if sha1 := (read_json(grid_start) or {}).get("policy_sha1"):
+        return sha1, str(grid_start)
     return None
 
 

@@ -32,6 +32,7 @@ GRID_METHODS = (*METHODS, *CONTROLS)
 # toy true reward 0.005; VLA success rate (a fraction) 0.01, i.e. 1 point; research score 0.02.
 DEFAULT_MARGINS = {"toy": 0.005, "vla": 0.01, "research": 0.02}
 LEDGER = "ledger.json"
+START = "start.json"  # DIR/<domain>/start.json: the SHA-1 of the policy every cell of the domain starts from
 
 
 def base_method(label: str) -> str:
@@ -68,6 +69,11 @@ class DomainEntry:
     reeval_overrides: list[str] = field(default_factory=list)
     # Key of the domain's evaluation that is its score ("": the domain's own, e.g. success).
     score: str = ""
+    # The SHA-1 of the policy every cell of this domain starts from, on every machine ("": the one
+    # the grid's first preparation built, recorded in DIR/<name>/start.json). Pinned, a machine
+    # whose preparation builds another start (floating-point sums differ between CPUs) is refused
+    # before any cell trains: copy the cache_dir of the machine that built it (docs/compare.md).
+    start_sha1: str = ""
     # Non-inferiority margin on that score: a WM method is non-inferior to anchors_only where the
     # one-sided 95% lower bound of their paired difference is above -margin (None: the domain
     # type's default, toy 0.005, vla 0.01 = 1 point of success, research 0.02).
@@ -198,6 +204,12 @@ class Cell:
     reeval_overrides: list[str]
     run_dir: str
     start_path: str  # the starting policy's held-out evaluation, shared by the domain's seed
+    start_sha1: str = ""  # the domain's pinned start (DomainEntry.start_sha1), "" where not pinned
+
+    @property
+    def grid_start_path(self) -> Path:
+        """``DIR/<domain>/start.json``: the start every cell of the domain shares, once recorded."""
+        return Path(self.start_path).parent / START
 
     @property
     def name(self) -> str:

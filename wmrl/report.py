@@ -420,6 +420,17 @@ def start_mismatches(per_cell: dict) -> dict[str, dict[str, str]]:
     return {str(s): ms for s, ms in sorted(by_seed.items()) if len(set(ms.values())) > 1}
 
 
+def starts_by_policy(per_cell: dict) -> dict[str, list[int]]:
+    """The seeds that started from each policy, ``{sha1[:12]: [seeds]}``, over the cells that
+    recorded their start: one key where the grid's seeds share one start (its conclusions hold for
+    that start), several where they drew their own (or were built on different machines)."""
+    out: dict[str, set[int]] = {}
+    for (_, s), v in per_cell.items():
+        if v.get("start_policy"):
+            out.setdefault(v["start_policy"][:12], set()).add(int(s))
+    return {sha: sorted(seeds) for sha, seeds in sorted(out.items(), key=lambda kv: min(kv[1]))}
+
+
 def aggregate_domain(
     per_cell: dict,
     curves: dict,
@@ -472,6 +483,7 @@ def aggregate_domain(
         "methods": out_methods,
         "evidence": domain_evidence(per_cell, methods, seeds, margin),
         "start_mismatch": start_mismatches(per_cell),
+        "starts": starts_by_policy(per_cell),
         "curves": {f"{m}/seed{s}": v for (m, s), v in curves.items()},
         "wm_curves": {f"{m}/seed{s}": v for (m, s), v in (wm_curves or {}).items()},
     }
@@ -653,8 +665,20 @@ def _preamble(report: dict) -> list[str]:
             )
         )
     for dname, dom in report["domains"].items():
-        for seed, starts in (dom.get("start_mismatch") or {}).items():
-            given = ", ".join(f"`{m}` {sha}" for m, sha in starts.items())
+        starts = dom.get("starts") or {}
+        if len(starts) == 1:
+            out.append(
+                f"- **{dname}**: every seed starts from policy {next(iter(starts))} (SHA-1 of its weights): "
+                "the comparisons hold for this start"
+            )
+        elif starts:
+            given = "; ".join(f"{sha}: seeds {seed_list(seeds)}" for sha, seeds in starts.items())
+            out.append(
+                f"- **{dname}: its seeds started from {len(starts)} policies** ({given}): the spread "
+                "between starts adds to every paired difference"
+            )
+        for seed, starts_of in (dom.get("start_mismatch") or {}).items():
+            given = ", ".join(f"`{m}` {sha}" for m, sha in starts_of.items())
             out.append(
                 f"- **{dname} seed {seed}: its cells started from different policies** ({given}): its "
                 "paired differences compare different starts; re-run them from one start"

@@ -185,6 +185,7 @@ def test_every_method_of_a_seed_starts_from_one_policy(grid, tmp_path, capsys):
     # again, is refused before its first step, naming both starts
     copy = tmp_path / "g"
     shutil.copytree(out, copy)
+    (copy / "toy/start.json").unlink()  # a grid from before the grid-wide start was recorded
     shutil.rmtree(copy / "toy/ppi/seed1")
     for m, s in cells:
         if s == 1 and m != "ppi":
@@ -199,12 +200,50 @@ def test_every_method_of_a_seed_starts_from_one_policy(grid, tmp_path, capsys):
     # finished cells that recorded different starts: the report names the seed and each cell's start
     other = tmp_path / "other"
     shutil.copytree(out, other)
+    (other / "toy/start.json").unlink()
     (other / "toy/real/seed1/start_policy.json").write_text(json.dumps({"policy_sha1": "ab" * 20}))
     assert main(["compare", str(spec), "--out-dir", str(other)]) == 0
     report = json.loads((other / "report.json").read_text())["domains"]["toy"]
     starts = {m: built[:12] for m in ("anchors_only", "ppi", "ppi_placebo", "ppi_lambda0")}
     assert report["start_mismatch"] == {"1": starts | {"real": "abababababab"}}
     assert "**toy seed 1: its cells started from different policies**" in (other / "report.md").read_text()
+
+
+def test_one_start_per_grid_recorded_pinned_and_refused_when_another(grid, tmp_path, capsys):
+    """The first preparation records the domain's start (DIR/<domain>/start.json); a fresh cell of
+    any seed whose start is another is refused before its first step, naming the file; a spec that
+    pins `start_sha1` refuses a machine that builds another start before any cell trains; the
+    report states the one start its seeds share."""
+    spec, out = grid
+    cfg = load_config("toy", [*TINY, f"--out_dir={tmp_path / 'fresh'}"])
+    built = policy_fingerprint(cfg.domain.build(cfg).policy)
+    assert json.loads((out / "toy/start.json").read_text())["policy_sha1"] == built
+    report = json.loads((out / "report.json").read_text())["domains"]["toy"]
+    assert report["starts"] == {built[:12]: [0, 1]}
+    assert f"every seed starts from policy {built[:12]}" in (out / "report.md").read_text()
+    # another machine's grid recorded another start: a fresh cell here is refused, naming it
+    copy = tmp_path / "g"
+    shutil.copytree(out, copy)
+    (copy / "toy/start.json").write_text(json.dumps({"policy_sha1": "cd" * 20}))
+    shutil.rmtree(copy / "toy/real/seed0")
+    capsys.readouterr()
+    assert main(["compare", str(spec), "--out-dir", str(copy), "--executor.type=inline"]) == 2
+    text = "".join(capsys.readouterr())
+    assert (
+        f"this preparation built policy {built[:12]}, but {copy / 'toy/start.json'} records cdcdcdcdcdcd"
+        in text
+    )
+    assert not (copy / "toy/real/seed0/checkpoints/latest.pt").exists()
+    # a pinned start that this machine does not build: refused at preparation, before any cell
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text(spec.read_text().replace("preset: toy,", f"preset: toy, start_sha1: {'ef' * 20},"))
+    assert main(["compare", str(pinned), "--out-dir", str(tmp_path / "p"), "--executor.type=inline"]) == 2
+    text = "".join(capsys.readouterr())
+    assert f"this machine's start is policy {built[:12]}, but the spec pins start_sha1 efefefefefef" in text
+    assert not list((tmp_path / "p").glob("toy/*/seed*/checkpoints"))
+    pinned.write_text(spec.read_text().replace("preset: toy,", f"preset: toy, start_sha1: {built},"))
+    shutil.copytree(out, tmp_path / "q")
+    assert main(["compare", str(pinned), "--out-dir", str(tmp_path / "q")]) == 0
 
 
 def test_killed_grid_finishes_only_what_is_missing(tmp_path, capsys):

@@ -520,3 +520,36 @@ def test_update_logs_the_success_auc_of_held_out_scores_over_the_window(built, b
     metrics = wm.update(labelled, torch.arange(2, 4), rewards[2:])
     assert metrics["success_auc"] == pytest.approx(roc_auc_score([0, 1, 0, 1], torch.cat([first, second])))
     assert [p[1] for p in wm.outcome_pairs] == [0.0, 1.0, 0.0, 1.0]
+
+
+def test_a_copied_start_is_loaded_not_rebuilt_same_policy_and_first_step(built, tmp_path):
+    """One start per grid across machines: the domain's cache folder copied to a second folder (as
+    to another machine) builds a domain whose policy has the same SHA-1 and whose first training
+    step gives the same metrics, and the build writes nothing into the copy (loaded, not rebuilt)."""
+    import shutil
+
+    from wmrl.tracking import policy_fingerprint
+    from wmrl.trainer import Trainer
+
+    _, _, root = built
+    copy = tmp_path / "other_machine_cache"
+    shutil.copytree(root / "cache", copy)
+    files = {p: p.stat().st_mtime_ns for p in copy.rglob("*") if p.is_file()}
+    steps, shas = [], []
+    for k, cache in enumerate((root / "cache", copy)):
+        cfg = load_config(
+            "vla-debug",
+            [f"--out_dir={tmp_path / f'run{k}'}", f"--domain.cache_dir={cache}", "--grpo.tasks_per_step=2",
+             "--domain.record_anchors=false", "--method=wmrl"],
+        )  # fmt: skip
+        torch.manual_seed(0)
+        domain = cfg.domain.build(cfg)
+        try:
+            shas.append(policy_fingerprint(domain.policy))
+            metrics = Trainer(cfg, domain).train_step()
+            steps.append({k: "nan" if v != v else v for k, v in metrics.items() if not k.startswith("time/")})
+        finally:
+            domain.close()
+    assert shas[0] == shas[1]
+    assert steps[0] == steps[1]
+    assert {p: p.stat().st_mtime_ns for p in copy.rglob("*") if p.is_file()} == files
