@@ -94,7 +94,7 @@ def plan(spec: GridSpec, out: Path) -> list[Cell]:
     """Every cell of the grid, each config loaded once here so that a bad preset or override fails
     before anything runs (naming its domain)."""
     out = out.resolve()
-    cells = []
+    cells: list[Cell] = []
     for d in spec.domains:
         _check_preset(d)
         for method in spec.all_methods:
