@@ -488,9 +488,24 @@ def test_committed_specs_plan_every_cell(spec):
 
     s = load_spec(spec)
     cells = plan(s, Path("/nonexistent-grid"))
-    assert len(cells) == len(s.domains) * len(s.all_methods) * len(s.seeds)
+    assert len(cells) == len(s.domains) * sum(len(s.seeds_of(m)) for m in s.all_methods)
     if s.control and {"wmrl", "ppi"} & set(s.methods):
         assert "anchors_only" in {c.method for c in cells}
+
+
+@pytest.mark.parametrize("family", sorted((Path(__file__).parents[2] / "benchmarks" / "specs" / "families").glob("*.yaml")))
+def test_committed_families_name_committed_grids_that_run_their_methods(family):
+    """Every committed confirmatory family parses, and each of its grids' specs runs the family's
+    methods and baseline on every seed it fixes."""
+    from wmrl.family import load_family
+    from wmrl.grid import load_spec
+
+    fam = load_family(family)
+    root = Path(__file__).parents[2]
+    for g in fam.grids:
+        s = load_spec(root / g.spec)
+        for m in [*fam.methods, fam.baseline]:
+            assert m in s.all_methods and s.seeds_of(m) == s.seeds, (g.spec, m)
 
 
 def test_merged_parts_equal_the_whole_grid(grid, tmp_path, capsys):
