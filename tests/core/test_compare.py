@@ -493,7 +493,9 @@ def test_committed_specs_plan_every_cell(spec):
         assert "anchors_only" in {c.method for c in cells}
 
 
-@pytest.mark.parametrize("family", sorted((Path(__file__).parents[2] / "benchmarks" / "specs" / "families").glob("*.yaml")))
+@pytest.mark.parametrize(
+    "family", sorted((Path(__file__).parents[2] / "benchmarks" / "specs" / "families").glob("*.yaml"))
+)
 def test_committed_families_name_committed_grids_that_run_their_methods(family):
     """Every committed confirmatory family parses, and each of its grids' specs runs the family's
     methods and baseline on every seed it fixes."""
