@@ -143,6 +143,10 @@ class FamilyGrid:
     report: str = ""
     # The domain entry of the grid that holds the comparison ("" where the grid has one).
     domain: str = ""
+    # The seeds fixed for this grid where they are not its spec's (a grid run with --seeds=[...]).
+    seeds: list[int] = field(default_factory=list)
+    # The methods tested in this grid where they are not all of the family's.
+    methods: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -225,7 +229,7 @@ def family_report(spec: FamilySpec, reports: list[dict], declared_seeds: list[li
         name, dom = _pick_domain(report, g, g.report)
         base = _finals(dom, spec.baseline)
         margin = dom.get("margin") or 0.0
-        for method in spec.methods:
+        for method in g.methods or spec.methods:
             seeds, d = _diffs(_finals(dom, method), base)
             n = len(d)
             mean = sum(d) / n if n else None
@@ -331,7 +335,7 @@ def write_family(spec_path: str | Path, out_dir: str | Path) -> dict:
                 f"family {spec_path}: report {path} does not exist (run or merge the grid first)"
             )
         reports.append(json.loads(path.read_text()))
-        declared.append(list(load_spec(g.spec).seeds))
+        declared.append(list(g.seeds or load_spec(g.spec).seeds))
     fam = family_report(spec, reports, declared)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -116,6 +116,11 @@ def test_write_family_reads_the_grids_and_refuses_what_is_missing(tmp_path):
     fam = write_family(fam_yaml, tmp_path / "out")
     assert fam["comparisons"][0]["complete"] and fam["comparisons"][0]["n"] == 3
     assert (tmp_path / "out" / "family.md").read_text().startswith("# Confirmatory family: t")
+    # a grid run with --seeds=[...] other than its spec's, and a grid testing one of the methods
+    fam_yaml.write_text(fam_yaml.read_text() + "    seeds: [0, 1, 2, 3]\n    methods: [wmrl]\n")
+    rows = write_family(fam_yaml, tmp_path / "out")["comparisons"]
+    assert len(rows) == 1 and rows[0]["declared_seeds"] == 4 and not rows[0]["complete"]
+    assert rows[0]["verdict"] == "interim (3 of the 4 declared seeds): no verdict"
     fam_yaml.write_text(fam_yaml.read_text().replace("report.json", "missing.json"))
     with pytest.raises(ConfigError, match="missing.json does not exist"):
         write_family(fam_yaml, tmp_path / "out")
