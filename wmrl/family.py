@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from scipy import stats
 
 from wmrl.config import ConfigError
@@ -208,6 +209,44 @@ def _diffs(a: dict[int, float], b: dict[int, float]) -> tuple[list[int], list[fl
     return seeds, [a[s] - b[s] for s in seeds]
 
 
+def payoff(dom: dict, method: str, margin: float, alpha: float) -> dict | None:
+    """What a method saves against ``real`` in one grid, in the user's terms: per seed where both
+    ran, ``real``'s training budget (simulator steps where the domain counts them, else real
+    executions) over what ``method`` spent to first reach ``real``'s final in-run score (None where
+    it never did); the median ratio, the seeds at >= 3x, the wall-clock ratio, the offline data spent
+    apart (once, shared by every run) and whether ``method``'s final is non-inferior to ``real``'s at
+    ``margin`` (one-sided paired t at ``alpha``). None where ``real`` did not run."""
+    per = lambda m: (dom.get("methods", {}).get(m) or {}).get("per_seed", {})  # noqa: E731
+    real, mine = per("real"), per(method)
+    seeds = sorted(int(s) for s in set(real) & set(mine)
+                   if real[s].get("heldout_final") is not None and mine[s].get("heldout_final") is not None)  # fmt: skip
+    if not seeds:
+        return None
+    sim = any(real[str(s)].get("sim_steps") is not None for s in seeds)
+    total, reach = (
+        ("sim_steps", "sim_steps_to_real_final") if sim else ("real_executions", "execs_to_real_final")
+    )
+    ratios: list[float | None] = []
+    for s in seeds:
+        spent = mine[str(s)].get(reach)
+        ratios.append(real[str(s)][total] / spent if spent else None)
+    saving = sorted(r or 0.0 for r in ratios)  # a seed that never reached real's final: no saving
+    walls = [real[str(s)]["wall_clock_s"] / mine[str(s)]["wall_clock_s"] for s in seeds
+             if real[str(s)].get("wall_clock_s") and mine[str(s)].get("wall_clock_s")]  # fmt: skip
+    d = [mine[str(s)]["heldout_final"] - real[str(s)]["heldout_final"] for s in seeds]
+    p_ni = one_sided_p(d, shift=margin)
+    offline = [mine[str(s)].get("offline_sim_steps" if sim else "offline_executions") for s in seeds]
+    return {
+        "unit": "simulator steps" if sim else "real executions", "seeds": seeds,
+        "ratio_per_seed": ratios, "median_ratio": float(np.median(saving)),
+        "seeds_at_3x": sum(r is not None and r >= 3 for r in ratios),
+        "wall_clock_ratio": float(np.median(walls)) if walls else None,
+        "offline": next((o for o in offline if o is not None), None),
+        "final_vs_real": sum(d) / len(d), "p_noninferior_to_real": p_ni,
+        "noninferior_to_real": p_ni is not None and p_ni <= alpha,
+    }  # fmt: skip
+
+
 def _pick_domain(report: dict, g: FamilyGrid, where: str) -> tuple[str, dict]:
     domains = report.get("domains", {})
     if g.domain:
@@ -251,6 +290,7 @@ def family_report(spec: FamilySpec, reports: list[dict], declared_seeds: list[li
                     for c in controls.values()
                 ),
                 "diffs": d,
+                "payoff": payoff(dom, method, margin, spec.alpha),
             })  # fmt: skip
     for key, adj in (("p", "p_holm"), ("p_noninferior", "p_noninferior_holm")):
         for row, q in zip(rows, holm([r[key] for r in rows]), strict=True):
@@ -307,6 +347,21 @@ def family_markdown(fam: dict) -> str:
             f"| `{Path(r['grid']).parent.name}` ({r['domain']}) | `{r['method']}` | {r['declared_done']} of {r['declared_seeds']} "
             f"| {mean} | {_p(r['p'])} | {_p(r['p_holm'])} | {_p(r['p_noninferior'])} ({r['margin']}) "
             f"| {_p(r['p_noninferior_holm'])} | {ctrl} | {r['verdict']} |"
+        )
+    lines += ["", "The payoff against `real` (its training budget over what the method spent to first reach "
+              "`real`'s final in-run score, per seed; median over seeds, a seed that never reached it "
+              "counting as no saving; the offline data, gathered once and shared, apart):", "",
+              "| grid | method | unit | median saving | seeds at >= 3x | wall-clock ratio | offline | final − real | "
+              "non-inferior to real |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in fam["comparisons"]:
+        if (p := r.get("payoff")) is None:
+            continue
+        med = f"{p['median_ratio']:.1f}x"
+        wall = "—" if p["wall_clock_ratio"] is None else f"{p['wall_clock_ratio']:.2f}x"
+        lines.append(
+            f"| `{Path(r['grid']).parent.name}` | `{r['method']}` | {p['unit']} | {med} | {p['seeds_at_3x']} of "
+            f"{len(p['seeds'])} | {wall} | {'—' if p['offline'] is None else f'{p["offline"]:,.0f}'} "
+            f"| {p['final_vs_real']:+.3f} | {'yes' if p['noninferior_to_real'] else 'not shown'} (p {_p(p['p_noninferior_to_real'])}) |"
         )
     lines += ["", "Combined over the family's grids (standardised effect mean/sd, inverse-variance pooled; "
               "Stouffer's z of the one-sided p-values weighted by sqrt(n)):", "",

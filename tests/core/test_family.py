@@ -146,3 +146,23 @@ def test_wmrl_family_command_writes_the_table_and_refuses_bad_input_in_one_line(
     assert main(["family", str(tmp_path / "nope.yaml"), "--out-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"wmrl: error: family spec {tmp_path / 'nope.yaml'} does not exist"]
+
+
+def test_payoff_is_reals_budget_over_what_the_method_spent_to_reach_reals_final():
+    from wmrl.family import payoff
+
+    def cell(final, total, reach, wall):
+        return {"heldout_final": final, "real_executions": total, "execs_to_real_final": reach,
+                "sim_steps": None, "wall_clock_s": wall}  # fmt: skip
+
+    dom = {"methods": {
+        "real": {"per_seed": {"0": cell(0.5, 192, 192, 100.0), "1": cell(0.6, 192, 192, 100.0), "2": cell(0.4, 192, 160, 90.0)}},
+        "wmrl": {"per_seed": {"0": cell(0.52, 48, 48, 50.0), "1": cell(0.58, 48, 32, 25.0), "2": cell(0.3, 48, None, 45.0)}},
+    }}  # fmt: skip
+    p = payoff(dom, "wmrl", margin=0.02, alpha=0.05)
+    assert p["unit"] == "real executions" and p["seeds"] == [0, 1, 2]
+    assert p["ratio_per_seed"] == [4.0, 6.0, None]  # seed 2 never reached real's final
+    assert p["median_ratio"] == 4.0 and p["seeds_at_3x"] == 2
+    assert p["wall_clock_ratio"] == pytest.approx(2.0)
+    assert p["final_vs_real"] == pytest.approx((0.02 - 0.02 - 0.1) / 3)
+    assert payoff({"methods": {"wmrl": dom["methods"]["wmrl"]}}, "wmrl", 0.02, 0.05) is None
