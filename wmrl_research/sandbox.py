@@ -168,9 +168,10 @@ _WORKER_IDS = itertools.count()  # process-wide: names each worker's cgroups uni
 VENV_DIR = Path("/opt/venv")
 WORKER_DIR = Path("/opt/wmrl")
 CGROUP_DIR = "/tmp/cgroup"  # the worker's memory/cpuacct cgroups, inside (worker.CGROUP_DIR)
-# The packages' bundled copies of datasets (and their test folders, which hold more copies: iris in
-# scipy's and statsmodels' tests, co2 in statsmodels' STL tests), relative to a site-packages folder:
-# covered by empty mounts, so a solution cannot rebuild a task's labels from them by matching rows.
+# Besides the data files of every package a task draws from (derived: :func:`task_data_packages`,
+# :func:`package_data_files`), these bundled copies of datasets (and test folders, which hold more
+# copies: iris in scipy's and statsmodels' tests), relative to a site-packages folder, are covered
+# by empty mounts too: packages no built-in task imports, whose data a user's task might draw on.
 BUNDLED_DATA = (
     "sklearn/datasets/data",
     "sklearn/datasets/descr",
@@ -186,6 +187,22 @@ BUNDLED_DATA = (
     "pydataset/resources",
     "sktime/datasets/data",
     "seaborn/data",
+)
+# What a file of a package counts as code (never masked); every other file in a folder without code
+# is data, and so is, next to code, a file in one of DATA_SUFFIXES (after a compression suffix).
+CODE_SUFFIXES = (".py", ".pyc", ".pyi", ".pxd", ".pxi", ".pyx", ".so", ".pyd", ".h", ".hpp", ".c", ".cpp")
+DATA_SUFFIXES = frozenset(
+    ".csv .tsv .txt .dat .data .dta .sav .xpt .sas7bdat .por .arff .npz .npy .mat .h5 .hdf5 .nc"
+    " .parquet .feather .xls .xlsx .ods .json .rda .rdata .rds .pkl .pickle .joblib .svmlight .libsvm"
+    " .s .asc .rst .jpg .jpeg .png .gif .bmp .pgm .tif .tiff .wav .zip .tar".split()
+)
+COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lzma")
+# Data files a package reads at run time that hold no dataset (masking them would break it).
+RUNTIME_DATA = (
+    "scipy/stats/_sobol_direction_numbers.npz",  # scipy.stats.qmc.Sobol's table
+    *(
+        f"vega_datasets/{n}.json" for n in ("datasets", "dataset_info", "local_datasets")
+    ),  # names, read on import
 )
 
 UID_BASE = 200_000
@@ -793,12 +810,12 @@ def _python_layout() -> _Layout:
     files: list[Path] = []
     project = str(_project_root())
     for host, inside in site_dirs:
-        found = sorted(
-            {p for pattern in BUNDLED_DATA for p in host.glob(pattern)}, key=lambda p: len(p.parts)
-        )
-        for p in found:
-            if any(d in p.parents for d in dirs):
-                continue
+        found = {p for pattern in BUNDLED_DATA for p in host.glob(pattern)}
+        for name in task_data_packages():
+            if (host / name).is_dir():
+                pkg_dirs, pkg_files = package_data_files(host / name)
+                found.update(pkg_dirs, pkg_files)
+        for p in sorted(found, key=lambda p: len(p.parts)):
             (dirs if p.is_dir() else files).append(inside / p.relative_to(host))
         # an editable install names the project's folder: hide those files too
         for p in list(host.glob("*.pth")) + list(host.glob("*.dist-info/direct_url.json")):
@@ -808,9 +825,101 @@ def _python_layout() -> _Layout:
             except OSError:
                 pass
     # a mask's own folder must not be masked already (e.g. a tests folder inside a masked one)
-    dirs = [d for d in dirs if not any(o in d.parents for o in dirs)]
-    files = [f for f in files if not any(o in f.parents for o in dirs)]
+    dirs = _outermost(dirs)
+    masked = set(dirs)
+    files = [f for f in files if not _under(f, masked)]
     return _Layout(python, tuple(binds), tuple(symlinks), tuple(dirs), tuple(files))
+
+
+@cache
+def task_data_packages() -> tuple[str, ...]:
+    """The top-level packages any task's data builder can draw from: every non-standard-library
+    package imported by a task folder's code (its ``__init__.py`` and helpers, not its solutions),
+    built-in and user folders alike, and by the tasks' shared helpers. Read from their source, not
+    listed by hand."""
+    import ast
+
+    from wmrl_research.task_folders import task_folders
+
+    tasks_dir = Path(wmrl_research.__file__).resolve().parent / "tasks"
+    files = [p for p in tasks_dir.glob("*.py")]
+    try:
+        folders = list(task_folders().values())
+    except Exception:  # noqa: BLE001 (a bad user folder is reported where tasks are listed)
+        folders = [p.parent for p in tasks_dir.glob("*/__init__.py")]
+    for folder in folders:
+        files += [p for p in folder.rglob("*.py") if p.name not in ("solution.py", "reference.py")]
+    names: set[str] = set()
+    for path in files:
+        try:
+            tree = ast.parse(path.read_text(errors="replace"))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module.split(".")[0])
+    skip = set(sys.stdlib_module_names) | {"wmrl_research", "__future__"}
+    return tuple(sorted(n for n in names if n not in skip))
+
+
+def _under(path: Path, folders: set[Path]) -> bool:
+    """Whether one of ``path``'s parents is in ``folders``."""
+    return any(parent in folders for parent in path.parents)
+
+
+def _outermost(folders: list[Path]) -> list[Path]:
+    """``folders`` less those inside another of them (order kept)."""
+    keep: list[Path] = []
+    seen: set[Path] = set()
+    for d in sorted(set(folders), key=lambda p: len(p.parts)):
+        if not _under(d, seen):
+            keep.append(d)
+        seen.add(d)
+    return keep
+
+
+def _is_code(path: Path) -> bool:
+    name = path.name
+    return name.endswith(CODE_SUFFIXES) or ".so." in name or name == "py.typed"
+
+
+def _data_suffix(path: Path) -> bool:
+    name = path.name.lower()
+    for comp in COMPRESSION_SUFFIXES:
+        if name.endswith(comp):
+            return True  # a compressed file in a package is data
+    return Path(name).suffix in DATA_SUFFIXES
+
+
+def package_data_files(package_dir: Path) -> tuple[list[Path], list[Path]]:
+    """``(folders, files)`` to mask in one package: every folder whose whole tree holds no code
+    (one mount each), and next to code every file with a data suffix, less :data:`RUNTIME_DATA`."""
+    root = package_dir.parent
+    keep = {root / p for p in RUNTIME_DATA}
+    has_code: dict[Path, bool] = {}
+    listing: dict[Path, list[Path]] = {}
+    for dirpath, dirnames, filenames in os.walk(package_dir, topdown=False):
+        d = Path(dirpath)
+        listing[d] = [d / f for f in filenames]
+        has_code[d] = (
+            any(_is_code(d / f) for f in filenames)
+            or any(has_code.get(d / sub, True) for sub in dirnames)
+            or any(f in keep for f in listing[d])
+        )
+    dirs: list[Path] = []
+    masked: set[Path] = set()
+    files: list[Path] = []
+    for d in sorted(listing, key=lambda p: len(p.parts)):
+        if _under(d, masked):
+            continue
+        if not has_code[d] and d != package_dir:
+            dirs.append(d)
+            masked.add(d)
+            continue
+        files += [f for f in listing[d] if f not in keep and not _is_code(f) and _data_suffix(f)]
+    return dirs, files
 
 
 def _site_dirs(prefix: Path) -> list[Path]:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import platform
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -24,6 +26,7 @@ import wmrl_research
 from wmrl_research.grading import build_scores, execute_and_grade, reward, score_predictions
 from wmrl_research.sandbox import (
     MAX_SLOTS,
+    RUNTIME_DATA,
     Sandbox,
     SandboxConfig,
     SandboxError,
@@ -31,7 +34,7 @@ from wmrl_research.sandbox import (
     default_sandbox,
     job_uid,
 )
-from wmrl_research.tasks import FAILURE_SCORE, get_task
+from wmrl_research.tasks import FAILURE_SCORE, get_task, list_tasks
 
 TASK = "wine_cls"
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -909,3 +912,121 @@ np.save("predictions.npy", np.zeros(len(X), dtype=np.int64))
         "subprocess 0",
     ], r.stdout
     assert_still_works()
+
+
+# --- labels derived from generated data or bundled copies (issue 52) --------------------------------
+_OPENED: list[str] | None = None
+
+
+def _record_opens(event: str, args: tuple) -> None:
+    if _OPENED is not None and event == "open" and isinstance(args[0], str):
+        _OPENED.append(args[0])
+
+
+def _data_files_read(build) -> tuple[object, list[Path]]:
+    """Run ``build`` recording the files it opens; returns its result and the non-code files of
+    installed packages among them (what a data builder draws from)."""
+    global _OPENED
+    if _record_opens not in _AUDIT:
+        sys.addaudithook(_record_opens)
+        _AUDIT.append(_record_opens)
+    _OPENED = []
+    try:
+        out = build()
+    finally:
+        opened, _OPENED = _OPENED, None
+    code = (".py", ".pyc", ".so", ".pth")
+    files = {
+        Path(p).resolve()
+        for p in opened
+        if ("site-packages" in p or "dist-packages" in p) and ".dist-info" not in p and not p.endswith(code)
+    }
+    return out, sorted(f for f in files if f.is_file())
+
+
+_AUDIT: list = []
+
+
+def _inside(host: Path) -> str:
+    """Where the sandbox mounts the host file ``host``."""
+    from wmrl_research.sandbox import _python_layout
+
+    for src, dst in _python_layout().binds:
+        if src == host or src in host.parents:
+            return str(dst / host.relative_to(src))
+    return str(host)
+
+
+HEAVY = {t.id for t in list_tasks(tier="heavy")}
+ALL_TASKS = [t.id for t in list_tasks()]
+
+
+@pytest.mark.parametrize(
+    "task_id", [pytest.param(t, marks=pytest.mark.slow) if t in HEAVY else t for t in ALL_TASKS]
+)
+def test_a_tasks_test_rows_cannot_be_rebuilt_inside_the_sandbox(task_id):
+    """What a solution could rebuild the labelled data from, per task, observed rather than listed:
+    a data builder that reads no package file *generates* its data, and a generation with the task's
+    code and fixed seed (what a solution can run, found by brute force from the row counts: mnist1d,
+    800 of 800 test rows, score 1.93) must not give the build's test rows; a builder that reads
+    package files draws from them, and every one of those files must be unreadable in the sandbox
+    (a statsmodels ``.dta`` copy was readable: MAE 4e-5, score 2.0)."""
+    from wmrl_research.tasks.base import split_secret
+
+    task = get_task(task_id)
+    regenerated = task.build_data()  # the task's code and seed alone, as a solution would run it
+    with split_secret("5" * 32):  # as in a data build
+        build, files = _data_files_read(task.build_data)
+    if not files:  # generated: the build's rows must not be reproducible without its secret
+        rows = {r.tobytes() for part in ("X_train", "X_val", "X_test") for r in getattr(regenerated, part)}
+        same = sum(r.tobytes() in rows for r in build.X_test)
+        assert same <= 0.01 * len(build.X_test), (
+            f"{task_id}: {same} of {len(build.X_test)} test rows regenerated"
+        )
+        return
+    probe = f"""
+import json
+out = {{}}
+for p in {[_inside(f) for f in files]!r}:
+    try:
+        with open(p, "rb") as f:
+            out[p] = len(f.read())
+    except OSError as e:
+        out[p] = type(e).__name__
+print(json.dumps(out))
+"""
+    r = run(probe)
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    readable = {p: v for p, v in seen.items() if isinstance(v, int) and v > 0}
+    assert not readable, f"{task_id}: its data files are readable in the sandbox: {readable}"
+
+
+def test_every_data_file_of_the_packages_tasks_draw_from_is_masked():
+    """Walked inside the sandbox: no file with a data format's name (tables, arrays, archives,
+    text) of a package a task imports is readable and non-empty; the packages still import."""
+    from wmrl_research.sandbox import task_data_packages
+
+    packages = task_data_packages()
+    assert {"sklearn", "statsmodels", "palmerpenguins", "vega_datasets", "mnist1d"} <= set(packages)
+    probe = f"""
+import os, sys, json, importlib
+exts = (".csv", ".tsv", ".txt", ".dat", ".data", ".dta", ".sav", ".arff", ".npz", ".npy", ".mat",
+        ".json", ".parquet", ".xls", ".xlsx", ".pkl", ".rda", ".gz", ".bz2", ".xz", ".zip", ".rst")
+site = [p for p in sys.path if p.endswith("site-packages")][0]
+found = []
+for name in {list(packages)!r}:
+    for dirpath, _, files in os.walk(os.path.join(site, name)):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            if f.lower().endswith(exts) and os.path.getsize(p) > 0:
+                found.append(p[len(site) + 1:])
+print(json.dumps(found))
+import statsmodels.api, sklearn.datasets, palmerpenguins, vega_datasets, scipy.stats  # still import
+scipy.stats.qmc.Sobol(2).random(4)  # a package's own run-time table is kept
+print("imports ok")
+"""
+    r = run(probe)
+    assert r.stdout.strip().endswith("imports ok"), r.stdout[-500:] + r.stderr[-2000:]
+    found = json.loads(r.stdout.strip().splitlines()[-2])
+    allowed = set(RUNTIME_DATA)  # a package's own tables, holding no dataset
+    assert sorted(set(found) - allowed) == [], sorted(set(found) - allowed)[:20]
