@@ -1030,3 +1030,15 @@ print("imports ok")
     found = json.loads(r.stdout.strip().splitlines()[-2])
     allowed = set(RUNTIME_DATA)  # a package's own tables, holding no dataset
     assert sorted(set(found) - allowed) == [], sorted(set(found) - allowed)[:20]
+
+
+@pytest.mark.parametrize("under", ["/usr/local/share", "/etc"])
+def test_a_data_root_that_jobs_can_read_is_refused_in_one_line(under, monkeypatch):
+    """With the data root under ``/usr`` or ``/etc`` (mounted into every job) a job found the hidden
+    folder through ``/proc/self/mountinfo`` and read ``y_test.npy`` and the split secret (score 1.6).
+    Such a root is refused before anything is created there; any other root works."""
+    root = Path(under) / f"wmrl-test-{os.getpid()}"
+    monkeypatch.setenv("WMRL_RESEARCH_DATA", str(root))
+    with pytest.raises(SandboxError, match=r"^data root '.*' \(\$WMRL_RESEARCH_DATA\) lies under '/[^\n]*$"):
+        Sandbox(SandboxConfig(warm=False))
+    assert not root.exists()
