@@ -69,9 +69,11 @@ What is *not* isolated: the job can read ``/usr``, ``/etc``, the Python environm
 bundled datasets above) and ``/proc/self/mountinfo``, which names the host folders mounted in (names
 only, not their other contents); it shares the kernel (the seccomp filter is a short deny list, not
 an allow list: a kernel exploit is out of scope) and the CPUs with the host (a solution can slow
-other jobs down, within its CPU limit); the memory cap is per worker, shared by the job and its
-worker (the job's ``oom_score_adj`` makes it the OOM victim; the job's own memory group, for
-accounting, holds the same limit); only cgroup v1 controllers are
+other jobs down, within its CPU limit); each job has its own memory group capped at ``mem_mb`` + ``disk_mb`` (heap, tmpfs, shared
+memory of all its processes), below the worker's, so its OOM kills stay inside it (never the worker
+or the next job, pre-forked in a group of its own; that one gets its ``oom_score_adj`` of 1000
+only when its request arrives); a supervisor or worker lost anyway is retried once on a fresh
+worker (``SUPERVISOR_TRIES``), not graded, and the lost worker's cgroups are removed; only cgroup v1 controllers are
 detected (on a v2-only host the rlimits alone apply, so several processes each get ``mem_mb``);
 a job forked from a warm worker inherits the worker's already-imported modules (copy-on-write: it
 cannot change the worker's copy), with global state such as RNGs identical for every job. Generated
@@ -159,6 +161,7 @@ TAIL_CHARS = 4000
 # cgroup memory for the worker process itself (its pre-imported libraries), on top of the job's.
 WORKER_MEMORY_MB = 1536
 KEEP_JOB_DIRS = 32
+SUPERVISOR_TRIES = 2  # a job whose supervisor or worker was lost runs again once, on a fresh worker
 _WORKER_IDS = itertools.count()  # process-wide: names each worker's cgroups uniquely
 
 
@@ -344,6 +347,8 @@ class _Worker:
             "uid": self.uid,
             "disk_mb": cfg.disk_mb,
             "cgroups": sorted(accounting),
+            # each job's own memory group is capped at the job's share: its OOM kills stay inside it
+            "job_memory": (cfg.mem_mb + cfg.disk_mb) * 2**20,
         }
         binds = [
             a for ctl, group in accounting.items() for a in ("--bind", str(group), f"{CGROUP_DIR}/{ctl}")
@@ -501,7 +506,6 @@ class Sandbox:
         (job_dir / "solution.py").write_bytes(encoded)
         cfg = self.config
         cpu_s = cfg.cpu_s if cfg.cpu_s is not None else 2 * timeout_s + 1
-        worker = self._acquire()
         req = {
             "job": job,
             "timeout_s": timeout_s,
@@ -512,21 +516,34 @@ class Sandbox:
             "data": rel.as_posix(),
             "env": self._job_env("/tmp/data"),
         }
-        healthy = False
-        try:
-            worker.send(req)
-            reply = worker.read_reply(timeout=timeout_s + 30.0)
-            healthy = reply is not None and reply.get("job") == job and worker.alive()
-        except (BrokenPipeError, OSError, json.JSONDecodeError):
-            reply = None
-        finally:
-            self._release(worker, healthy)
-        if reply is None:
-            raise SandboxError(f"sandbox worker failed during {job}; see {worker.log.name}")
-        if reply.get("supervisor_exit") != 0:
-            raise SandboxError(
-                f"job supervisor exited with {reply.get('supervisor_exit')}; see {worker.log.name}"
-            )
+        # A supervisor (or worker) lost to the host is not the solution's failure: the job runs again
+        # on a fresh worker (the lost one is closed, its cgroups removed), at most SUPERVISOR_TRIES times.
+        for _ in range(SUPERVISOR_TRIES):
+            worker = self._acquire()
+            healthy = False
+            try:
+                worker.send(req)
+                reply = worker.read_reply(timeout=timeout_s + 30.0)
+                healthy = (
+                    reply is not None
+                    and reply.get("job") == job
+                    and reply.get("supervisor_exit") == 0
+                    and worker.alive()
+                )
+            except (BrokenPipeError, OSError, json.JSONDecodeError):
+                reply = None
+            finally:
+                self._release(worker, healthy)
+            if healthy:
+                break
+            if reply is None:
+                lost = f"sandbox worker failed during {job}; see {worker.log.name}"
+            else:
+                lost = f"job supervisor exited with {reply.get('supervisor_exit')}; see {worker.log.name}"
+            for name in ("result.json", "stdout", "stderr", PREDICTIONS_FILE):
+                (job_dir / name).unlink(missing_ok=True)
+        else:
+            raise SandboxError(f"{lost} ({SUPERVISOR_TRIES} tries)")
         result = self._collect(job_dir)
         result.overhead_s = max(0.0, time.monotonic() - t0 - result.seconds)
         return result

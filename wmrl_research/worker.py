@@ -205,8 +205,8 @@ def _run_job(go_fd: int, status_fd: int) -> None:
     """
     code = 1
     try:
-        with open("/proc/self/oom_score_adj", "w") as f:  # the OOM killer takes the job, not the worker
-            f.write("1000")
+        # Opened now, written once the request arrives (the job's own /proc is read-only by then).
+        oom_fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
         # Read-only: no write to /proc/self/clear_refs, which would reset the peak-memory figure.
         _mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
         os.setsid()
@@ -215,6 +215,10 @@ def _run_job(go_fd: int, status_fd: int) -> None:
             data = f.read()
         if not data:  # the worker is shutting down
             os._exit(0)
+        # The OOM killer takes the running job, not the worker; set only now, so that while this
+        # process waits (pre-forked during an earlier job) it is no likelier a victim than the worker.
+        os.write(oom_fd, b"1000")
+        os.close(oom_fd)
         req = json.loads(data)
         job_dir = os.path.join(JOBS_DIR, req["job"])
         with open(os.path.join(job_dir, SOLUTION)) as f:
@@ -305,7 +309,9 @@ def _set_limits(req: dict) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (space, space))
 
 
-def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int, cgroups: list[str]) -> None:
+def _supervise(
+    req_fd: int, done_fd: int, uid: int, disk_mb: int, cgroups: list[str], job_memory: int | None = None
+) -> None:
     """The per-job supervisor, forked ahead of time (still privileged inside the sandbox).
 
     Prepares the namespaces, the job's tmpfs and the job process *before* the request arrives, so
@@ -319,7 +325,7 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int, cgroups: list[
     _mount("mqueue", MQUEUE_DIR, "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this IPC namespace's
     # The job mounts its own /proc over this mount namespace's: keep a handle on the worker's view.
     proc_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
-    groups = _JobCgroups(cgroups)
+    groups = _JobCgroups(cgroups, job_memory)
     go_r, go_w = os.pipe()
     st_r, st_w = os.pipe()
     pid = os.fork()
@@ -413,7 +419,7 @@ class _JobCgroups:
         "memory": ("memory.max_usage_in_bytes", "maxrss_mb", 2**-20),
     }
 
-    def __init__(self, controllers: list[str]) -> None:
+    def __init__(self, controllers: list[str], memory_bytes: int | None = None) -> None:
         self.name = f"job-{os.getpid()}"
         self.parents: dict[str, int] = {}
         for ctl in controllers:
@@ -424,8 +430,11 @@ class _JobCgroups:
                 pass
             os.mkdir(self.name, dir_fd=parent)
             self.parents[ctl] = parent
-            if ctl == "memory":
-                self._write(ctl, "memory.limit_in_bytes", self._read(ctl, "memory.limit_in_bytes", own=False))
+            if ctl == "memory":  # the job's own cap, below the worker's: a job's OOM stays in its group
+                limit = int(self._read(ctl, "memory.limit_in_bytes", own=False))
+                if memory_bytes:
+                    limit = min(limit, int(memory_bytes))
+                self._write(ctl, "memory.limit_in_bytes", str(limit))
 
     def _read(self, ctl: str, name: str, own: bool = True) -> str:
         fd = os.open(os.path.join(self.name, name) if own else name, os.O_RDONLY, dir_fd=self.parents[ctl])
@@ -526,7 +535,14 @@ def _prefork(config: dict) -> tuple[int, int, int, int]:
         try:
             os.close(req_w)
             os.close(done_r)
-            _supervise(req_r, done_w, int(config["uid"]), int(config["disk_mb"]), config.get("cgroups", []))
+            _supervise(
+                req_r,
+                done_w,
+                int(config["uid"]),
+                int(config["disk_mb"]),
+                config.get("cgroups", []),
+                config.get("job_memory"),
+            )
             os._exit(0)
         except BaseException:
             traceback.print_exc()

@@ -735,9 +735,9 @@ def test_a_job_sees_no_ipc_object_an_earlier_job_created():
 
 
 def test_an_honest_job_after_an_ipc_leak_runs_as_on_a_clean_worker():
-    """A job leaves 64 MiB shared-memory segments until its worker's memory cgroup is full (where
-    there is one; else 2.5 GiB of the host's memory) and a /dev/shm file; the next job of that
-    worker needs 200 MiB and scores as on a fresh sandbox."""
+    """A job leaves 64 MiB shared-memory segments until its memory cgroup is full (where there is
+    one: the job's own, mem_mb + disk_mb; else 2.5 GiB of the host's memory) and a /dev/shm file;
+    the next job of that worker needs 200 MiB and scores as on a fresh sandbox."""
     leak = """
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
@@ -763,7 +763,8 @@ with open("/dev/shm/fill", "wb") as f:
         )
     with Sandbox(cfg) as sb:
         leaked = sb.run(leak, public, timeout_s=60)
-        assert "leaked 1024 MiB" in leaked.stdout, (leaked.status, leaked.stdout[-300:], leaked.stderr[-300:])
+        # with cgroups the job's own memory group (mem_mb + disk_mb) stops it; else it leaks 2.5 GiB
+        assert "leaked 256 MiB" in leaked.stdout, (leaked.status, leaked.stdout[-300:], leaked.stderr[-300:])
         pids = sb.worker_pids()
         for _ in range(2):  # the same warm worker each time
             r = sb.run(honest, public, timeout_s=60)
@@ -1042,3 +1043,79 @@ def test_a_data_root_that_jobs_can_read_is_refused_in_one_line(under, monkeypatc
     with pytest.raises(SandboxError, match=r"^data root '.*' \(\$WMRL_RESEARCH_DATA\) lies under '/[^\n]*$"):
         Sandbox(SandboxConfig(warm=False))
     assert not root.exists()
+
+
+# --- a job cannot take down the next (issue 52) ---------------------------------------------------
+SHM_FILL_AFTER_EXECV = """
+import os, sys
+fill = '''
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+for i in range(40):  # up to 2.5 GiB of detached segments: a small resident set of its own
+    seg = libc.shmget(0, 64 * 2**20, 0o1600)
+    if seg < 0:
+        break
+    addr = libc.shmat(seg, None, 0)
+    libc.memset(ctypes.c_void_p(addr), 1, 64 * 2**20)
+    libc.shmdt(ctypes.c_void_p(addr))
+    print("filled", 64 * (i + 1), "MiB", flush=True)
+'''
+os.execv(sys.executable, [sys.executable, "-c", fill])  # leaves the warm worker's large image behind
+"""
+
+
+def _job_groups(sb: Sandbox) -> list[str]:
+    """The job-* cgroups inside this sandbox's idle workers' groups (none without cgroups)."""
+    return sorted({p.name for w in sb._idle for g in w.cgroups for p in g.glob("job-*")})
+
+
+def test_a_job_that_fills_memory_with_detached_segments_does_not_take_down_the_next():
+    """The job exec's a small interpreter that fills the memory cgroup with detached System V
+    segments: the OOM killer used to take the pre-forked next job (oom_score_adj 1000, a large
+    resident set), so the next honest job raised SandboxError, and dead supervisors left job-*
+    cgroups. The next honest jobs must grade as on a fresh worker, on the same worker."""
+    task = get_task(TASK)
+    public, _ = task.data_dirs()
+    cfg = SandboxConfig(warm=True, mem_mb=256, preload=("numpy", "sklearn"))
+    with Sandbox(cfg) as sb:
+        r = sb.run(SHM_FILL_AFTER_EXECV, public, timeout_s=60)
+        assert "filled 64 MiB" in r.stdout, (r.status, r.stdout[-300:], r.stderr[-300:])
+        pids = sb.worker_pids()
+        for _ in range(3):
+            honest = sb.run(task.baseline_source, public, timeout_s=60)
+            assert honest.status == "ok", (honest.message, honest.stderr[-500:])
+            assert sb.worker_pids() == pids  # not a fresh worker: the same one was unharmed
+        assert len(_job_groups(sb)) <= 1, _job_groups(sb)  # only the pre-forked next job's
+
+
+def test_a_supervisor_lost_to_the_host_is_retried_not_graded():
+    """The pre-forked supervisor of the next job dies (killed from the host, as the OOM killer
+    would): the next job runs again on a fresh worker and grades normally; no SandboxError."""
+    task = get_task(TASK)
+    public, _ = task.data_dirs()
+    with Sandbox(SandboxConfig(warm=True, preload=("numpy", "sklearn"))) as sb:
+        assert sb.run(task.baseline_source, public, timeout_s=60).status == "ok"
+        (pid,) = sb.worker_pids()
+        time.sleep(0.5)  # the next job's supervisor is forked right after the reply
+
+        def cmd(p: psutil.Process) -> str:
+            try:
+                return " ".join(p.cmdline()) if p.status() != psutil.STATUS_ZOMBIE else ""
+            except psutil.Error:
+                return ""
+
+        # the worker interpreter (bwrap's child), then its forks: the supervisors
+        worker = next(
+            p
+            for p in psutil.Process(pid).children(recursive=True)
+            if cmd(p).startswith("/opt/venv/bin/python /opt/wmrl/worker.py") and "bwrap" in cmd(p.parent())
+        )
+        supervisors = [p for p in worker.children() if cmd(p)]
+        assert supervisors
+        for s in supervisors:
+            s.kill()
+        psutil.wait_procs(supervisors, timeout=5)
+        r = sb.run(task.baseline_source, public, timeout_s=60)
+        assert r.status == "ok", r.message
+        assert sb.worker_pids() != [pid]  # the lost worker was replaced
