@@ -682,7 +682,7 @@ class Sandbox:
             "--new-session",
             # kept only by the worker and the per-job supervisor; the job drops them all
             *("--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"),
-            *("--cap-add", "CAP_KILL", "--cap-add", "CAP_DAC_READ_SEARCH"),
+            *("--cap-add", "CAP_KILL", "--cap-add", "CAP_DAC_READ_SEARCH", "--cap-add", "CAP_NET_ADMIN"),
             *("--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"),
         ]
         for link in ("bin", "lib", "lib64", "sbin"):

@@ -55,6 +55,7 @@ MAX_STATUS_BYTES = 4096  # a status report longer than this (without a newline) 
 CGROUP_DIR = "/tmp/cgroup"  # the worker's own memory/cpuacct cgroups, when the host uses them
 MQUEUE_DIR = "/dev/mqueue"  # the job's POSIX message queues (a fresh mqueue fs per job)
 SHM_DIR = "/dev/shm"  # the job's POSIX shared memory and semaphores (part of its tmpfs)
+CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
@@ -75,6 +76,12 @@ _ARCH = {  # machine -> (AUDIT_ARCH_*, socket, (unshare, clone), clone3, denied:
     "x86_64": (0xC000003E, 41, (272, 56), 435, (250, 248, 249, 425, 426, 427)),
     "aarch64": (0xC00000B7, 198, (97, 220), 435, (219, 217, 218, 425, 426, 427)),
 }
+
+# socketpair: only SOCK_STREAM is allowed (multiprocessing, asyncio). A datagram or seqpacket pair can
+# be disconnected (connect(AF_UNSPEC)) and then sendto() any unix socket on a path the job can see.
+_SOCKETPAIR = {"x86_64": 53, "aarch64": 199}
+SOCK_STREAM, SOCK_TYPE_MASK = 1, 0xF
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -152,7 +159,7 @@ def _seccomp_program() -> bytes:
     if machine not in _ARCH:
         raise OSError(errno.ENOSYS, f"no seccomp filter for architecture {machine!r}")
     arch, sys_socket, with_flags, sys_clone3, denied = _ARCH[machine]
-    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    ld, jeq, jge, jset, ret, alu_and = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54
     allow, kill = 0x7FFF0000, 0x80000000
 
     def err(code: int) -> int:
@@ -167,6 +174,9 @@ def _seccomp_program() -> bytes:
     for nr in with_flags:  # this syscall: refuse CLONE_NEWUSER in args[0], allow anything else
         ins += [(jeq, 0, 4, nr), (ld, 0, 0, 16), (jset, 0, 1, CLONE_NEWUSER), (ret, 0, 0, err(errno.EPERM))]
         ins += [(ret, 0, 0, allow)]
+    # socketpair: the type (args[1], less SOCK_NONBLOCK/SOCK_CLOEXEC) must be SOCK_STREAM
+    ins += [(jeq, 0, 5, _SOCKETPAIR[machine]), (ld, 0, 0, 24), (alu_and, 0, 0, SOCK_TYPE_MASK)]
+    ins += [(jeq, 1, 0, SOCK_STREAM), (ret, 0, 0, err(errno.EAFNOSUPPORT)), (ret, 0, 0, allow)]
     ins += [(jeq, 0, 3, sys_socket), (ld, 0, 0, 16), (jeq, 0, 1, 1), (ret, 0, 0, err(errno.EAFNOSUPPORT))]
     ins += [(ret, 0, 0, allow)]
     return b"".join(struct.pack("=HBBI", *i) for i in ins)
@@ -317,8 +327,10 @@ def _supervise(
     Prepares the namespaces, the job's tmpfs and the job process *before* the request arrives, so
     a request costs a pipe write instead of two forks of a large process.
     """
-    # The supervisor shares the job's IPC namespace so that it can remove what the job left.
-    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC), "unshare")
+    # The supervisor shares the job's IPC namespace so that it can remove what the job left. A
+    # network namespace per job: no socket state (TIME_WAIT, abstract unix names) outlives the job.
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET), "unshare")
+    _loopback_up()
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
     _mount_job_tmpfs(uid, disk_mb)
     os.makedirs(MQUEUE_DIR, exist_ok=True)
@@ -390,6 +402,18 @@ def _supervise(
     os.write(done_fd, b"d")
     os.close(pidfd)
     os.close(proc_fd)
+
+
+def _loopback_up() -> None:
+    """Bring up ``lo`` in this (new) network namespace, as bwrap does in its own."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifr = fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH14x", b"lo", 0))
+        flags = struct.unpack("16sH14x", ifr)[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
 def _usage(usage: resource.struct_rusage) -> dict:

@@ -1119,3 +1119,82 @@ def test_a_supervisor_lost_to_the_host_is_retried_not_graded():
         r = sb.run(task.baseline_source, public, timeout_s=60)
         assert r.status == "ok", r.message
         assert sb.worker_pids() != [pid]  # the lost worker was replaced
+
+
+# --- no channel between rollouts (issue 52) ---------------------------------------------------------
+def test_a_datagram_socketpair_cannot_reach_a_socket_on_a_mounted_path():
+    """``socketpair(AF_UNIX, SOCK_DGRAM)`` + ``connect(AF_UNSPEC)`` + ``sendto(path)`` reached any
+    datagram socket on a mounted folder (the filter refused ``socket(AF_UNIX)``, not this). A
+    datagram or seqpacket socketpair (both can be disconnected) is refused; stream socketpairs
+    (``multiprocessing``) still work."""
+    public, _ = get_task(TASK).data_dirs()
+    path = public / f"wmrl-test-dgram-{os.getpid()}.sock"
+    host = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    host.bind(str(path))
+    os.chmod(path, 0o777)
+    host.settimeout(0.5)
+    src = f"""
+import ctypes, socket, multiprocessing
+libc = ctypes.CDLL(None, use_errno=True)
+for kind in ("SOCK_DGRAM", "SOCK_SEQPACKET", "SOCK_STREAM"):
+    try:
+        a, b = socket.socketpair(socket.AF_UNIX, getattr(socket, kind))
+    except OSError as e:
+        print(kind, "refused", e.errno)
+        continue
+    unspec = ctypes.create_string_buffer(16)  # struct sockaddr, sa_family = AF_UNSPEC
+    libc.connect(a.fileno(), unspec, 16)
+    try:
+        a.sendto(b"from the job", "/tmp/data/{path.name}")
+        print(kind, "SENT")
+    except OSError as e:
+        print(kind, "blocked", e.errno)
+r, w = multiprocessing.Pipe()
+w.send("ok")
+print("pipe", r.recv())
+"""
+    try:
+        r = run(src)
+        try:
+            got = host.recv(100)
+        except OSError:
+            got = b""
+    finally:
+        host.close()
+        path.unlink(missing_ok=True)
+    assert got == b"" and "SENT" not in r.stdout, (got, r.stdout, r.stderr[-500:])
+    assert "SOCK_DGRAM refused" in r.stdout and "SOCK_SEQPACKET refused" in r.stdout, r.stdout
+    assert "pipe ok" in r.stdout, r.stdout + r.stderr[-500:]
+    assert_still_works()
+
+
+TIME_WAIT_SEND = """
+import socket
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+conn, _ = srv.accept()
+c.close()  # the side that closes first keeps the connection in TIME_WAIT (60 s)
+conn.close()
+srv.close()
+print("sent")
+"""
+TIME_WAIT_LOOK = """
+rows = [l.split() for l in open("/proc/net/tcp").read().splitlines()[1:]]
+print("time_wait", sum(r[3] == "06" for r in rows))
+import socket
+s = socket.create_server(("127.0.0.1", 0)); c = socket.create_connection(s.getsockname()); print("loopback ok")
+"""
+
+
+def test_tcp_state_of_one_job_is_invisible_to_the_next():
+    """A connection closed by one job stays in TIME_WAIT for a minute in its network namespace;
+    with one namespace per worker the next job read it from /proc/net/tcp (a number carried in its
+    port). Each job has a network namespace of its own, with a working loopback."""
+    first = run(TIME_WAIT_SEND)
+    assert first.status == "invalid", first.stderr[-500:]
+    second = run(TIME_WAIT_LOOK)
+    assert "time_wait 0" in second.stdout and "loopback ok" in second.stdout, (
+        second.stdout + second.stderr[-500:]
+    )
