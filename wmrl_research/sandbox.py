@@ -2,9 +2,12 @@
 
 What is isolated (each point has an adversarial test in ``tests/research/test_sandbox.py``):
 
-- **Network**: none (``bwrap --unshare-net``: only a loopback device inside). No unix sockets either:
-  a seccomp filter refuses ``socket(AF_UNIX, ...)`` (so no pathname socket on a mounted folder and
-  no abstract socket of the host is reachable; ``socketpair`` still works).
+- **Network**: none, and a network namespace per job (only a loopback device inside; no socket
+  state such as TIME_WAIT passes from one job to the next). No unix sockets either: a seccomp
+  filter refuses ``socket(AF_UNIX, ...)`` and every ``socketpair`` but a ``SOCK_STREAM`` one (a
+  datagram or seqpacket pair, once disconnected, could ``sendto`` a socket on any path), so no
+  pathname socket on a mounted folder and no abstract socket of the host is reachable;
+  ``multiprocessing``'s stream pairs still work.
 - **Filesystem**: the sandbox sees only ``/usr``, ``/etc``, the base Python installation, the
   virtual environment's ``lib`` and ``pyvenv.cfg`` (mounted at ``/opt/venv``, not at their host
   path), the worker script, all read-only, plus its own task's public data (read-only, at
@@ -65,7 +68,8 @@ What is isolated (each point has an adversarial test in ``tests/research/test_sa
   ``cpuacct`` cgroup where that controller is writable too (accounting).
   Without them it falls back to the rlimits alone.
 
-What is *not* isolated: the job can read ``/usr``, ``/etc``, the Python environment (minus the
+What is *not* isolated: the host's page cache (a job can leave bits for a later job by reading
+files the host has not cached, read back by timing: measured in docs/sandbox.md); the job can read ``/usr``, ``/etc``, the Python environment (minus the
 bundled datasets above) and ``/proc/self/mountinfo``, which names the host folders mounted in (names
 only, not their other contents); it shares the kernel (the seccomp filter is a short deny list, not
 an allow list: a kernel exploit is out of scope) and the CPUs with the host (a solution can slow
