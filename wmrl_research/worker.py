@@ -12,8 +12,8 @@ of imports. Ahead of each job (while the previous one runs, or right after it) i
    ``/dev/shm``, and a fresh ``mqueue`` file system at ``/dev/mqueue``,
 3. forks the *job* process (PID 1 of the new namespace: when it dies the kernel kills every
    process the job started, so nothing outlives it), which mounts its own read-only ``/proc``
-   and waits; where the host gave the worker cgroups (bound at ``CGROUP_DIR``), the job is moved
-   into ``cpuacct``/``memory`` groups of its own.
+   and waits; where the host gave the worker cgroups (bound at ``CGROUP_DIR``), the job moves itself
+   into ``cpuacct``/``memory`` groups of its own once its setup is done (so that is not charged).
 
 When a request arrives the job opens its stdout/stderr in its host folder, hides every job folder
 (and the cgroups) under an empty tmpfs, sets rlimits, drops to an unprivileged uid (losing every
@@ -206,7 +206,7 @@ def _join_new_session_keyring() -> None:
             raise OSError(err, f"keyctl(JOIN_SESSION_KEYRING): {os.strerror(err)}")
 
 
-def _run_job(go_fd: int, status_fd: int) -> None:
+def _run_job(go_fd: int, status_fd: int, cgroup_fds: list[int] | None = None) -> None:
     """The job process: PID 1 of a fresh PID namespace, forked ahead of time. Never returns.
 
     It waits (still privileged) for its request on ``go_fd``; then opens its output files in the
@@ -245,6 +245,9 @@ def _run_job(go_fd: int, status_fd: int) -> None:
             raise ValueError(f"bad data folder {data!r}")
         _mount(os.path.join(DATA_DIR, data), DATA_DIR, None, MS_BIND | MS_REC)
         program = _seccomp_program()
+        for fd in cgroup_fds or []:  # setup done: from here on the job's own CPU time and memory
+            os.write(fd, b"0")
+            os.close(fd)
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_fd, 1)
@@ -288,6 +291,11 @@ def _run_job(go_fd: int, status_fd: int) -> None:
             sys.stderr.flush()
             # Only the exit code: the supervisor measures CPU time and memory itself.
             os.write(STATUS_FD, (json.dumps({"code": code}) + "\n").encode())
+            # Wait to be killed: the supervisor takes the CPU time first, so the teardown of this
+            # large process (forked from the warm worker) is not charged to the job.
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
         except BaseException:
             pass
         finally:
@@ -340,17 +348,19 @@ def _supervise(
     groups = _JobCgroups(cgroups, job_memory)
     go_r, go_w = os.pipe()
     st_r, st_w = os.pipe()
+    entry = groups.entry_fds()
     pid = os.fork()
     if pid == 0:
         os.close(go_w)
         os.close(req_fd)
         os.close(st_r)
         os.close(done_fd)
-        _run_job(go_r, st_w)
+        _run_job(go_r, st_w, entry)
     os.close(go_r)
     os.close(st_w)
     pidfd = os.pidfd_open(pid)
-    groups.enter(pid)
+    for fd in entry:
+        os.close(fd)
     with os.fdopen(req_fd, "rb") as f:
         line = f.readline()
     if not line:  # shutting down: the job reads EOF and exits
@@ -385,6 +395,9 @@ def _supervise(
     seconds = time.monotonic() - t0
     reported = b"\n" in report or len(report) > MAX_STATUS_BYTES
     timed_out = not reported and not exited
+    # CPU time up to the report: the job's own work. What follows (the kernel tearing down a process
+    # forked from the large warm worker: unmapping its address space, ~10 ms) is the sandbox's cost.
+    at_report = groups.usage().get("cpu_s") if reported else None
     os.kill(pid, signal.SIGKILL)  # the job's PID namespace dies with it
     # The namespace's init is reaped only after every process in it is gone (a fork bomb's too: they
     # would count against the next job's process limits, same uid), their memory released.
@@ -392,6 +405,8 @@ def _supervise(
     info = _parse_status(report) if reported else {"exit_code": os.waitstatus_to_exitcode(status)}
     info.update(_usage(usage))
     info.update(groups.usage())  # all of the job's processes, where the host gives it cgroups
+    if at_report is not None:
+        info["cpu_s"] = at_report
     why = _copy_predictions(dir_fd)
     _remove_ipc_objects(proc_fd, uid)
     _unmount_job_tmpfs()
@@ -470,10 +485,14 @@ class _JobCgroups:
         with os.fdopen(fd, "w") as f:
             f.write(value)
 
-    def enter(self, pid: int) -> None:
-        """Move the job process (not started yet) into its groups; its children follow."""
-        for ctl in self.parents:
-            self._write(ctl, "cgroup.procs", str(pid))
+    def entry_fds(self) -> list[int]:
+        """Descriptors of the groups' ``cgroup.procs``: the job writes ``0`` to them (moving itself
+        in, its later children following) once its setup is done, right before it drops its
+        privileges, so that the sandbox's own work is not charged to it."""
+        return [
+            os.open(os.path.join(self.name, "cgroup.procs"), os.O_WRONLY, dir_fd=parent)
+            for parent in self.parents.values()
+        ]
 
     def usage(self) -> dict:
         """``cpu_s`` and ``maxrss_mb`` of the (reaped) job, for the controllers there are."""
