@@ -49,9 +49,10 @@ What is isolated (each point has an adversarial test in ``tests/research/test_sa
   costs the supervisor at most one bounded read). A source that is not valid UTF-8 text (a lone
   surrogate) is graded as an error without running. Neither raises :class:`SandboxError`.
 - **Accounting**: ``SandboxResult.cpu_s`` and ``maxrss_mb`` are measured outside the job, never
-  taken from it, and hold the job's own work only: with cgroups the job enters its groups once the
-  sandbox's setup is done, and its CPU time is read when it reports, before the kernel tears down
-  the large process it was forked as (without cgroups ``wait4`` still counts that teardown). Where the host gives the worker cgroup v1 ``cpuacct`` and
+  taken from it, and hold the job's own work only: the job's setup (measured by its trusted code
+  before the solution runs) is subtracted and, with cgroups, its CPU time is read when it reports,
+  before the kernel tears down the large process it was forked as (without cgroups ``wait4`` still
+  counts that teardown). Where the host gives the worker cgroup v1 ``cpuacct`` and
   ``memory`` groups, from groups of the job's own: the CPU time of all its processes however they
   ended, and the peak of the memory charged to them (heap, tmpfs, shared memory; not the warm
   worker's pages they share). Otherwise from ``wait4``: the job and every process reaped by it or

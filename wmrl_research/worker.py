@@ -12,8 +12,9 @@ of imports. Ahead of each job (while the previous one runs, or right after it) i
    ``/dev/shm``, and a fresh ``mqueue`` file system at ``/dev/mqueue``,
 3. forks the *job* process (PID 1 of the new namespace: when it dies the kernel kills every
    process the job started, so nothing outlives it), which mounts its own read-only ``/proc``
-   and waits; where the host gave the worker cgroups (bound at ``CGROUP_DIR``), the job moves itself
-   into ``cpuacct``/``memory`` groups of its own once its setup is done (so that is not charged).
+   and waits; where the host gave the worker cgroups (bound at ``CGROUP_DIR``), the job is moved
+   into ``cpuacct``/``memory`` groups of its own (the CPU time it spends on the sandbox's setup is
+   subtracted from its figure).
 
 When a request arrives the job opens its stdout/stderr in its host folder, hides every job folder
 (and the cgroups) under an empty tmpfs, sets rlimits, drops to an unprivileged uid (losing every
@@ -206,7 +207,7 @@ def _join_new_session_keyring() -> None:
             raise OSError(err, f"keyctl(JOIN_SESSION_KEYRING): {os.strerror(err)}")
 
 
-def _run_job(go_fd: int, status_fd: int, cgroup_fds: list[int] | None = None) -> None:
+def _run_job(go_fd: int, status_fd: int, setup_fd: int) -> None:
     """The job process: PID 1 of a fresh PID namespace, forked ahead of time. Never returns.
 
     It waits (still privileged) for its request on ``go_fd``; then opens its output files in the
@@ -225,6 +226,7 @@ def _run_job(go_fd: int, status_fd: int, cgroup_fds: list[int] | None = None) ->
             data = f.read()
         if not data:  # the worker is shutting down
             os._exit(0)
+        go_cpu_ns = time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)
         # The OOM killer takes the running job, not the worker; set only now, so that while this
         # process waits (pre-forked during an earlier job) it is no likelier a victim than the worker.
         os.write(oom_fd, b"1000")
@@ -245,9 +247,11 @@ def _run_job(go_fd: int, status_fd: int, cgroup_fds: list[int] | None = None) ->
             raise ValueError(f"bad data folder {data!r}")
         _mount(os.path.join(DATA_DIR, data), DATA_DIR, None, MS_BIND | MS_REC)
         program = _seccomp_program()
-        for fd in cgroup_fds or []:  # setup done: from here on the job's own CPU time and memory
-            os.write(fd, b"0")
-            os.close(fd)
+        # Setup done: the CPU time this process spent on it since the request is the sandbox's, not
+        # the solution's (written before any solution code runs, so the solution cannot change it).
+        now_ns = time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)
+        os.write(setup_fd, f"{now_ns} {now_ns - go_cpu_ns}".encode())  # since the fork; since the request
+        os.close(setup_fd)
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_fd, 1)
@@ -348,19 +352,20 @@ def _supervise(
     groups = _JobCgroups(cgroups, job_memory)
     go_r, go_w = os.pipe()
     st_r, st_w = os.pipe()
-    entry = groups.entry_fds()
+    setup_r, setup_w = os.pipe()  # the job's CPU time spent on the sandbox's setup, from trusted code
     pid = os.fork()
     if pid == 0:
         os.close(go_w)
         os.close(req_fd)
         os.close(st_r)
         os.close(done_fd)
-        _run_job(go_r, st_w, entry)
+        os.close(setup_r)
+        _run_job(go_r, st_w, setup_w)
     os.close(go_r)
     os.close(st_w)
     pidfd = os.pidfd_open(pid)
-    for fd in entry:
-        os.close(fd)
+    os.close(setup_w)
+    groups.enter(pid)
     with os.fdopen(req_fd, "rb") as f:
         line = f.readline()
     if not line:  # shutting down: the job reads EOF and exits
@@ -370,6 +375,9 @@ def _supervise(
         return
     req = json.loads(line)
     dir_fd = os.open(os.path.join(JOBS_DIR, req["job"]), os.O_RDONLY | os.O_DIRECTORY)
+    # The job's CPU time so far (forked, waiting) is the sandbox's; so is its setup after the request
+    # (it reports that itself, from trusted code, before the solution runs): neither is charged.
+    before = groups.usage().get("cpu_s", 0.0)
     t0 = time.monotonic()
     os.write(go_w, line)
     os.close(go_w)
@@ -407,6 +415,12 @@ def _supervise(
     info.update(groups.usage())  # all of the job's processes, where the host gives it cgroups
     if at_report is not None:
         info["cpu_s"] = at_report
+    since_fork, since_request = _setup_cpu_s(setup_r)
+    if "cpuacct" in groups.parents:  # the group's usage before the request, then the job's setup
+        info["cpu_s"] -= before + since_request
+    else:  # wait4: the job's whole life since its fork
+        info["cpu_s"] -= since_fork
+    info["cpu_s"] = max(0.0, info["cpu_s"])
     why = _copy_predictions(dir_fd)
     _remove_ipc_objects(proc_fd, uid)
     _unmount_job_tmpfs()
@@ -417,6 +431,21 @@ def _supervise(
     os.write(done_fd, b"d")
     os.close(pidfd)
     os.close(proc_fd)
+
+
+def _setup_cpu_s(fd: int) -> tuple[float, float]:
+    """The job's CPU time spent on the sandbox's setup before its solution started, since its fork
+    and since its request, as its trusted code wrote them on ``fd``; zeros if it never got that far."""
+    try:
+        os.set_blocking(fd, False)
+        words = os.read(fd, 64).split()
+    except OSError:
+        words = []
+    finally:
+        os.close(fd)
+    if len(words) != 2 or not all(w.isdigit() for w in words):
+        return 0.0, 0.0
+    return int(words[0]) * 1e-9, int(words[1]) * 1e-9
 
 
 def _loopback_up() -> None:
@@ -485,14 +514,11 @@ class _JobCgroups:
         with os.fdopen(fd, "w") as f:
             f.write(value)
 
-    def entry_fds(self) -> list[int]:
-        """Descriptors of the groups' ``cgroup.procs``: the job writes ``0`` to them (moving itself
-        in, its later children following) once its setup is done, right before it drops its
-        privileges, so that the sandbox's own work is not charged to it."""
-        return [
-            os.open(os.path.join(self.name, "cgroup.procs"), os.O_WRONLY, dir_fd=parent)
-            for parent in self.parents.values()
-        ]
+    def enter(self, pid: int) -> None:
+        """Move the job process (not started yet) into its groups; its children follow. (Here, off
+        the request's path: moving a process between cgroups waits for an RCU grace period.)"""
+        for ctl in self.parents:
+            self._write(ctl, "cgroup.procs", str(pid))
 
     def usage(self) -> dict:
         """``cpu_s`` and ``maxrss_mb`` of the (reaped) job, for the controllers there are."""
