@@ -13,6 +13,10 @@ host's wall-clock per ``Sandbox.run`` call, the solution's own time as measured 
 - ``wine_baseline``: a real task's baseline solution (imports sklearn).
 
 Reference points without a sandbox: ``python -c pass`` and the wine baseline as a plain subprocess.
+
+``--side-by-side`` measures the overhead the honest way: each sandboxed job alternates with the
+same job in an unsandboxed warm fork server (same pre-imports, a fork per job, no isolation),
+under the same load, and reports both walls, their per-pair ratio and difference, and ``cpu_s``.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from wmrl_research.sandbox import Sandbox, SandboxConfig, cgroup_support
+from wmrl_research.sandbox import DEFAULT_PRELOAD, THREAD_ENV, Sandbox, SandboxConfig, cgroup_support
 from wmrl_research.tasks import DATA_ENV, get_task
 
 NOOP = "import numpy as np\nnp.save('predictions.npy', np.zeros(3))\n"
@@ -71,10 +75,119 @@ def bench_plain(argv: list[str], env: dict, cwd: str, n: int) -> dict:
     return {"n": n, "wall_s": summarise(walls)}
 
 
+FORK_SERVER = r"""
+import importlib, json, os, sys, time
+for name in json.loads(sys.argv[1]):
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+import gc
+gc.collect(); gc.freeze()
+
+
+def prefork():  # like the sandbox's worker: the next job's process waits, forked ahead of time
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(w)
+        cwd = os.read(r, 4096).decode()
+        if not cwd:
+            os._exit(0)
+        os.chdir(cwd)
+        code = 0
+        try:
+            src = open("solution.py").read()
+            exec(compile(src, "solution.py", "exec"), {"__name__": "__main__"})
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.close(r)
+    return pid, w
+
+
+nxt = prefork()
+print("ready", flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    pid, w = nxt
+    os.write(w, req["cwd"].encode())
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"code": os.waitstatus_to_exitcode(status)}), flush=True)
+    nxt = prefork()
+os.close(nxt[1])
+os.waitpid(nxt[0], 0)
+"""
+
+
+class PlainForkServer:
+    """The same warm design without a sandbox: one process pre-imports the sandbox's modules and
+    forks the next job's process ahead of time, which runs the solution in a temporary folder (no
+    namespaces, mounts, uid switch, seccomp, cgroups or limits). The baseline the sandbox's
+    overhead is measured against."""
+
+    def __init__(self, preload: tuple[str, ...], env: dict) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", FORK_SERVER, json.dumps(list(preload))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        assert self.proc.stdout.readline().strip() == "ready"
+
+    def run(self, source: str) -> float:
+        with tempfile.TemporaryDirectory() as cwd:
+            (Path(cwd) / "solution.py").write_text(source)
+            t0 = time.monotonic()
+            self.proc.stdin.write(json.dumps({"cwd": cwd}) + "\n")
+            self.proc.stdin.flush()
+            reply = json.loads(self.proc.stdout.readline())
+            wall = time.monotonic() - t0
+            assert reply["code"] == 0 and (Path(cwd) / "predictions.npy").exists(), reply
+        return wall
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def bench_side_by_side(sb: Sandbox, plain: PlainForkServer, source: str, data_dir: Path, n: int) -> dict:
+    """Alternate one sandboxed and one unsandboxed execution of ``source``, ``n`` times each (same
+    load for both), with a 0.2 s pause between pairs; report both walls, their per-pair ratio and
+    difference (the sandbox's overhead per job), and the sandboxed jobs' ``cpu_s``."""
+    sb.run(source, data_dir, timeout_s=120)
+    plain.run(source)
+    boxed, bare, cpu = [], [], []
+    for _ in range(n):
+        t0 = time.monotonic()
+        r = sb.run(source, data_dir, timeout_s=120)
+        boxed.append(time.monotonic() - t0)
+        assert r.status == "ok", (r.status, r.message, r.stderr)
+        cpu.append(r.cpu_s)
+        time.sleep(0.1)
+        bare.append(plain.run(source))
+        time.sleep(0.1)
+    return {
+        "n": n,
+        "sandbox_wall_s": summarise(boxed),
+        "plain_fork_wall_s": summarise(bare),
+        "ratio": summarise([b / p for b, p in zip(boxed, bare, strict=True)]),
+        "overhead_s": summarise([b - p for b, p in zip(boxed, bare, strict=True)]),
+        "sandbox_cpu_s": summarise(cpu),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=30)
     ap.add_argument("--out", type=Path, default=Path("runs/bench/sandbox_overhead"))
+    ap.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="alternate each sandboxed job with the same job in an unsandboxed warm fork server",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     task = get_task("wine_cls")
@@ -82,6 +195,26 @@ def main() -> None:
     results: dict[str, dict] = {}
 
     t0 = time.monotonic()
+    if args.side_by_side:
+        env = {"PATH": "/usr/bin:/bin", DATA_ENV: str(public), **THREAD_ENV}
+        plain = PlainForkServer(DEFAULT_PRELOAD, env)
+        try:
+            with Sandbox(SandboxConfig(warm=True)) as sb:
+                for name, src in (("noop", NOOP), ("wine_baseline", task.baseline_source)):
+                    results[f"side_by_side/{name}"] = bench_side_by_side(sb, plain, src, public, args.n)
+        finally:
+            plain.close()
+        results["cgroups"] = {k: str(v) if v else None for k, v in cgroup_support().items()}
+        (args.out / "sandbox_side_by_side.json").write_text(json.dumps(results, indent=2))
+        for k, v in results.items():
+            if "ratio" in v:
+                print(
+                    f"{k:28s} sandbox {1000 * v['sandbox_wall_s']['median']:7.1f} ms  plain fork "
+                    f"{1000 * v['plain_fork_wall_s']['median']:7.1f} ms  ratio {v['ratio']['median']:.2f}  "
+                    f"overhead {1000 * v['overhead_s']['median']:.1f} ms  cpu_s {1000 * v['sandbox_cpu_s']['median']:.1f} ms"
+                )
+        print(f"wrote {args.out}/sandbox_side_by_side.json")
+        return
     with Sandbox(SandboxConfig(warm=True)) as sb:
         sb.run(NOOP, public, timeout_s=120)
         results["warm_worker_start_s"] = {"value": time.monotonic() - t0}

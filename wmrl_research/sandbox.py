@@ -2,20 +2,23 @@
 
 What is isolated (each point has an adversarial test in ``tests/research/test_sandbox.py``):
 
-- **Network**: none (``bwrap --unshare-net``: only a loopback device inside). No unix sockets either:
-  a seccomp filter refuses ``socket(AF_UNIX, ...)`` (so no pathname socket on a mounted folder and
-  no abstract socket of the host is reachable; ``socketpair`` still works).
+- **Network**: none, and a network namespace per job (only a loopback device inside; no socket
+  state such as TIME_WAIT passes from one job to the next). No unix sockets either: a seccomp
+  filter refuses ``socket(AF_UNIX, ...)`` and every ``socketpair`` but a ``SOCK_STREAM`` one (a
+  datagram or seqpacket pair, once disconnected, could ``sendto`` a socket on any path), so no
+  pathname socket on a mounted folder and no abstract socket of the host is reachable;
+  ``multiprocessing``'s stream pairs still work.
 - **Filesystem**: the sandbox sees only ``/usr``, ``/etc``, the base Python installation, the
   virtual environment's ``lib`` and ``pyvenv.cfg`` (mounted at ``/opt/venv``, not at their host
   path), the worker script, all read-only, plus its own task's public data (read-only, at
   ``$WMRL_DATA_DIR``; no other task's folder) and a fresh tmpfs per job (size-limited: the disk
   limit), which is its working folder and its ``/dev/shm``. Never the project tree, run directories, ``.git``, the host's
-  temporary folder or the folder a run was launched from. The packages' bundled copies of datasets
-  (scikit-learn's, statsmodels', vega_datasets', palmerpenguins' data and the test folders of
-  scipy, statsmodels and scikit-learn, which hold more copies: :data:`BUNDLED_DATA`) are covered by
-  empty mounts, so test rows cannot be matched against a labelled copy. The hidden test labels
-  live in a folder that is never mounted (and is covered by an empty tmpfs should it lie under a
-  mounted path). Nothing a job writes survives it except ``predictions.npy`` and its stdout/stderr.
+  temporary folder or the folder a run was launched from. Every data file of every package a
+  task imports (derived from the task folders' code: :func:`task_data_packages`,
+  :func:`package_data_files`) and the copies in :data:`BUNDLED_DATA` are covered by empty mounts,
+  so test rows cannot be matched against a labelled copy. The hidden test labels live in a folder
+  that is never mounted; a data root under a mounted folder (``/usr``, ``/etc``, the Python
+  installation) is refused. Nothing a job writes survives it except ``predictions.npy`` and its stdout/stderr.
 - **The split**: which rows are test rows is drawn from a secret per data build, stored next to the
   hidden labels (``tasks/base.py``), so not derivable inside even from the task's code and seed.
   A task that declares a fixed split (``TaskSpec.fixed_split``: a time split, or a user's own split;
@@ -45,8 +48,11 @@ What is isolated (each point has an adversarial test in ``tests/research/test_sa
   ``worker.MAX_STATUS_BYTES`` is graded as a failed run and ends the job (so flooding the pipe
   costs the supervisor at most one bounded read). A source that is not valid UTF-8 text (a lone
   surrogate) is graded as an error without running. Neither raises :class:`SandboxError`.
-- **Accounting**: ``SandboxResult.cpu_s`` and ``maxrss_mb`` are measured outside the job, once it
-  is reaped, never taken from it. Where the host gives the worker cgroup v1 ``cpuacct`` and
+- **Accounting**: ``SandboxResult.cpu_s`` and ``maxrss_mb`` are measured outside the job, never
+  taken from it, and hold the job's own work only: the job's setup (measured by its trusted code
+  before the solution runs) is subtracted and, with cgroups, its CPU time is read when it reports,
+  before the kernel tears down the large process it was forked as (without cgroups ``wait4`` still
+  counts that teardown). Where the host gives the worker cgroup v1 ``cpuacct`` and
   ``memory`` groups, from groups of the job's own: the CPU time of all its processes however they
   ended, and the peak of the memory charged to them (heap, tmpfs, shared memory; not the warm
   worker's pages they share). Otherwise from ``wait4``: the job and every process reaped by it or
@@ -65,20 +71,22 @@ What is isolated (each point has an adversarial test in ``tests/research/test_sa
   ``cpuacct`` cgroup where that controller is writable too (accounting).
   Without them it falls back to the rlimits alone.
 
-What is *not* isolated: the job can read ``/usr``, ``/etc``, the Python environment (minus the
+What is *not* isolated: the host's page cache (a job can leave bits for a later job by reading
+files the host has not cached, read back by timing: measured in docs/sandbox.md); the job can read ``/usr``, ``/etc``, the Python environment (minus the
 bundled datasets above) and ``/proc/self/mountinfo``, which names the host folders mounted in (names
 only, not their other contents); it shares the kernel (the seccomp filter is a short deny list, not
 an allow list: a kernel exploit is out of scope) and the CPUs with the host (a solution can slow
-other jobs down, within its CPU limit); the memory cap is per worker, shared by the job and its
-worker (the job's ``oom_score_adj`` makes it the OOM victim; the job's own memory group, for
-accounting, holds the same limit); only cgroup v1 controllers are
+other jobs down, within its CPU limit); each job has its own memory group capped at ``mem_mb`` + ``disk_mb`` (heap, tmpfs, shared
+memory of all its processes), below the worker's, so its OOM kills stay inside it (never the worker
+or the next job, pre-forked in a group of its own; that one gets its ``oom_score_adj`` of 1000
+only when its request arrives); a supervisor or worker lost anyway is retried once on a fresh
+worker (``SUPERVISOR_TRIES``), not graded, and the lost worker's cgroups are removed; only cgroup v1 controllers are
 detected (on a v2-only host the rlimits alone apply, so several processes each get ``mem_mb``);
 a job forked from a warm worker inherits the worker's already-imported modules (copy-on-write: it
-cannot change the worker's copy), with global state such as RNGs identical for every job. Data
-that a task *generates* with a fixed seed (``make_classification``, mnist1d, the synthetic
-sequences) could be regenerated by a solution that knows the generator and its parameters (they
-are in the project's code, which is not mounted); forecasting tasks split by time, not by the
-secret, and their test windows overlap by construction. The sandbox needs root on the host (it
+cannot change the worker's copy), with global state such as RNGs identical for every job. Generated
+data is seeded with the build's secret (``tasks.base.generator_seed``), so it cannot be
+regenerated; forecasting tasks split by time, not by the secret, with test windows that do not
+overlap (a later one still starts right after an earlier one's targets). The sandbox needs root on the host (it
 creates namespaces, mounts and uid switches through ``bwrap --cap-add``; the job itself never holds
 a capability). Without bubblewrap (``bwrap`` not on PATH) :class:`Sandbox` refuses to start rather
 than run unsandboxed.
@@ -160,6 +168,7 @@ TAIL_CHARS = 4000
 # cgroup memory for the worker process itself (its pre-imported libraries), on top of the job's.
 WORKER_MEMORY_MB = 1536
 KEEP_JOB_DIRS = 32
+SUPERVISOR_TRIES = 2  # a job whose supervisor or worker was lost runs again once, on a fresh worker
 _WORKER_IDS = itertools.count()  # process-wide: names each worker's cgroups uniquely
 
 
@@ -168,9 +177,10 @@ _WORKER_IDS = itertools.count()  # process-wide: names each worker's cgroups uni
 VENV_DIR = Path("/opt/venv")
 WORKER_DIR = Path("/opt/wmrl")
 CGROUP_DIR = "/tmp/cgroup"  # the worker's memory/cpuacct cgroups, inside (worker.CGROUP_DIR)
-# The packages' bundled copies of datasets (and their test folders, which hold more copies: iris in
-# scipy's and statsmodels' tests, co2 in statsmodels' STL tests), relative to a site-packages folder:
-# covered by empty mounts, so a solution cannot rebuild a task's labels from them by matching rows.
+# Besides the data files of every package a task draws from (derived: :func:`task_data_packages`,
+# :func:`package_data_files`), these bundled copies of datasets (and test folders, which hold more
+# copies: iris in scipy's and statsmodels' tests), relative to a site-packages folder, are covered
+# by empty mounts too: packages no built-in task imports, whose data a user's task might draw on.
 BUNDLED_DATA = (
     "sklearn/datasets/data",
     "sklearn/datasets/descr",
@@ -186,6 +196,22 @@ BUNDLED_DATA = (
     "pydataset/resources",
     "sktime/datasets/data",
     "seaborn/data",
+)
+# What a file of a package counts as code (never masked); every other file in a folder without code
+# is data, and so is, next to code, a file in one of DATA_SUFFIXES (after a compression suffix).
+CODE_SUFFIXES = (".py", ".pyc", ".pyi", ".pxd", ".pxi", ".pyx", ".so", ".pyd", ".h", ".hpp", ".c", ".cpp")
+DATA_SUFFIXES = frozenset(
+    ".csv .tsv .txt .dat .data .dta .sav .xpt .sas7bdat .por .arff .npz .npy .mat .h5 .hdf5 .nc"
+    " .parquet .feather .xls .xlsx .ods .json .rda .rdata .rds .pkl .pickle .joblib .svmlight .libsvm"
+    " .s .asc .rst .jpg .jpeg .png .gif .bmp .pgm .tif .tiff .wav .zip .tar".split()
+)
+COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lzma")
+# Data files a package reads at run time that hold no dataset (masking them would break it).
+RUNTIME_DATA = (
+    "scipy/stats/_sobol_direction_numbers.npz",  # scipy.stats.qmc.Sobol's table
+    *(
+        f"vega_datasets/{n}.json" for n in ("datasets", "dataset_info", "local_datasets")
+    ),  # names, read on import
 )
 
 UID_BASE = 200_000
@@ -328,6 +354,8 @@ class _Worker:
             "uid": self.uid,
             "disk_mb": cfg.disk_mb,
             "cgroups": sorted(accounting),
+            # each job's own memory group is capped at the job's share: its OOM kills stay inside it
+            "job_memory": (cfg.mem_mb + cfg.disk_mb) * 2**20,
         }
         binds = [
             a for ctl, group in accounting.items() for a in ("--bind", str(group), f"{CGROUP_DIR}/{ctl}")
@@ -430,6 +458,7 @@ class Sandbox:
             # sandbox (bwrap --cap-add); an unprivileged user-namespace variant is not implemented.
             raise SandboxError("the sandbox must run as root (it drops every job to an unprivileged uid)")
         self._pid = os.getpid()
+        _refuse_a_mounted_data_root(data_root())
         self.data_root = data_root() / "public"
         self.data_root.mkdir(parents=True, exist_ok=True)
         self.hidden_root = data_root() / "hidden"
@@ -484,7 +513,6 @@ class Sandbox:
         (job_dir / "solution.py").write_bytes(encoded)
         cfg = self.config
         cpu_s = cfg.cpu_s if cfg.cpu_s is not None else 2 * timeout_s + 1
-        worker = self._acquire()
         req = {
             "job": job,
             "timeout_s": timeout_s,
@@ -495,21 +523,34 @@ class Sandbox:
             "data": rel.as_posix(),
             "env": self._job_env("/tmp/data"),
         }
-        healthy = False
-        try:
-            worker.send(req)
-            reply = worker.read_reply(timeout=timeout_s + 30.0)
-            healthy = reply is not None and reply.get("job") == job and worker.alive()
-        except (BrokenPipeError, OSError, json.JSONDecodeError):
-            reply = None
-        finally:
-            self._release(worker, healthy)
-        if reply is None:
-            raise SandboxError(f"sandbox worker failed during {job}; see {worker.log.name}")
-        if reply.get("supervisor_exit") != 0:
-            raise SandboxError(
-                f"job supervisor exited with {reply.get('supervisor_exit')}; see {worker.log.name}"
-            )
+        # A supervisor (or worker) lost to the host is not the solution's failure: the job runs again
+        # on a fresh worker (the lost one is closed, its cgroups removed), at most SUPERVISOR_TRIES times.
+        for _ in range(SUPERVISOR_TRIES):
+            worker = self._acquire()
+            healthy = False
+            try:
+                worker.send(req)
+                reply = worker.read_reply(timeout=timeout_s + 30.0)
+                healthy = (
+                    reply is not None
+                    and reply.get("job") == job
+                    and reply.get("supervisor_exit") == 0
+                    and worker.alive()
+                )
+            except (BrokenPipeError, OSError, json.JSONDecodeError):
+                reply = None
+            finally:
+                self._release(worker, healthy)
+            if healthy:
+                break
+            if reply is None:
+                lost = f"sandbox worker failed during {job}; see {worker.log.name}"
+            else:
+                lost = f"job supervisor exited with {reply.get('supervisor_exit')}; see {worker.log.name}"
+            for name in ("result.json", "stdout", "stderr", PREDICTIONS_FILE):
+                (job_dir / name).unlink(missing_ok=True)
+        else:
+            raise SandboxError(f"{lost} ({SUPERVISOR_TRIES} tries)")
         result = self._collect(job_dir)
         result.overhead_s = max(0.0, time.monotonic() - t0 - result.seconds)
         return result
@@ -648,7 +689,7 @@ class Sandbox:
             "--new-session",
             # kept only by the worker and the per-job supervisor; the job drops them all
             *("--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"),
-            *("--cap-add", "CAP_KILL", "--cap-add", "CAP_DAC_READ_SEARCH"),
+            *("--cap-add", "CAP_KILL", "--cap-add", "CAP_DAC_READ_SEARCH", "--cap-add", "CAP_NET_ADMIN"),
             *("--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"),
         ]
         for link in ("bin", "lib", "lib64", "sbin"):
@@ -691,16 +732,35 @@ class Sandbox:
         for path in layout.masked_files:
             argv += ["--ro-bind", "/dev/null", str(path)]
         argv += ["--ro-bind", str(self.data_root), "/tmp/data", "--bind", str(self.jobs_root), "/tmp/jobs"]
-        hidden = self.hidden_root.resolve()
-        for src, dst in layout.binds:  # labels under a mounted path: cover them
-            if hidden == src or src in hidden.parents:
-                argv += ["--tmpfs", str(dst / hidden.relative_to(src))]
         argv += ["--chdir", "/tmp"]
         return argv
 
     def _python(self) -> str:
         """The interpreter's path inside the sandbox."""
         return str(_python_layout().python)
+
+
+def _mounted_sources() -> list[Path]:
+    """The host folders and files every sandbox mounts (read-only), resolved."""
+    out = [Path("/usr"), Path("/etc")]
+    out += [Path("/") / link for link in ("bin", "lib", "lib64", "sbin") if (Path("/") / link).is_dir()]
+    out += [src for src, _ in _python_layout().binds]
+    out.append(Path(wmrl_research.__file__).resolve().parent / "worker.py")
+    return [p.resolve() for p in out]
+
+
+def _refuse_a_mounted_data_root(root: Path) -> None:
+    """Raise :class:`SandboxError` (one line) if the data root lies under a folder that every job
+    sees: there, the hidden test labels and split secrets would be readable by path (a job finds the
+    root in ``/proc/self/mountinfo``)."""
+    where = root.resolve()
+    for src in _mounted_sources():
+        if where == src or src in where.parents:
+            raise SandboxError(
+                f"data root {str(where)!r} ($WMRL_RESEARCH_DATA) lies under {str(src)!r}, which every "
+                "sandboxed job can read: its hidden test labels would be readable; put it elsewhere "
+                "(default ~/.cache/wmrl/research)"
+            )
 
 
 def _remove_stale() -> None:
@@ -793,12 +853,12 @@ def _python_layout() -> _Layout:
     files: list[Path] = []
     project = str(_project_root())
     for host, inside in site_dirs:
-        found = sorted(
-            {p for pattern in BUNDLED_DATA for p in host.glob(pattern)}, key=lambda p: len(p.parts)
-        )
-        for p in found:
-            if any(d in p.parents for d in dirs):
-                continue
+        found = {p for pattern in BUNDLED_DATA for p in host.glob(pattern)}
+        for name in task_data_packages():
+            if (host / name).is_dir():
+                pkg_dirs, pkg_files = package_data_files(host / name)
+                found.update(pkg_dirs, pkg_files)
+        for p in sorted(found, key=lambda p: len(p.parts)):
             (dirs if p.is_dir() else files).append(inside / p.relative_to(host))
         # an editable install names the project's folder: hide those files too
         for p in list(host.glob("*.pth")) + list(host.glob("*.dist-info/direct_url.json")):
@@ -808,9 +868,101 @@ def _python_layout() -> _Layout:
             except OSError:
                 pass
     # a mask's own folder must not be masked already (e.g. a tests folder inside a masked one)
-    dirs = [d for d in dirs if not any(o in d.parents for o in dirs)]
-    files = [f for f in files if not any(o in f.parents for o in dirs)]
+    dirs = _outermost(dirs)
+    masked = set(dirs)
+    files = [f for f in files if not _under(f, masked)]
     return _Layout(python, tuple(binds), tuple(symlinks), tuple(dirs), tuple(files))
+
+
+@cache
+def task_data_packages() -> tuple[str, ...]:
+    """The top-level packages any task's data builder can draw from: every non-standard-library
+    package imported by a task folder's code (its ``__init__.py`` and helpers, not its solutions),
+    built-in and user folders alike, and by the tasks' shared helpers. Read from their source, not
+    listed by hand."""
+    import ast
+
+    from wmrl_research.task_folders import task_folders
+
+    tasks_dir = Path(wmrl_research.__file__).resolve().parent / "tasks"
+    files = [p for p in tasks_dir.glob("*.py")]
+    try:
+        folders = list(task_folders().values())
+    except Exception:  # noqa: BLE001 (a bad user folder is reported where tasks are listed)
+        folders = [p.parent for p in tasks_dir.glob("*/__init__.py")]
+    for folder in folders:
+        files += [p for p in folder.rglob("*.py") if p.name not in ("solution.py", "reference.py")]
+    names: set[str] = set()
+    for path in files:
+        try:
+            tree = ast.parse(path.read_text(errors="replace"))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module.split(".")[0])
+    skip = set(sys.stdlib_module_names) | {"wmrl_research", "__future__"}
+    return tuple(sorted(n for n in names if n not in skip))
+
+
+def _under(path: Path, folders: set[Path]) -> bool:
+    """Whether one of ``path``'s parents is in ``folders``."""
+    return any(parent in folders for parent in path.parents)
+
+
+def _outermost(folders: list[Path]) -> list[Path]:
+    """``folders`` less those inside another of them (order kept)."""
+    keep: list[Path] = []
+    seen: set[Path] = set()
+    for d in sorted(set(folders), key=lambda p: len(p.parts)):
+        if not _under(d, seen):
+            keep.append(d)
+        seen.add(d)
+    return keep
+
+
+def _is_code(path: Path) -> bool:
+    name = path.name
+    return name.endswith(CODE_SUFFIXES) or ".so." in name or name == "py.typed"
+
+
+def _data_suffix(path: Path) -> bool:
+    name = path.name.lower()
+    for comp in COMPRESSION_SUFFIXES:
+        if name.endswith(comp):
+            return True  # a compressed file in a package is data
+    return Path(name).suffix in DATA_SUFFIXES
+
+
+def package_data_files(package_dir: Path) -> tuple[list[Path], list[Path]]:
+    """``(folders, files)`` to mask in one package: every folder whose whole tree holds no code
+    (one mount each), and next to code every file with a data suffix, less :data:`RUNTIME_DATA`."""
+    root = package_dir.parent
+    keep = {root / p for p in RUNTIME_DATA}
+    has_code: dict[Path, bool] = {}
+    listing: dict[Path, list[Path]] = {}
+    for dirpath, dirnames, filenames in os.walk(package_dir, topdown=False):
+        d = Path(dirpath)
+        listing[d] = [d / f for f in filenames]
+        has_code[d] = (
+            any(_is_code(d / f) for f in filenames)
+            or any(has_code.get(d / sub, True) for sub in dirnames)
+            or any(f in keep for f in listing[d])
+        )
+    dirs: list[Path] = []
+    masked: set[Path] = set()
+    files: list[Path] = []
+    for d in sorted(listing, key=lambda p: len(p.parts)):
+        if _under(d, masked):
+            continue
+        if not has_code[d] and d != package_dir:
+            dirs.append(d)
+            masked.add(d)
+            continue
+        files += [f for f in listing[d] if f not in keep and not _is_code(f) and _data_suffix(f)]
+    return dirs, files
 
 
 def _site_dirs(prefix: Path) -> list[Path]:

@@ -13,7 +13,8 @@ of imports. Ahead of each job (while the previous one runs, or right after it) i
 3. forks the *job* process (PID 1 of the new namespace: when it dies the kernel kills every
    process the job started, so nothing outlives it), which mounts its own read-only ``/proc``
    and waits; where the host gave the worker cgroups (bound at ``CGROUP_DIR``), the job is moved
-   into ``cpuacct``/``memory`` groups of its own.
+   into ``cpuacct``/``memory`` groups of its own (the CPU time it spends on the sandbox's setup is
+   subtracted from its figure).
 
 When a request arrives the job opens its stdout/stderr in its host folder, hides every job folder
 (and the cgroups) under an empty tmpfs, sets rlimits, drops to an unprivileged uid (losing every
@@ -55,6 +56,7 @@ MAX_STATUS_BYTES = 4096  # a status report longer than this (without a newline) 
 CGROUP_DIR = "/tmp/cgroup"  # the worker's own memory/cpuacct cgroups, when the host uses them
 MQUEUE_DIR = "/dev/mqueue"  # the job's POSIX message queues (a fresh mqueue fs per job)
 SHM_DIR = "/dev/shm"  # the job's POSIX shared memory and semaphores (part of its tmpfs)
+CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
@@ -75,6 +77,12 @@ _ARCH = {  # machine -> (AUDIT_ARCH_*, socket, (unshare, clone), clone3, denied:
     "x86_64": (0xC000003E, 41, (272, 56), 435, (250, 248, 249, 425, 426, 427)),
     "aarch64": (0xC00000B7, 198, (97, 220), 435, (219, 217, 218, 425, 426, 427)),
 }
+
+# socketpair: only SOCK_STREAM is allowed (multiprocessing, asyncio). A datagram or seqpacket pair can
+# be disconnected (connect(AF_UNSPEC)) and then sendto() any unix socket on a path the job can see.
+_SOCKETPAIR = {"x86_64": 53, "aarch64": 199}
+SOCK_STREAM, SOCK_TYPE_MASK = 1, 0xF
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -152,7 +160,7 @@ def _seccomp_program() -> bytes:
     if machine not in _ARCH:
         raise OSError(errno.ENOSYS, f"no seccomp filter for architecture {machine!r}")
     arch, sys_socket, with_flags, sys_clone3, denied = _ARCH[machine]
-    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    ld, jeq, jge, jset, ret, alu_and = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54
     allow, kill = 0x7FFF0000, 0x80000000
 
     def err(code: int) -> int:
@@ -167,6 +175,9 @@ def _seccomp_program() -> bytes:
     for nr in with_flags:  # this syscall: refuse CLONE_NEWUSER in args[0], allow anything else
         ins += [(jeq, 0, 4, nr), (ld, 0, 0, 16), (jset, 0, 1, CLONE_NEWUSER), (ret, 0, 0, err(errno.EPERM))]
         ins += [(ret, 0, 0, allow)]
+    # socketpair: the type (args[1], less SOCK_NONBLOCK/SOCK_CLOEXEC) must be SOCK_STREAM
+    ins += [(jeq, 0, 5, _SOCKETPAIR[machine]), (ld, 0, 0, 24), (alu_and, 0, 0, SOCK_TYPE_MASK)]
+    ins += [(jeq, 1, 0, SOCK_STREAM), (ret, 0, 0, err(errno.EAFNOSUPPORT)), (ret, 0, 0, allow)]
     ins += [(jeq, 0, 3, sys_socket), (ld, 0, 0, 16), (jeq, 0, 1, 1), (ret, 0, 0, err(errno.EAFNOSUPPORT))]
     ins += [(ret, 0, 0, allow)]
     return b"".join(struct.pack("=HBBI", *i) for i in ins)
@@ -196,7 +207,7 @@ def _join_new_session_keyring() -> None:
             raise OSError(err, f"keyctl(JOIN_SESSION_KEYRING): {os.strerror(err)}")
 
 
-def _run_job(go_fd: int, status_fd: int) -> None:
+def _run_job(go_fd: int, status_fd: int, setup_fd: int) -> None:
     """The job process: PID 1 of a fresh PID namespace, forked ahead of time. Never returns.
 
     It waits (still privileged) for its request on ``go_fd``; then opens its output files in the
@@ -205,8 +216,8 @@ def _run_job(go_fd: int, status_fd: int) -> None:
     """
     code = 1
     try:
-        with open("/proc/self/oom_score_adj", "w") as f:  # the OOM killer takes the job, not the worker
-            f.write("1000")
+        # Opened now, written once the request arrives (the job's own /proc is read-only by then).
+        oom_fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
         # Read-only: no write to /proc/self/clear_refs, which would reset the peak-memory figure.
         _mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
         os.setsid()
@@ -215,6 +226,11 @@ def _run_job(go_fd: int, status_fd: int) -> None:
             data = f.read()
         if not data:  # the worker is shutting down
             os._exit(0)
+        go_cpu_ns = time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)
+        # The OOM killer takes the running job, not the worker; set only now, so that while this
+        # process waits (pre-forked during an earlier job) it is no likelier a victim than the worker.
+        os.write(oom_fd, b"1000")
+        os.close(oom_fd)
         req = json.loads(data)
         job_dir = os.path.join(JOBS_DIR, req["job"])
         with open(os.path.join(job_dir, SOLUTION)) as f:
@@ -231,6 +247,11 @@ def _run_job(go_fd: int, status_fd: int) -> None:
             raise ValueError(f"bad data folder {data!r}")
         _mount(os.path.join(DATA_DIR, data), DATA_DIR, None, MS_BIND | MS_REC)
         program = _seccomp_program()
+        # Setup done: the CPU time this process spent on it since the request is the sandbox's, not
+        # the solution's (written before any solution code runs, so the solution cannot change it).
+        now_ns = time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)
+        os.write(setup_fd, f"{now_ns} {now_ns - go_cpu_ns}".encode())  # since the fork; since the request
+        os.close(setup_fd)
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_fd, 1)
@@ -274,6 +295,11 @@ def _run_job(go_fd: int, status_fd: int) -> None:
             sys.stderr.flush()
             # Only the exit code: the supervisor measures CPU time and memory itself.
             os.write(STATUS_FD, (json.dumps({"code": code}) + "\n").encode())
+            # Wait to be killed: the supervisor takes the CPU time first, so the teardown of this
+            # large process (forked from the warm worker) is not charged to the job.
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
         except BaseException:
             pass
         finally:
@@ -305,33 +331,40 @@ def _set_limits(req: dict) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (space, space))
 
 
-def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int, cgroups: list[str]) -> None:
+def _supervise(
+    req_fd: int, done_fd: int, uid: int, disk_mb: int, cgroups: list[str], job_memory: int | None = None
+) -> None:
     """The per-job supervisor, forked ahead of time (still privileged inside the sandbox).
 
     Prepares the namespaces, the job's tmpfs and the job process *before* the request arrives, so
     a request costs a pipe write instead of two forks of a large process.
     """
-    # The supervisor shares the job's IPC namespace so that it can remove what the job left.
-    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC), "unshare")
+    # The supervisor shares the job's IPC namespace so that it can remove what the job left. A
+    # network namespace per job: no socket state (TIME_WAIT, abstract unix names) outlives the job.
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET), "unshare")
+    _loopback_up()
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
     _mount_job_tmpfs(uid, disk_mb)
     os.makedirs(MQUEUE_DIR, exist_ok=True)
     _mount("mqueue", MQUEUE_DIR, "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this IPC namespace's
     # The job mounts its own /proc over this mount namespace's: keep a handle on the worker's view.
     proc_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
-    groups = _JobCgroups(cgroups)
+    groups = _JobCgroups(cgroups, job_memory)
     go_r, go_w = os.pipe()
     st_r, st_w = os.pipe()
+    setup_r, setup_w = os.pipe()  # the job's CPU time spent on the sandbox's setup, from trusted code
     pid = os.fork()
     if pid == 0:
         os.close(go_w)
         os.close(req_fd)
         os.close(st_r)
         os.close(done_fd)
-        _run_job(go_r, st_w)
+        os.close(setup_r)
+        _run_job(go_r, st_w, setup_w)
     os.close(go_r)
     os.close(st_w)
     pidfd = os.pidfd_open(pid)
+    os.close(setup_w)
     groups.enter(pid)
     with os.fdopen(req_fd, "rb") as f:
         line = f.readline()
@@ -342,6 +375,9 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int, cgroups: list[
         return
     req = json.loads(line)
     dir_fd = os.open(os.path.join(JOBS_DIR, req["job"]), os.O_RDONLY | os.O_DIRECTORY)
+    # The job's CPU time so far (forked, waiting) is the sandbox's; so is its setup after the request
+    # (it reports that itself, from trusted code, before the solution runs): neither is charged.
+    before = groups.usage().get("cpu_s", 0.0)
     t0 = time.monotonic()
     os.write(go_w, line)
     os.close(go_w)
@@ -367,6 +403,9 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int, cgroups: list[
     seconds = time.monotonic() - t0
     reported = b"\n" in report or len(report) > MAX_STATUS_BYTES
     timed_out = not reported and not exited
+    # CPU time up to the report: the job's own work. What follows (the kernel tearing down a process
+    # forked from the large warm worker: unmapping its address space, ~10 ms) is the sandbox's cost.
+    at_report = groups.usage().get("cpu_s") if reported else None
     os.kill(pid, signal.SIGKILL)  # the job's PID namespace dies with it
     # The namespace's init is reaped only after every process in it is gone (a fork bomb's too: they
     # would count against the next job's process limits, same uid), their memory released.
@@ -374,6 +413,14 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int, cgroups: list[
     info = _parse_status(report) if reported else {"exit_code": os.waitstatus_to_exitcode(status)}
     info.update(_usage(usage))
     info.update(groups.usage())  # all of the job's processes, where the host gives it cgroups
+    if at_report is not None:
+        info["cpu_s"] = at_report
+    since_fork, since_request = _setup_cpu_s(setup_r)
+    if "cpuacct" in groups.parents:  # the group's usage before the request, then the job's setup
+        info["cpu_s"] -= before + since_request
+    else:  # wait4: the job's whole life since its fork
+        info["cpu_s"] -= since_fork
+    info["cpu_s"] = max(0.0, info["cpu_s"])
     why = _copy_predictions(dir_fd)
     _remove_ipc_objects(proc_fd, uid)
     _unmount_job_tmpfs()
@@ -384,6 +431,33 @@ def _supervise(req_fd: int, done_fd: int, uid: int, disk_mb: int, cgroups: list[
     os.write(done_fd, b"d")
     os.close(pidfd)
     os.close(proc_fd)
+
+
+def _setup_cpu_s(fd: int) -> tuple[float, float]:
+    """The job's CPU time spent on the sandbox's setup before its solution started, since its fork
+    and since its request, as its trusted code wrote them on ``fd``; zeros if it never got that far."""
+    try:
+        os.set_blocking(fd, False)
+        words = os.read(fd, 64).split()
+    except OSError:
+        words = []
+    finally:
+        os.close(fd)
+    if len(words) != 2 or not all(w.isdigit() for w in words):
+        return 0.0, 0.0
+    return int(words[0]) * 1e-9, int(words[1]) * 1e-9
+
+
+def _loopback_up() -> None:
+    """Bring up ``lo`` in this (new) network namespace, as bwrap does in its own."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifr = fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH14x", b"lo", 0))
+        flags = struct.unpack("16sH14x", ifr)[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
 def _usage(usage: resource.struct_rusage) -> dict:
@@ -413,7 +487,7 @@ class _JobCgroups:
         "memory": ("memory.max_usage_in_bytes", "maxrss_mb", 2**-20),
     }
 
-    def __init__(self, controllers: list[str]) -> None:
+    def __init__(self, controllers: list[str], memory_bytes: int | None = None) -> None:
         self.name = f"job-{os.getpid()}"
         self.parents: dict[str, int] = {}
         for ctl in controllers:
@@ -424,8 +498,11 @@ class _JobCgroups:
                 pass
             os.mkdir(self.name, dir_fd=parent)
             self.parents[ctl] = parent
-            if ctl == "memory":
-                self._write(ctl, "memory.limit_in_bytes", self._read(ctl, "memory.limit_in_bytes", own=False))
+            if ctl == "memory":  # the job's own cap, below the worker's: a job's OOM stays in its group
+                limit = int(self._read(ctl, "memory.limit_in_bytes", own=False))
+                if memory_bytes:
+                    limit = min(limit, int(memory_bytes))
+                self._write(ctl, "memory.limit_in_bytes", str(limit))
 
     def _read(self, ctl: str, name: str, own: bool = True) -> str:
         fd = os.open(os.path.join(self.name, name) if own else name, os.O_RDONLY, dir_fd=self.parents[ctl])
@@ -438,7 +515,8 @@ class _JobCgroups:
             f.write(value)
 
     def enter(self, pid: int) -> None:
-        """Move the job process (not started yet) into its groups; its children follow."""
+        """Move the job process (not started yet) into its groups; its children follow. (Here, off
+        the request's path: moving a process between cgroups waits for an RCU grace period.)"""
         for ctl in self.parents:
             self._write(ctl, "cgroup.procs", str(pid))
 
@@ -526,7 +604,14 @@ def _prefork(config: dict) -> tuple[int, int, int, int]:
         try:
             os.close(req_w)
             os.close(done_r)
-            _supervise(req_r, done_w, int(config["uid"]), int(config["disk_mb"]), config.get("cgroups", []))
+            _supervise(
+                req_r,
+                done_w,
+                int(config["uid"]),
+                int(config["disk_mb"]),
+                config.get("cgroups", []),
+                config.get("job_memory"),
+            )
             os._exit(0)
         except BaseException:
             traceback.print_exc()

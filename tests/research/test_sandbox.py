@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import platform
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -24,6 +26,7 @@ import wmrl_research
 from wmrl_research.grading import build_scores, execute_and_grade, reward, score_predictions
 from wmrl_research.sandbox import (
     MAX_SLOTS,
+    RUNTIME_DATA,
     Sandbox,
     SandboxConfig,
     SandboxError,
@@ -31,7 +34,7 @@ from wmrl_research.sandbox import (
     default_sandbox,
     job_uid,
 )
-from wmrl_research.tasks import FAILURE_SCORE, get_task
+from wmrl_research.tasks import FAILURE_SCORE, get_task, list_tasks
 
 TASK = "wine_cls"
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -732,9 +735,9 @@ def test_a_job_sees_no_ipc_object_an_earlier_job_created():
 
 
 def test_an_honest_job_after_an_ipc_leak_runs_as_on_a_clean_worker():
-    """A job leaves 64 MiB shared-memory segments until its worker's memory cgroup is full (where
-    there is one; else 2.5 GiB of the host's memory) and a /dev/shm file; the next job of that
-    worker needs 200 MiB and scores as on a fresh sandbox."""
+    """A job leaves 64 MiB shared-memory segments until its memory cgroup is full (where there is
+    one: the job's own, mem_mb + disk_mb; else 2.5 GiB of the host's memory) and a /dev/shm file;
+    the next job of that worker needs 200 MiB and scores as on a fresh sandbox."""
     leak = """
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
@@ -760,7 +763,8 @@ with open("/dev/shm/fill", "wb") as f:
         )
     with Sandbox(cfg) as sb:
         leaked = sb.run(leak, public, timeout_s=60)
-        assert "leaked 1024 MiB" in leaked.stdout, (leaked.status, leaked.stdout[-300:], leaked.stderr[-300:])
+        # with cgroups the job's own memory group (mem_mb + disk_mb) stops it; else it leaks 2.5 GiB
+        assert "leaked 256 MiB" in leaked.stdout, (leaked.status, leaked.stdout[-300:], leaked.stderr[-300:])
         pids = sb.worker_pids()
         for _ in range(2):  # the same warm worker each time
             r = sb.run(honest, public, timeout_s=60)
@@ -909,3 +913,304 @@ np.save("predictions.npy", np.zeros(len(X), dtype=np.int64))
         "subprocess 0",
     ], r.stdout
     assert_still_works()
+
+
+# --- labels derived from generated data or bundled copies (issue 52) --------------------------------
+_OPENED: list[str] | None = None
+
+
+def _record_opens(event: str, args: tuple) -> None:
+    if _OPENED is not None and event == "open" and isinstance(args[0], str):
+        _OPENED.append(args[0])
+
+
+def _data_files_read(build) -> tuple[object, list[Path]]:
+    """Run ``build`` recording the files it opens; returns its result and the non-code files of
+    installed packages among them (what a data builder draws from)."""
+    global _OPENED
+    if _record_opens not in _AUDIT:
+        sys.addaudithook(_record_opens)
+        _AUDIT.append(_record_opens)
+    _OPENED = []
+    try:
+        out = build()
+    finally:
+        opened, _OPENED = _OPENED, None
+    code = (".py", ".pyc", ".so", ".pth")
+    files = {
+        Path(p).resolve()
+        for p in opened
+        if ("site-packages" in p or "dist-packages" in p) and ".dist-info" not in p and not p.endswith(code)
+    }
+    return out, sorted(f for f in files if f.is_file())
+
+
+_AUDIT: list = []
+
+
+def _inside(host: Path) -> str:
+    """Where the sandbox mounts the host file ``host``."""
+    from wmrl_research.sandbox import _python_layout
+
+    for src, dst in _python_layout().binds:
+        if src == host or src in host.parents:
+            return str(dst / host.relative_to(src))
+    return str(host)
+
+
+HEAVY = {t.id for t in list_tasks(tier="heavy")}
+ALL_TASKS = [t.id for t in list_tasks()]
+
+
+@pytest.mark.parametrize(
+    "task_id", [pytest.param(t, marks=pytest.mark.slow) if t in HEAVY else t for t in ALL_TASKS]
+)
+def test_a_tasks_test_rows_cannot_be_rebuilt_inside_the_sandbox(task_id):
+    """What a solution could rebuild the labelled data from, per task, observed rather than listed:
+    a data builder that reads no package file *generates* its data, and a generation with the task's
+    code and fixed seed (what a solution can run, found by brute force from the row counts: mnist1d,
+    800 of 800 test rows, score 1.93) must not give the build's test rows; a builder that reads
+    package files draws from them, and every one of those files must be unreadable in the sandbox
+    (a statsmodels ``.dta`` copy was readable: MAE 4e-5, score 2.0)."""
+    from wmrl_research.tasks.base import split_secret
+
+    task = get_task(task_id)
+    regenerated = task.build_data()  # the task's code and seed alone, as a solution would run it
+    with split_secret("5" * 32):  # as in a data build
+        build, files = _data_files_read(task.build_data)
+    if not files:  # generated: the build's rows must not be reproducible without its secret
+        rows = {r.tobytes() for part in ("X_train", "X_val", "X_test") for r in getattr(regenerated, part)}
+        same = sum(r.tobytes() in rows for r in build.X_test)
+        assert same <= 0.01 * len(build.X_test), (
+            f"{task_id}: {same} of {len(build.X_test)} test rows regenerated"
+        )
+        return
+    probe = f"""
+import json
+out = {{}}
+for p in {[_inside(f) for f in files]!r}:
+    try:
+        with open(p, "rb") as f:
+            out[p] = len(f.read())
+    except OSError as e:
+        out[p] = type(e).__name__
+print(json.dumps(out))
+"""
+    r = run(probe)
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    readable = {p: v for p, v in seen.items() if isinstance(v, int) and v > 0}
+    assert not readable, f"{task_id}: its data files are readable in the sandbox: {readable}"
+
+
+def test_every_data_file_of_the_packages_tasks_draw_from_is_masked():
+    """Walked inside the sandbox: no file with a data format's name (tables, arrays, archives,
+    text) of a package a task imports is readable and non-empty; the packages still import."""
+    from wmrl_research.sandbox import task_data_packages
+
+    packages = task_data_packages()
+    assert {"sklearn", "statsmodels", "palmerpenguins", "vega_datasets", "mnist1d"} <= set(packages)
+    probe = f"""
+import os, sys, json, importlib
+exts = (".csv", ".tsv", ".txt", ".dat", ".data", ".dta", ".sav", ".arff", ".npz", ".npy", ".mat",
+        ".json", ".parquet", ".xls", ".xlsx", ".pkl", ".rda", ".gz", ".bz2", ".xz", ".zip", ".rst")
+site = [p for p in sys.path if p.endswith("site-packages")][0]
+found = []
+for name in {list(packages)!r}:
+    for dirpath, _, files in os.walk(os.path.join(site, name)):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            if f.lower().endswith(exts) and os.path.getsize(p) > 0:
+                found.append(p[len(site) + 1:])
+print(json.dumps(found))
+import statsmodels.api, sklearn.datasets, palmerpenguins, vega_datasets, scipy.stats  # still import
+scipy.stats.qmc.Sobol(2).random(4)  # a package's own run-time table is kept
+print("imports ok")
+"""
+    r = run(probe)
+    assert r.stdout.strip().endswith("imports ok"), r.stdout[-500:] + r.stderr[-2000:]
+    found = json.loads(r.stdout.strip().splitlines()[-2])
+    allowed = set(RUNTIME_DATA)  # a package's own tables, holding no dataset
+    assert sorted(set(found) - allowed) == [], sorted(set(found) - allowed)[:20]
+
+
+@pytest.mark.parametrize("under", ["/usr/local/share", "/etc"])
+def test_a_data_root_that_jobs_can_read_is_refused_in_one_line(under, monkeypatch):
+    """With the data root under ``/usr`` or ``/etc`` (mounted into every job) a job found the hidden
+    folder through ``/proc/self/mountinfo`` and read ``y_test.npy`` and the split secret (score 1.6).
+    Such a root is refused before anything is created there; any other root works."""
+    root = Path(under) / f"wmrl-test-{os.getpid()}"
+    monkeypatch.setenv("WMRL_RESEARCH_DATA", str(root))
+    with pytest.raises(SandboxError, match=r"^data root '.*' \(\$WMRL_RESEARCH_DATA\) lies under '/[^\n]*$"):
+        Sandbox(SandboxConfig(warm=False))
+    assert not root.exists()
+
+
+# --- a job cannot take down the next (issue 52) ---------------------------------------------------
+SHM_FILL_AFTER_EXECV = """
+import os, sys
+fill = '''
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+for i in range(40):  # up to 2.5 GiB of detached segments: a small resident set of its own
+    seg = libc.shmget(0, 64 * 2**20, 0o1600)
+    if seg < 0:
+        break
+    addr = libc.shmat(seg, None, 0)
+    libc.memset(ctypes.c_void_p(addr), 1, 64 * 2**20)
+    libc.shmdt(ctypes.c_void_p(addr))
+    print("filled", 64 * (i + 1), "MiB", flush=True)
+'''
+os.execv(sys.executable, [sys.executable, "-c", fill])  # leaves the warm worker's large image behind
+"""
+
+
+def _job_groups(sb: Sandbox) -> list[str]:
+    """The job-* cgroups inside this sandbox's idle workers' groups (none without cgroups)."""
+    return sorted({p.name for w in sb._idle for g in w.cgroups for p in g.glob("job-*")})
+
+
+def test_a_job_that_fills_memory_with_detached_segments_does_not_take_down_the_next():
+    """The job exec's a small interpreter that fills the memory cgroup with detached System V
+    segments: the OOM killer used to take the pre-forked next job (oom_score_adj 1000, a large
+    resident set), so the next honest job raised SandboxError, and dead supervisors left job-*
+    cgroups. The next honest jobs must grade as on a fresh worker, on the same worker."""
+    task = get_task(TASK)
+    public, _ = task.data_dirs()
+    cfg = SandboxConfig(warm=True, mem_mb=256, preload=("numpy", "sklearn"))
+    with Sandbox(cfg) as sb:
+        r = sb.run(SHM_FILL_AFTER_EXECV, public, timeout_s=60)
+        assert "filled 64 MiB" in r.stdout, (r.status, r.stdout[-300:], r.stderr[-300:])
+        pids = sb.worker_pids()
+        for _ in range(3):
+            honest = sb.run(task.baseline_source, public, timeout_s=60)
+            assert honest.status == "ok", (honest.message, honest.stderr[-500:])
+            assert sb.worker_pids() == pids  # not a fresh worker: the same one was unharmed
+        assert len(_job_groups(sb)) <= 1, _job_groups(sb)  # only the pre-forked next job's
+
+
+def test_a_supervisor_lost_to_the_host_is_retried_not_graded():
+    """The pre-forked supervisor of the next job dies (killed from the host, as the OOM killer
+    would): the next job runs again on a fresh worker and grades normally; no SandboxError."""
+    task = get_task(TASK)
+    public, _ = task.data_dirs()
+    with Sandbox(SandboxConfig(warm=True, preload=("numpy", "sklearn"))) as sb:
+        assert sb.run(task.baseline_source, public, timeout_s=60).status == "ok"
+        (pid,) = sb.worker_pids()
+        time.sleep(0.5)  # the next job's supervisor is forked right after the reply
+
+        def cmd(p: psutil.Process) -> str:
+            try:
+                return " ".join(p.cmdline()) if p.status() != psutil.STATUS_ZOMBIE else ""
+            except psutil.Error:
+                return ""
+
+        # the worker interpreter (bwrap's child), then its forks: the supervisors
+        worker = next(
+            p
+            for p in psutil.Process(pid).children(recursive=True)
+            if cmd(p).startswith("/opt/venv/bin/python /opt/wmrl/worker.py") and "bwrap" in cmd(p.parent())
+        )
+        supervisors = [p for p in worker.children() if cmd(p)]
+        assert supervisors
+        for s in supervisors:
+            s.kill()
+        psutil.wait_procs(supervisors, timeout=5)
+        r = sb.run(task.baseline_source, public, timeout_s=60)
+        assert r.status == "ok", r.message
+        assert sb.worker_pids() != [pid]  # the lost worker was replaced
+
+
+# --- no channel between rollouts (issue 52) ---------------------------------------------------------
+def test_a_datagram_socketpair_cannot_reach_a_socket_on_a_mounted_path():
+    """``socketpair(AF_UNIX, SOCK_DGRAM)`` + ``connect(AF_UNSPEC)`` + ``sendto(path)`` reached any
+    datagram socket on a mounted folder (the filter refused ``socket(AF_UNIX)``, not this). A
+    datagram or seqpacket socketpair (both can be disconnected) is refused; stream socketpairs
+    (``multiprocessing``) still work."""
+    public, _ = get_task(TASK).data_dirs()
+    path = public / f"wmrl-test-dgram-{os.getpid()}.sock"
+    host = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    host.bind(str(path))
+    os.chmod(path, 0o777)
+    host.settimeout(0.5)
+    src = f"""
+import ctypes, socket, multiprocessing
+libc = ctypes.CDLL(None, use_errno=True)
+for kind in ("SOCK_DGRAM", "SOCK_SEQPACKET", "SOCK_STREAM"):
+    try:
+        a, b = socket.socketpair(socket.AF_UNIX, getattr(socket, kind))
+    except OSError as e:
+        print(kind, "refused", e.errno)
+        continue
+    unspec = ctypes.create_string_buffer(16)  # struct sockaddr, sa_family = AF_UNSPEC
+    libc.connect(a.fileno(), unspec, 16)
+    try:
+        a.sendto(b"from the job", "/tmp/data/{path.name}")
+        print(kind, "SENT")
+    except OSError as e:
+        print(kind, "blocked", e.errno)
+r, w = multiprocessing.Pipe()
+w.send("ok")
+print("pipe", r.recv())
+"""
+    try:
+        r = run(src)
+        try:
+            got = host.recv(100)
+        except OSError:
+            got = b""
+    finally:
+        host.close()
+        path.unlink(missing_ok=True)
+    assert got == b"" and "SENT" not in r.stdout, (got, r.stdout, r.stderr[-500:])
+    assert "SOCK_DGRAM refused" in r.stdout and "SOCK_SEQPACKET refused" in r.stdout, r.stdout
+    assert "pipe ok" in r.stdout, r.stdout + r.stderr[-500:]
+    assert_still_works()
+
+
+TIME_WAIT_SEND = """
+import socket
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+conn, _ = srv.accept()
+c.close()  # the side that closes first keeps the connection in TIME_WAIT (60 s)
+conn.close()
+srv.close()
+print("sent")
+"""
+TIME_WAIT_LOOK = """
+rows = [l.split() for l in open("/proc/net/tcp").read().splitlines()[1:]]
+print("time_wait", sum(r[3] == "06" for r in rows))
+import socket
+s = socket.create_server(("127.0.0.1", 0)); c = socket.create_connection(s.getsockname()); print("loopback ok")
+"""
+
+
+def test_tcp_state_of_one_job_is_invisible_to_the_next():
+    """A connection closed by one job stays in TIME_WAIT for a minute in its network namespace;
+    with one namespace per worker the next job read it from /proc/net/tcp (a number carried in its
+    port). Each job has a network namespace of its own, with a working loopback."""
+    first = run(TIME_WAIT_SEND)
+    assert first.status == "invalid", first.stderr[-500:]
+    second = run(TIME_WAIT_LOOK)
+    assert "time_wait 0" in second.stdout and "loopback ok" in second.stdout, (
+        second.stdout + second.stderr[-500:]
+    )
+
+
+# --- the job's accounting holds its own work only (issue 52) ---------------------------------------
+def test_a_no_op_jobs_cpu_time_leaves_out_the_sandboxs_own_work():
+    """A no-op job forked from the default warm worker was charged ~10-15 ms: the sandbox's setup
+    before the solution and the kernel's teardown of the large forked process after its report.
+    The setup is subtracted (measured by the job's code before the solution runs) and, with cgroups,
+    the CPU time is read when the job reports: a no-op costs about 1.5 ms; real work still counts."""
+    noop = "open('predictions.npy', 'wb').write(b'x')\n"
+    cpu = sorted(run(noop).cpu_s for _ in range(7))
+    burn = run("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2:\n    pass\n")
+    if cgroup_support()["cpuacct"] is not None:
+        assert cpu[3] < 0.006, cpu
+    else:  # documented: wait4 counts the job's exit, the teardown included
+        assert cpu[3] < 0.05, cpu
+    assert 0.2 <= burn.cpu_s < 0.3, burn.cpu_s

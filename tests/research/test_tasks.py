@@ -408,3 +408,51 @@ def test_a_user_task_folder_with_a_bad_or_taken_id_is_named_in_one_line(
     assert main(["tasks", "research"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and re.match(f"wmrl: error: {message}", err), err
+
+
+# --- labels that could be derived from what a solution sees (issue 52) ----------------------------
+FORECAST_IDS = [t.id for t in list_tasks() if t.kind == "ts-forecasting"]
+
+
+def _runs(row: np.ndarray, arrays: list[np.ndarray]) -> bool:
+    """Whether ``row`` occurs as a contiguous run in a row of one of ``arrays``."""
+    n = len(row)
+    for a in arrays:
+        a = a.reshape(len(a), -1)
+        if a.shape[1] < n:
+            continue
+        view = np.lib.stride_tricks.sliding_window_view(a, n, axis=1)
+        if np.any(np.all(view == row, axis=-1)):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("task_id", FORECAST_IDS)
+def test_no_test_target_can_be_read_off_the_public_data(task_id):
+    """With stride-1 test windows every target but the last horizon is an input of a later test
+    window (a solution that rebuilt the series from ``test.npz`` scored 1.21 and 1.66): no test
+    window's targets may occur in any public array (another test row, train or validation)."""
+    t = get_task(task_id)
+    public, _ = t.data_dirs()
+    y_test = t.test_labels()
+    arrays = [np.load(public / "test.npz")["X"]]
+    for part in ("train", "val"):
+        with np.load(public / f"{part}.npz") as d:
+            arrays += [d["X"], d["y"]]
+    leaked = [i for i, row in enumerate(y_test) if _runs(row, arrays)]
+    assert not leaked, f"{task_id}: the targets of test windows {leaked} are in the public data"
+    assert len(y_test) >= 3  # still a test set
+
+
+def test_forecast_windows_never_show_a_test_target_anywhere_public():
+    """By position: on the series 0, 1, 2, ... the values are their indices, so no test target's
+    index may be among the public arrays' values; a series too short is refused in one line."""
+    from wmrl_research.tasks._common import forecast_windows
+
+    s = forecast_windows(np.arange(300), context=40, horizon=4, test_windows=3)
+    public = np.concatenate([a.ravel() for a in (s.X_train, s.y_train, s.X_val, s.y_val, s.X_test)])
+    assert not set(s.y_test.ravel()) & set(public)
+    assert s.y_test.shape == (3, 4) and s.y_test[-1, -1] == 299  # the last window ends the series
+    assert not set(s.y_val.ravel()) & set(s.y_train.ravel())
+    with pytest.raises(ValueError, match=r"^forecast_windows: a series of 100 values is too short[^\n]*$"):
+        forecast_windows(np.arange(100), context=40, horizon=4, test_windows=3)

@@ -41,6 +41,8 @@ from wmrl_research.tasks.base import (
     Splits,
     TaskSpec,
     data_root,
+    generator_rng,
+    generator_seed,
     read_knobs,
     set_knobs,
 )
@@ -62,6 +64,8 @@ __all__ = [
     "TaskDefinitionError",
     "TaskSpec",
     "data_root",
+    "generator_rng",
+    "generator_seed",
     "get_task",
     "list_tasks",
     "read_knobs",

@@ -37,18 +37,33 @@ def forecast_windows(
     series: np.ndarray,
     context: int,
     horizon: int,
-    fractions: tuple[float, float] = (0.7, 0.15),
-    stride: int = 1,
+    test_windows: int,
+    train_fraction: float = 0.8,
 ) -> Splits:
-    """Rolling-origin windows: ``X`` = the ``context`` values before an origin, ``y`` = the next
-    ``horizon`` values. Origins are split by time (train first, then val, then test), so every target
-    of a later split lies after every target of an earlier one."""
+    """Forecasting windows: ``X`` = the ``context`` values before an origin, ``y`` = the next
+    ``horizon`` values, split by time.
+
+    The test set is the last ``test_windows`` windows *without overlap* (one every
+    ``context + horizon`` steps, the last ending with the series): no test window's inputs hold a
+    value of another's targets, so the targets cannot be read off later test rows (with stride-1
+    windows every target but the last horizon is an input of a later test window). The train and
+    validation windows (stride 1, train first, ``train_fraction`` of them) end before the first
+    test target, with a gap of ``horizon`` between them so that no validation target is a train
+    target. What a later test window still shows is the series *after* an earlier window's targets
+    (their future, not their values): tasks/README.md states what that is worth.
+    """
     series = np.asarray(series, dtype=np.float64)
-    origins = np.arange(context, len(series) - horizon + 1, stride)
+    block = context + horizon
+    if test_windows < 1 or len(series) - test_windows * block < block + context:
+        raise ValueError(
+            f"forecast_windows: a series of {len(series)} values is too short for {test_windows} "
+            f"test windows of {context}+{horizon} values and any train/validation windows"
+        )
+    test_origins = np.array([len(series) - horizon - k * block for k in range(test_windows)][::-1])
+    origins = np.arange(context, test_origins[0] - horizon + 1)  # every target before the test's
     X = np.stack([series[o - context : o] for o in origins])
     y = np.stack([series[o : o + horizon] for o in origins])
-    n = len(origins)
-    a = int(fractions[0] * n)
-    b = a + int(fractions[1] * n)
-    # drop the windows whose targets overlap the next split's targets
-    return Splits(X[: a - horizon], y[: a - horizon], X[a : b - horizon], y[a : b - horizon], X[b:], y[b:])
+    a = int(train_fraction * len(origins))
+    X_test = np.stack([series[o - context : o] for o in test_origins])
+    y_test = np.stack([series[o : o + horizon] for o in test_origins])
+    return Splits(X[: a - horizon], y[: a - horizon], X[a:], y[a:], X_test, y_test)

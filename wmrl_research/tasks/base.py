@@ -216,6 +216,26 @@ def split_seed(seed: int) -> list[int]:
     return [int(seed), *words]
 
 
+def generator_seed(seed: int) -> int:
+    """The seed a data *generator* uses (``make_classification``'s ``random_state``, mnist1d's
+    ``args.seed``): outside a data build, ``seed`` itself; inside one, 32 bits drawn from ``seed``
+    and the build's secret. A solution that knows the generator, its parameters and ``seed`` (say,
+    from the visible row counts) still cannot regenerate the build's rows and match them to get
+    their labels: it would have to try 2**32 seeds, a generation each. Prefer :func:`generator_rng`
+    where the generator takes a NumPy ``Generator`` (the secret's full 128 bits)."""
+    secret = _SPLIT_SECRET.get()
+    if secret is None:
+        return int(seed)
+    digest = hashlib.sha256(f"generator:{int(seed)}:{secret}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def generator_rng(seed: int) -> np.random.Generator:
+    """A NumPy ``Generator`` for a task's generated data, seeded by ``seed`` and the data build's
+    secret (see :func:`generator_seed`); a stream other than the split's (:func:`split_seed`)."""
+    return np.random.default_rng([*split_seed(seed), 0x67656E])  # "gen"
+
+
 def build_secret(hidden_root: Path, key: str) -> str:
     """The secret of data build ``key`` (hex), created on first use (atomically: concurrent first
     builds agree on one) as ``hidden_root/<key>.secret``."""

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from wmrl_research.tasks import Splits, TaskSpec
+from wmrl_research.tasks import Splits, TaskSpec, generator_seed
 from wmrl_research.tasks._common import random_split
 
 
@@ -17,7 +17,7 @@ def build_data() -> Splits:
         weights=[0.95],
         class_sep=0.8,
         flip_y=0.01,
-        random_state=3,
+        random_state=generator_seed(3),
     )
     return random_split(X.astype(np.float64), y.astype(np.int64), seed=3)
 
@@ -49,6 +49,7 @@ split (higher is better); predicting the majority class everywhere scores 0.
     build_data=build_data,
     knob_space={**TAB_CLS_SPACE, **THR_SPACE},
     reference_knobs={"MODEL": "hgb", "N_ESTIMATORS": 200, "MAX_DEPTH": None, "THRESHOLD": 0.3},
+    data_version=2,  # generated from a seed drawn with the split secret (issue 52)
     baseline_score=0.46808510638297873,
     reference_score=0.6274509803921569,
 )

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from wmrl_research.tasks import Splits, TaskSpec
+from wmrl_research.tasks import Splits, TaskSpec, generator_seed
 from wmrl_research.tasks._common import random_split
 
 
@@ -11,7 +11,7 @@ def build_data() -> Splits:
 
     args = get_dataset_args()
     args.num_samples = 4000
-    args.seed = 8
+    args.seed = generator_seed(8)
     d = make_dataset(args)
     X = np.concatenate([d["x"], d["x_test"]]).astype(np.float32)
     y = np.concatenate([d["y"], d["y_test"]]).astype(np.int64)
@@ -37,6 +37,7 @@ number of epochs. X: [n, 40] float; y: class 0-9. Metric: test accuracy (higher 
     build_data=build_data,
     knob_space={"CHANNELS": [8, 16, 32, 64], "DEPTH": [1, 2, 3], "KERNEL": [3, 5, 7], **TORCH_COMMON_SPACE},
     reference_knobs={"CHANNELS": 32, "DEPTH": 3, "KERNEL": 5, "EPOCHS": 8, "LR": 0.003, "OPTIMIZER": "adam"},
+    data_version=2,  # generated from a seed drawn with the split secret (issue 52)
     baseline_score=0.29,
     reference_score=0.70875,
     split="heldout",

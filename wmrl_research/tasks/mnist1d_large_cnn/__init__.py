@@ -3,7 +3,7 @@ schedule trained for several epochs (heavy tier: seconds per execution)."""
 
 import numpy as np
 
-from wmrl_research.tasks import Splits, TaskSpec
+from wmrl_research.tasks import Splits, TaskSpec, generator_seed
 from wmrl_research.tasks._common import random_split
 
 
@@ -12,7 +12,7 @@ def build_data() -> Splits:
 
     args = get_dataset_args()
     args.num_samples = 12000
-    args.seed = 23
+    args.seed = generator_seed(23)
     d = make_dataset(args)
     X = np.concatenate([d["x"], d["x_test"]]).astype(np.float32)
     y = np.concatenate([d["y"], d["y_test"]]).astype(np.int64)
@@ -42,6 +42,7 @@ Metric: test accuracy (higher is better).
         "WEIGHT_DECAY": [0.0, 0.0001, 0.001],
     },
     reference_knobs={"LR": 0.003, "OPTIMIZER": "adam", "SCHEDULE": "cosine", "DEPTH": 3},
+    data_version=2,  # generated from a seed drawn with the split secret (issue 52)
     baseline_score=0.25708333333333333,
     reference_score=0.8508333333333333,
     split="heldout",

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from wmrl_research.tasks import Splits, TaskSpec
+from wmrl_research.tasks import Splits, TaskSpec, generator_rng
 from wmrl_research.tasks._common import random_split
 
 
@@ -11,7 +11,7 @@ def _has_motif(seq: np.ndarray) -> bool:
 
 
 def build_data() -> Splits:
-    rng = np.random.default_rng(9)
+    rng = generator_rng(9)
     n, length = 2400, 24
     X = rng.integers(0, 10, (n, length))
     for i in range(n):  # remove accidental motifs, then plant one in half the sequences (sometimes 7, 3)
@@ -56,6 +56,7 @@ X: [n, 24] int token ids; y: 0 or 1. Metric: test accuracy (higher is better).
         **TORCH_COMMON_SPACE,
     },
     reference_knobs={"CELL": "gru", "HIDDEN": 32, "POOL": "max", "EPOCHS": 4, "LR": 0.01},
+    data_version=2,  # generated from a seed drawn with the split secret (issue 52)
     baseline_score=0.54375,
     reference_score=1.0,
 )

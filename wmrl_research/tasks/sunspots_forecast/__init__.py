@@ -8,14 +8,15 @@ def build_data() -> Splits:
     import statsmodels.api as sm
 
     s = sm.datasets.sunspots.load_pandas().data["SUNACTIVITY"]
-    return forecast_windows(s.to_numpy(), context=40, horizon=4, fractions=(0.6, 0.2))
+    return forecast_windows(s.to_numpy(), context=40, horizon=4, test_windows=3)
 
 
 SPEC = TaskSpec(
     description="""
 Forecast the next 4 yearly sunspot numbers (an irregular cycle of about 11 years) from the
-previous 40 years. X: [n, 40] float; y: [n, 4] float. Windows are split by time (test windows come
-last). Metric: test MAE over all 4 steps (lower is better).
+previous 40 years. X: [n, 40] float; y: [n, 4] float. Windows are split by time: train, then
+validation, then 3 test windows that do not overlap (the last ends with the series). Metric: test
+MAE over all 4 steps (lower is better).
 """,
     kind="ts-forecasting",
     metric="mae",
@@ -28,7 +29,8 @@ last). Metric: test MAE over all 4 steps (lower is better).
         "RELATIVE": [False, True],
     },
     reference_knobs={"METHOD": "ridge", "N_LAGS": 20, "ALPHA": 100.0},
-    baseline_score=56.30185185185186,
-    reference_score=22.456276692445222,
+    data_version=2,  # 2: non-overlapping test windows (before: stride 1, targets visible in later rows)
+    baseline_score=43.50833333333333,
+    reference_score=15.43573675626872,
     split="heldout",
 )

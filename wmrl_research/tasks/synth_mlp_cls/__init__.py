@@ -3,7 +3,7 @@ multi-layer perceptron trained for several epochs (heavy tier: seconds per execu
 
 import numpy as np
 
-from wmrl_research.tasks import Splits, TaskSpec
+from wmrl_research.tasks import Splits, TaskSpec, generator_seed
 from wmrl_research.tasks._common import random_split
 
 
@@ -19,7 +19,7 @@ def build_data() -> Splits:
         n_clusters_per_class=2,
         class_sep=1.0,
         flip_y=0.02,
-        random_state=43,
+        random_state=generator_seed(43),
     )
     return random_split(X.astype(np.float64), y.astype(np.int64), seed=43)
 
@@ -44,6 +44,7 @@ Metric: test accuracy (higher is better).
         "EPOCHS": [10, 20, 40, 80],
     },
     reference_knobs={"LR": 0.003, "HIDDEN": 128},
+    data_version=2,  # generated from a seed drawn with the split secret (issue 52)
     baseline_score=0.6467832604622111,
     reference_score=0.8332292317301686,
     split="heldout",
