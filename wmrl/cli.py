@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from wmrl.config import (
     ConfigError,
@@ -32,6 +33,7 @@ from wmrl.config import (
     presets,
 )
 from wmrl.config_messages import describe_config
+from wmrl.signals import repeated_signal
 
 
 def _epilog() -> str:
@@ -226,7 +228,16 @@ class _Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
+_first_stop: list[float] = []  # time.monotonic() of the SIGTERM that stopped the command
+
+
 def _stop_at_once(signum: int, frame) -> None:
+    """SIGTERM outside the training loop: stop, once. A copy arriving within
+    ``wmrl.signals.SIGNAL_GRACE_S`` (``uv run`` forwards the SIGTERM its process group got) is the
+    same signal and must not interrupt the stop's own message."""
+    if _first_stop and not repeated_signal(_first_stop[0]):
+        return
+    _first_stop[:] = [time.monotonic()]
     raise _Stopped(signum)
 
 

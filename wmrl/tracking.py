@@ -9,7 +9,10 @@ A directory whose run stopped before its first checkpoint holds nothing to resum
 config that differs from the new one to ``config.orphaned.yaml``.
 
 SIGINT and SIGTERM (:class:`StopSignals`) stop a run at the end of the step in progress, with a
-checkpoint of that step; a second signal stops it at once, keeping the last checkpoint.
+checkpoint of that step; a second signal, sent at least ``SIGNAL_GRACE_S`` after the first, stops it
+at once, keeping the last checkpoint. Copies of the first that arrive within that interval (``uv run``
+forwards the SIGTERM that ``kill -- -PGID``, Slurm or Kubernetes send to the whole process group,
+so the run receives it twice) count as that one signal.
 
 A process that writes a run (or a grid) directory holds the lock of its ``run.lock`` file
 (:func:`exclusive`), so a second process started on the same directory (``--resume`` while the run
@@ -42,6 +45,7 @@ import numpy as np
 import torch
 
 from wmrl.config import RunConfig, config_fingerprint, to_dict, upgrade_saved
+from wmrl.signals import SIGNAL_GRACE_S, repeated_signal
 
 CHECKPOINT = "checkpoints/latest.pt"
 # The data a run's WM pretrained on before training (``{"executions", "sim_steps"}``, either may be
@@ -214,13 +218,17 @@ class RunInterrupted(KeyboardInterrupt):
 class StopSignals:
     """While entered (in the main thread; for each of SIGINT and SIGTERM that has a Python
     handler, see ``__enter__``): the first SIGINT or SIGTERM only records itself in
-    ``signum`` (the run stops at the end of its step, saving it); a second one raises
-    KeyboardInterrupt at once. The previous handlers come back on exit."""
+    ``signum`` (the run stops at the end of its step, saving it); a second one, at least
+    ``grace_s`` (``SIGNAL_GRACE_S``) after the first, raises KeyboardInterrupt at once. One sooner
+    is a copy of the first (one SIGTERM to a process group under ``uv run`` arrives twice) and
+    changes nothing. The previous handlers come back on exit."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, on_first=None):
+    def __init__(self, on_first=None, grace_s: float | None = None):
         self.signum: int | None = None
+        self.first_at: float | None = None  # time.monotonic() of the first signal
+        self.grace_s = SIGNAL_GRACE_S if grace_s is None else grace_s
         self._on_first = on_first  # called from the handler on the first signal (e.g. a bar notice)
         self._previous: dict[int, Any] = {}
 
@@ -236,8 +244,10 @@ class StopSignals:
 
     def _handle(self, signum: int, frame) -> None:
         if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
+            if repeated_signal(self.first_at, self.grace_s):
+                raise KeyboardInterrupt
+            return  # a copy of the first signal (forwarded by a launcher), not a second one
+        self.signum, self.first_at = signum, time.monotonic()
         if self._on_first is not None:
             self._on_first(signum)
 
