@@ -19,6 +19,7 @@ from wmrl.tracking import (
     RunDirError,
     _diff,
     check_fresh,
+    check_resumable_config,
     exclusive,
     policy_fingerprint,
     prepare_run_dir,
@@ -156,6 +157,8 @@ def _check_resumable(out: Path, cfg: RunConfig) -> None:
         )
     if not (out / CHECKPOINT).exists() and not (out / "config.yaml").exists():
         raise RunDirError(f"cannot resume {out}: it holds no checkpoint ({CHECKPOINT})")
+    if (out / CHECKPOINT).exists():
+        check_resumable_config(out, cfg)  # before the domain is built
 
 
 def writable_dir(path: Path) -> None:

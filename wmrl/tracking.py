@@ -505,7 +505,7 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def safe_load(path: Path | str, map_location: str | torch.device | None = "cpu") -> Any:
+def safe_load(path: Path | str, map_location: str | torch.device | None = "cpu", mmap: bool = False) -> Any:
     """``torch.load`` with ``weights_only=True``: tensors, plain containers and numbers, never code.
 
     Checkpoints written before RNG states were stored as plain values hold numpy's state as an array;
@@ -514,7 +514,7 @@ def safe_load(path: Path | str, map_location: str | torch.device | None = "cpu")
     ``pickle.UnpicklingError``.
     """
     with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap or None)
 
 
 def _numpy_array_globals() -> list:
@@ -543,16 +543,41 @@ def load_checkpoint(run_dir: Path, cfg: RunConfig) -> dict:
         state = safe_load(path)
     except Exception as e:
         raise RunDirError(f"cannot read checkpoint {path}: {e}") from e
-    want, got = config_fingerprint(cfg), upgrade_saved(state.get("fingerprint", {}))
-    if want != got:
-        diffs = _diff(got, want)
-        raise RunDirError(
-            f"checkpoint {path} does not match the config: "
-            + "; ".join(f"{k}: checkpoint {a!r} vs config {b!r}" for k, a, b in diffs[:8])
-            + "; to continue it as it ran, resume with "
-            + " ".join(f"--{k}={_flag_value(a)}" for k, a, _ in diffs[:8])
-        )
+    check_checkpoint_config(run_dir, cfg, state.get("fingerprint", {}))
     return state
+
+
+def check_resumable_config(run_dir: Path, cfg: RunConfig) -> None:
+    """:func:`check_checkpoint_config` of the checkpoint in ``run_dir``, read memory-mapped (its
+    tensors are not loaded): a resume checks its config before it builds the domain (minutes of
+    SFT and WM pretraining for some)."""
+    path = run_dir / CHECKPOINT
+    try:
+        state = safe_load(path, mmap=True)
+    except Exception:  # an old (non-zip) format cannot be mapped; load_checkpoint reads it later
+        return
+    check_checkpoint_config(run_dir, cfg, state.get("fingerprint", {}))
+
+
+def check_checkpoint_config(run_dir: Path, cfg: RunConfig, fingerprint: dict) -> None:
+    """Refuse a checkpoint (its config ``fingerprint``) that ``cfg`` (the run's ``config.yaml``)
+    does not match, in one line that names each field and says what works: ``--resume`` takes no
+    overrides, so the values go back into ``config.yaml``; a new run takes the edited ones."""
+    path = run_dir / CHECKPOINT
+    want, got = config_fingerprint(cfg), upgrade_saved(fingerprint)
+    if want == got:
+        return
+    diffs = _diff(got, want)
+    saved = run_dir / "config.yaml"
+    raise RunDirError(
+        f"checkpoint {path} does not match the config: "
+        + "; ".join(f"{k}: checkpoint {a!r} vs config {b!r}" for k, a, b in diffs[:8])
+        + f". To continue it as it ran, set {'these values' if len(diffs) > 1 else 'this value'} back in "
+        + f"{saved} ("
+        + ", ".join(f"{k}: {_flag_value(a)}" for k, a, _ in diffs[:8])
+        + f") and rerun `wmrl run --resume {run_dir}`; to train with the config's values, start a new run "
+        + f"from it: `wmrl run {saved} --out-dir NEW_DIR`"
+    )
 
 
 def _flag_value(value: Any) -> str:

@@ -3,6 +3,7 @@ whose run stopped before its first checkpoint is resumed from step 0 or reused; 
 anchor comes back ungraded stops instead of exiting 0. The toy domain (deterministic) in real
 ``wmrl`` processes, so the signals, exit statuses and stderr are the user's."""
 
+import copy
 import os
 import shutil
 import signal
@@ -205,6 +206,36 @@ def test_second_signal_stops_at_once_and_a_folder_without_checkpoint_resumes_or_
     assert (reused / "metrics.orphaned.jsonl").read_text() == old_rows
     assert (reused / "config.orphaned.yaml").read_text() == old_config
     _same_final_state(reference, reused)
+
+
+def test_resume_after_config_yaml_was_edited_gives_advice_that_works(tmp_path, capfd):
+    """``--resume`` takes no overrides: the refusal says to set the value back in config.yaml (which
+    then resumes), or to start a new run from the edited config (which then trains)."""
+    import yaml
+
+    run = tmp_path / "run"
+    assert main(_args(_preset(tmp_path, 0.0), run, "--grpo.steps=2")) == 0
+    saved = run / "config.yaml"
+    original = yaml.safe_load(saved.read_text())
+    edited = copy.deepcopy(original)
+    edited["grpo"]["steps"], edited["grpo"]["lr"] = 4, 5.0  # more steps (allowed), another lr (not)
+    saved.write_text(yaml.safe_dump(edited))
+    capfd.readouterr()
+    assert main(["run", "--resume", str(run)]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "--grpo.lr" not in err, err
+    assert "grpo.lr: checkpoint 20.0 vs config 5.0" in err
+    assert f"set this value back in {saved} (grpo.lr: 20.0) and rerun `wmrl run --resume {run}`" in err
+    assert f"start a new run from it: `wmrl run {saved} --out-dir NEW_DIR`" in err
+    assert torch.load(run / CHECKPOINT, weights_only=True)["step"] == 2  # nothing touched
+
+    new = tmp_path / "new"  # the second advice, followed
+    assert main(["run", str(saved), "--out-dir", str(new)]) == 0
+    assert [r["step"] for r in read_metrics(new)] == [1, 2, 3, 4]
+    edited["grpo"]["lr"] = 20.0  # the first advice, followed
+    saved.write_text(yaml.safe_dump(edited))
+    assert main(["run", "--resume", str(run)]) == 0
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
 
 
 def _baseline_fails() -> float:
