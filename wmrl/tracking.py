@@ -48,6 +48,8 @@ from wmrl.config import RunConfig, config_fingerprint, to_dict, upgrade_saved
 from wmrl.signals import SIGNAL_GRACE_S, repeated_signal
 
 CHECKPOINT = "checkpoints/latest.pt"
+# The step of ``CHECKPOINT`` (``{"step": N}``), written after it: ``wmrl status`` reads it without torch.
+CHECKPOINT_STEP = "checkpoints/latest.json"
 # The data a run's WM pretrained on before training (``{"executions", "sim_steps"}``, either may be
 # absent), written by the domain's build and counted by a comparison report apart from the RL budget.
 OFFLINE_DATA = "offline_data.json"
@@ -533,7 +535,43 @@ def save_checkpoint(run_dir: Path, cfg: RunConfig, state: dict) -> Path:
     tmp = path.with_suffix(".tmp")
     torch.save({"fingerprint": config_fingerprint(cfg), "rng": rng_state(), **state}, tmp)
     os.replace(tmp, path)
+    step_tmp = run_dir / (CHECKPOINT_STEP + ".tmp")
+    step_tmp.write_text(json.dumps({"step": state.get("step")}) + "\n")
+    os.replace(step_tmp, run_dir / CHECKPOINT_STEP)
     return path
+
+
+def checkpoint_step(run_dir: Path | str) -> int | None:
+    """The step of ``run_dir``'s checkpoint (None without one): from ``CHECKPOINT_STEP`` when it is
+    at least as new as the checkpoint, else (a run saved before it existed, or killed between the
+    two writes) from the checkpoint itself, memory-mapped."""
+    path, side = Path(run_dir) / CHECKPOINT, Path(run_dir) / CHECKPOINT_STEP
+    if not path.exists():
+        return None
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        if side.stat().st_mtime >= path.stat().st_mtime:
+            return int(json.loads(side.read_text())["step"])
+    try:
+        return int(safe_load(path, mmap=True)["step"])
+    except Exception:
+        return None
+
+
+def set_aside_after_checkpoint(run_dir: Path, step: int) -> int:
+    """A resume from the checkpoint of ``step``: :func:`trim_metrics_after`, saying what it moved
+    (the rows a killed run logged after its last checkpoint, steps the resume trains again)."""
+    rows = [r["step"] for r in read_metrics(run_dir) if r["step"] > step]
+    moved = trim_metrics_after(run_dir, step)
+    if moved:
+        log.warning(
+            "%s: resuming from the checkpoint of step %d; the %d metric row(s) logged after it (steps %s, "
+            "trained again now) moved to metrics.orphaned.jsonl",
+            run_dir,
+            step,
+            moved,
+            f"{rows[0]}-{rows[-1]}" if len(rows) > 1 else rows[0],
+        )
+    return moved
 
 
 def load_checkpoint(run_dir: Path, cfg: RunConfig) -> dict:
