@@ -170,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
             print(parser.run_parser.format_help())
             argv = ["config", args.preset, *overrides]
     args, overrides = parser.parse_known_args(argv)
+    empty = getattr(args, "out_dir", None) is not None and not args.out_dir.strip()
+    if empty:  # `--out-dir=` (an unset variable) must not fall back to the preset's directory
+        print(f"wmrl: error: --out-dir is empty: give the {args.command} directory", file=sys.stderr)
+        return 2
     previous_term = signal.getsignal(signal.SIGTERM)
     if args.command == "run":  # SIGTERM as Ctrl-C outside training too (a grid keeps its own handling)
         signal.signal(signal.SIGTERM, _stop_at_once)
