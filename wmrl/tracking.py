@@ -23,6 +23,7 @@ a running run from a stopped one (:func:`locked_by`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import io
@@ -30,6 +31,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import socket
 import sys
@@ -533,12 +535,56 @@ def save_checkpoint(run_dir: Path, cfg: RunConfig, state: dict) -> Path:
     path = run_dir / CHECKPOINT
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"fingerprint": config_fingerprint(cfg), "rng": rng_state(), **state}, tmp)
-    os.replace(tmp, path)
+    try:
+        # through a Python file: a full disk is an OSError (ENOSPC), not torch's "enforce fail ...
+        # unexpected pos" of its own writer
+        with open(tmp, "wb") as f:
+            torch.save({"fingerprint": config_fingerprint(cfg), "rng": rng_state(), **state}, f)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise CheckpointWriteError(_save_failure(run_dir, state.get("step"), e)) from None
     step_tmp = run_dir / (CHECKPOINT_STEP + ".tmp")
-    step_tmp.write_text(json.dumps({"step": state.get("step")}) + "\n")
-    os.replace(step_tmp, run_dir / CHECKPOINT_STEP)
+    try:
+        step_tmp.write_text(json.dumps({"step": state.get("step")}) + "\n")
+        os.replace(step_tmp, run_dir / CHECKPOINT_STEP)
+    except OSError:  # the checkpoint is saved; checkpoint_step reads a stale side file's step from it
+        with contextlib.suppress(OSError):
+            step_tmp.unlink()
     return path
+
+
+class CheckpointWriteError(RunDirError):
+    """A checkpoint that could not be written (a full disk, say); the previous one is kept."""
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _save_failure(run_dir: Path, step: int | None, e: BaseException) -> str:
+    """One line: why the checkpoint of ``step`` was not written, what was kept, how to go on."""
+    full = getattr(e, "errno", None) in _DISK_FULL or any(
+        text in str(e) for text in ("unexpected pos", "file write failed", "No space left")
+    )
+    try:
+        free = f"{shutil.disk_usage(run_dir).free / 2**20:.0f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    why = (
+        f"the disk is full ({free})"
+        if full
+        else f"{getattr(e, 'strerror', None) or ' '.join(str(e).split())}"
+    )
+    kept = checkpoint_step(run_dir)
+    last = (
+        f"the last checkpoint (step {kept}) is kept" if kept is not None else "no earlier checkpoint exists"
+    )
+    return (
+        f"cannot save the checkpoint of step {step} in {run_dir / CHECKPOINT}: {why}; {last} and the "
+        f"partial file removed; free space, then `wmrl run --resume {run_dir}` continues"
+        + (f" from step {kept}" if kept is not None else " from step 0")
+    )
 
 
 def checkpoint_step(run_dir: Path | str) -> int | None:

@@ -4,6 +4,7 @@ anchor comes back ungraded stops instead of exiting 0. The toy domain (determini
 ``wmrl`` processes, so the signals, exit statuses and stderr are the user's."""
 
 import copy
+import errno
 import os
 import shutil
 import signal
@@ -236,6 +237,47 @@ def test_resume_after_config_yaml_was_edited_gives_advice_that_works(tmp_path, c
     saved.write_text(yaml.safe_dump(edited))
     assert main(["run", "--resume", str(run)]) == 0
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"),
+    ],
+)
+def test_a_full_disk_during_a_checkpoint_says_so_keeps_the_last_one_and_leaves_no_temp_file(
+    tmp_path, monkeypatch, capfd, failure
+):
+    run = tmp_path / "run"
+    real_save, saves = torch.save, []
+
+    def save_until_full(obj, f, *args, **kwargs):
+        saves.append(obj["step"])
+        if len(saves) == 1:
+            return real_save(obj, f, *args, **kwargs)
+        f.write(b"PK partial")  # the disk filled up mid-write
+        raise failure
+
+    monkeypatch.setattr(torch, "save", save_until_full)
+    capfd.readouterr()
+    argv = _args(_preset(tmp_path, 0.0), run, "--tracking.checkpoint_every=2", "--grpo.steps=6")
+    assert main(argv) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"wmrl: error: cannot save the checkpoint of step 4 in {run / CHECKPOINT}: the disk is full ("
+    ), err
+    assert err.endswith(
+        " MiB free); the last checkpoint (step 2) is kept and the partial file removed; free space, then "
+        f"`wmrl run --resume {run}` continues from step 2\n"
+    ), err
+    assert not (run / "checkpoints" / "latest.tmp").exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest.json", "latest.pt"]
+    assert torch.load(run / CHECKPOINT, weights_only=True)["step"] == 2
+    monkeypatch.setattr(torch, "save", real_save)  # space freed
+    assert main(["run", "--resume", str(run)]) == 0
+    assert torch.load(run / CHECKPOINT, weights_only=True)["step"] == 6
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, 7))
 
 
 def _baseline_fails() -> float:
