@@ -307,13 +307,14 @@ def _tasks(domain: str) -> None:
 
 
 def _run(args: argparse.Namespace, overrides: list[str]) -> None:
-    from wmrl.distributed import writes_run_dir
-    from wmrl.runs import resume_run, train_run
+    from wmrl.runs import resume_run, train_run  # torch only once a run is built
 
     if args.resume:
         if args.preset or overrides:
             raise ConfigError("--resume RUN_DIR takes no preset or overrides: the run keeps its own config")
         result = resume_run(args.resume)
+        from wmrl.distributed import writes_run_dir
+
         if writes_run_dir():
             print(_brief(result))
         return
@@ -325,6 +326,8 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     out_dir = args.out_dir or os.path.join("runs", os.path.splitext(os.path.basename(args.preset))[0])
     cfg = load_config(args.preset, [*overrides, f"--out_dir={out_dir}"])
     last = train_run(cfg)
+    from wmrl.distributed import writes_run_dir
+
     if writes_run_dir():  # data-parallel: the main process reports the run (its metrics)
         print(_brief(last))
         print(f"run directory: {out_dir}")

@@ -40,14 +40,26 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import draccus
 import numpy as np
-import torch
+
+from wmrl.lazy import lazy
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 from wmrl.config import RunConfig, config_fingerprint, to_dict, upgrade_saved
+from wmrl.lazy import lazy
 from wmrl.signals import SIGNAL_GRACE_S, repeated_signal
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 CHECKPOINT = "checkpoints/latest.pt"
 # The step of ``CHECKPOINT`` (``{"step": N}``), written after it: ``wmrl status`` reads it without torch.
