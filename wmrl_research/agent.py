@@ -141,6 +141,7 @@ def propose_edits(
     seed: int = 0,
     temperature: float | None = None,
     strict: bool = True,
+    max_new_tokens: int | None = None,
 ) -> list[str]:
     """``n`` edits of ``source`` (default: the task's baseline) by the exported agent, each one
     SEARCH/REPLACE block that applies in knobs mode: prompted as the run prompted, sampled at the
@@ -148,7 +149,9 @@ def propose_edits(
 
     ``export_dir``: a `wmrl export` folder, or what :func:`load_agent` returned (to load once).
     ``task``: a task id (``wmrl tasks research``) or a task object (``id``, ``kind``, ``metric``,
-    ``direction``, ``knob_space``, ``baseline_source``)."""
+    ``direction``, ``knob_space``, ``baseline_source``). ``max_new_tokens``: default the run's, at
+    least 256 (a strict completion ends at its block's end; a SEARCH text may be a whole knob line
+    with its comment, longer than the run's limit, and a cut block does not apply)."""
     from wmrl_research.prompts import build_prompt, encode_prompts
 
     model, tokenizer, agent = load_agent(export_dir) if isinstance(export_dir, (str, Path)) else export_dir
@@ -171,7 +174,7 @@ def propose_edits(
             ids,
             attention_mask=mask,
             logits_processor=[proc],
-            max_new_tokens=agent.get("max_new_tokens", 128),
+            max_new_tokens=max_new_tokens or max(agent.get("max_new_tokens", 128), 256),
             do_sample=temp > 0,
             temperature=temp if temp > 0 else None,
             top_k=None,
