@@ -83,11 +83,12 @@ def say(message: str, enabled: bool = True) -> None:
 
 
 @contextlib.contextmanager
-def stage(description: str, enabled: bool = True, refresh_s: float = 1.0):
+def stage(description: str, enabled: bool = True, refresh_s: float = 1.0, log_every_s: float = 60.0):
     """A long stage of a run (sandbox start, execution log, demos, SFT, WM pretraining,
     evaluation) shown on stderr while it runs: ``description [elapsed]``, counting every
-    ``refresh_s`` on a terminal (elsewhere one line when it starts and one when it ends, so logs
-    stay short). ``enabled`` is ``tracking.progress``."""
+    ``refresh_s`` on a terminal; elsewhere (a log file, a batch job's output) one line when it
+    starts, one more every ``log_every_s`` while it runs (so a stage of minutes shows it is alive,
+    and a log stays short) and one when it ends. ``enabled`` is ``tracking.progress``."""
     if not enabled:
         yield
         return
@@ -95,20 +96,24 @@ def stage(description: str, enabled: bool = True, refresh_s: float = 1.0):
 
     bar = tqdm(total=None, desc=description, bar_format="{desc} [{elapsed}]", file=sys.stderr)
     done = threading.Event()
+    tty = sys.stderr.isatty()
+    start = time.monotonic()
 
     def tick() -> None:
-        while not done.wait(refresh_s):
-            bar.refresh()
+        while not done.wait(refresh_s if tty else log_every_s):
+            if tty:
+                bar.refresh()
+            else:
+                elapsed = tqdm.format_interval(time.monotonic() - start)
+                tqdm.write(f"{description} [{elapsed}, running]", file=sys.stderr)
 
-    ticker = threading.Thread(target=tick, daemon=True) if sys.stderr.isatty() else None
-    if ticker is not None:
-        ticker.start()
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
     try:
         yield
     finally:
         done.set()
-        if ticker is not None:
-            ticker.join()
+        ticker.join()
         bar.close()
 
 
