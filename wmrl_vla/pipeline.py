@@ -550,6 +550,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         seed=run.seed,
         calibration=(quality.get("var_scale", 1.0), quality.get("var_floor", 0.0)),
         calibrate=cfg.wm_calibrate,
+        progress=show,
     )
     domain = VLADomain(
         policy,
