@@ -98,3 +98,12 @@ def test_readme_figures_equal_their_report(grid, text, paths, transform):
     assert all(isinstance(v, float | int) and math.isfinite(v) for v in values), values
     expected = text.format(*values)
     assert expected in _row(grid), f"README row of {grid} should read {expected!r}"
+
+
+def test_the_quick_start_says_where_the_toy_starts_as_its_report_does():
+    """The quick start's promise of learning quotes the committed toy report's start."""
+    report = json.loads((ROOT / "benchmarks" / "results" / "toy" / "report.json").read_text())
+    start = report["domains"]["toy"]["heldout_start"]
+    assert start["se"] == 0  # every method of a seed starts from one policy, and the toy's is fixed
+    quick = README.split("**What the debug presets show.**")[1].split("\n\n")[0]
+    assert f"from its start, {start['mean']:.3f}" in quick
