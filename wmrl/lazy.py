@@ -16,17 +16,18 @@ import time (a class deriving from ``torch.nn.Module``) imports it as usual.
 from __future__ import annotations
 
 import importlib
+import sys
 import types
 from typing import Any
 
 
 class _LazyModule(types.ModuleType):
-    """Stands for the module ``name`` until an attribute is read: then imports it and, from then on,
-    reads through to it (its namespace copied in, so later reads cost a plain attribute lookup)."""
+    """Stands for the module ``name``: the first attribute read imports it; every read goes through
+    to the module itself (nothing is copied, so a test that patches ``torch.save`` patches it here
+    too)."""
 
     def __getattr__(self, attr: str) -> Any:
-        module = importlib.import_module(self.__name__)
-        self.__dict__.update({k: v for k, v in vars(module).items() if k not in ("__name__", "__spec__")})
+        module = sys.modules.get(self.__name__) or importlib.import_module(self.__name__)
         return getattr(module, attr)
 
     def __repr__(self) -> str:
