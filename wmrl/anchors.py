@@ -9,7 +9,14 @@ unequal probabilities, weighted by ``1/π``), measured in ``benchmarks/vla_wm_qu
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+from wmrl.lazy import lazy
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 
 def choose_anchor_groups(n_groups: int, k: int, seed: int, step: int) -> torch.Tensor:

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from wmrl.config import (
     ConfigError,
@@ -33,6 +34,7 @@ from wmrl.config import (
     presets,
 )
 from wmrl.config_messages import describe_config
+from wmrl.signals import repeated_signal
 
 
 def _epilog() -> str:
@@ -181,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             print(parser.run_parser.format_help())
             argv = ["config", args.preset, *overrides]
     args, overrides = parser.parse_known_args(argv)
+    empty = getattr(args, "out_dir", None) is not None and not args.out_dir.strip()
+    if empty:  # `--out-dir=` (an unset variable) must not fall back to the preset's directory
+        print(f"wmrl: error: --out-dir is empty: give the {args.command} directory", file=sys.stderr)
+        return 2
     previous_term = signal.getsignal(signal.SIGTERM)
     if args.command == "run":  # SIGTERM as Ctrl-C outside training too (a grid keeps its own handling)
         signal.signal(signal.SIGTERM, _stop_at_once)
@@ -246,7 +252,16 @@ class _Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
+_first_stop: list[float] = []  # time.monotonic() of the SIGTERM that stopped the command
+
+
 def _stop_at_once(signum: int, frame) -> None:
+    """SIGTERM outside the training loop: stop, once. A copy arriving within
+    ``wmrl.signals.SIGNAL_GRACE_S`` (``uv run`` forwards the SIGTERM its process group got) is the
+    same signal and must not interrupt the stop's own message."""
+    if _first_stop and not repeated_signal(_first_stop[0]):
+        return
+    _first_stop[:] = [time.monotonic()]
     raise _Stopped(signum)
 
 
@@ -312,13 +327,14 @@ def _tasks(domain: str) -> None:
 
 
 def _run(args: argparse.Namespace, overrides: list[str]) -> None:
-    from wmrl.distributed import writes_run_dir
-    from wmrl.runs import resume_run, train_run
+    from wmrl.runs import resume_run, train_run  # torch only once a run is built
 
     if args.resume:
         if args.preset or overrides:
             raise ConfigError("--resume RUN_DIR takes no preset or overrides: the run keeps its own config")
         result = resume_run(args.resume)
+        from wmrl.distributed import writes_run_dir
+
         if writes_run_dir():
             print(_brief(result))
         return
@@ -330,6 +346,8 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     out_dir = args.out_dir or os.path.join("runs", os.path.splitext(os.path.basename(args.preset))[0])
     cfg = load_config(args.preset, [*overrides, f"--out_dir={out_dir}"])
     last = train_run(cfg)
+    from wmrl.distributed import writes_run_dir
+
     if writes_run_dir():  # data-parallel: the main process reports the run (its metrics)
         print(_brief(last))
         print(f"run directory: {out_dir}")

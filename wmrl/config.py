@@ -90,6 +90,23 @@ def _check(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _finite(section: Any, prefix: str) -> None:
+    """Refuse a float field of ``section`` that is inf or nan (``--grpo.lr=inf`` parses as a float,
+    then failed deep inside torch without naming the field)."""
+    import dataclasses
+
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix}{f.name}={value} must be a finite number")
+
+
+# Bounds that no run reaches but a typo does (an extra zero or three): refused at parse time, one
+# line naming the field, instead of failing in the allocator or training for ever.
+MAX_ROLLOUTS_PER_STEP = 1_000_000
+MAX_STEPS = 10_000_000
+
+
 def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
     _check(
         value in choices, f"{name}={value!r} is not one of {', '.join(choices)}{did_you_mean(value, choices)}"
@@ -136,12 +153,20 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
 
     def __post_init__(self) -> None:
+        _finite(self, "grpo.")
         _check(
             self.group_size >= 2,
             f"grpo.group_size={self.group_size} must be >= 2 (advantages are within-group)",
         )
         _check(self.tasks_per_step >= 1, f"grpo.tasks_per_step={self.tasks_per_step} must be >= 1")
         _check(self.steps >= 1, f"grpo.steps={self.steps} must be >= 1")
+        _check(self.steps <= MAX_STEPS, f"grpo.steps={self.steps} must be at most {MAX_STEPS:_}")
+        rollouts = self.group_size * self.tasks_per_step
+        _check(
+            rollouts <= MAX_ROLLOUTS_PER_STEP,
+            f"grpo.group_size={self.group_size} x grpo.tasks_per_step={self.tasks_per_step} is {rollouts:_} "
+            f"rollouts a step; at most {MAX_ROLLOUTS_PER_STEP:_}",
+        )
         _check(self.lr > 0, f"grpo.lr={self.lr} must be > 0")
         _check(0 < self.clip_eps < 1, f"grpo.clip_eps={self.clip_eps} must lie in (0, 1)")
         _check(self.epochs >= 1, f"grpo.epochs={self.epochs} must be >= 1")
@@ -165,6 +190,7 @@ class AnchorConfig:
     max_concurrent: int = 2
 
     def __post_init__(self) -> None:
+        _finite(self, "anchors.")
         _check(0 <= self.fraction <= 1, f"anchors.fraction={self.fraction} must lie in [0, 1]")
         _check(self.min_groups >= 0, f"anchors.min_groups={self.min_groups} must be >= 0")
         _check(self.max_concurrent >= 1, f"anchors.max_concurrent={self.max_concurrent} must be >= 1")
@@ -225,6 +251,7 @@ class DenoiseConfig:
     sample_weight_max: float = 4.0
 
     def __post_init__(self) -> None:
+        _finite(self, "denoise.")
         _check(self.half_life > 0, f"denoise.half_life={self.half_life} must be > 0")
         _check(self.warmup_obs >= 1, f"denoise.warmup_obs={self.warmup_obs} must be >= 1")
         _check(
@@ -261,6 +288,7 @@ class PPIConfig:
     shrink_confidence: float | None = 0.9
 
     def __post_init__(self) -> None:
+        _finite(self, "ppi.")
         _one_of("ppi.moments", self.moments, ("advantage", "gradient"))
         _check(
             self.shrink_confidence is None or 0.5 <= self.shrink_confidence < 1,
@@ -296,6 +324,7 @@ class ExecutorConfig:
     num_gpus: float = 0.0
 
     def __post_init__(self) -> None:
+        _finite(self, "executor.")
         _one_of("executor.type", self.type, EXECUTORS)
         missing_ray = self.type == "ray" and missing_extra_message("ray", "executor.type=ray")
         if missing_ray:
@@ -376,6 +405,11 @@ class DomainConfig(draccus.ChoiceRegistry):
     HELDOUT_SIZE: str | None = None
     HAS_EXECUTION_LOG = False  # the built domain offers prior_anchor_groups (ppi.prior_from_log)
 
+    def bf16_unsupported(self) -> str | None:
+        """Why this domain's models do not run under ``precision=bf16`` (None: they do), so that
+        ``RunConfig`` refuses it when the config is parsed, not after the domain was built."""
+        return None
+
     def build(self, run: RunConfig) -> Domain:  # pragma: no cover - interface
         """The ready-to-train domain: whatever it needs first (demos, SFT, WM pretraining) happens
         here, cached under ``run.out_dir`` or the domain's own cache directory."""
@@ -445,6 +479,14 @@ class RunConfig:
             f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N",
         )
         _one_of("precision", self.precision, PRECISIONS)
+        _check(bool(str(self.out_dir).strip()), "out_dir is empty: give the run directory")
+        _finite(self, "")
+        _finite(self.domain, "domain.")
+        unsupported = self.domain.bf16_unsupported() if self.precision == "bf16" else None
+        _check(
+            not unsupported,
+            f"precision=bf16 is not supported here: {unsupported}; use --precision=fp32",
+        )
         _check(
             not self.ppi.prior_from_log or type(self.domain).HAS_EXECUTION_LOG,
             f"ppi.prior_from_log=true needs a domain with a pre-training execution log (research); "

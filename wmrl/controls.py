@@ -13,10 +13,16 @@ ranking (e.g. extra WM rows in the loss's normalisation, or the anchors' own up-
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from wmrl.anchors import hash_seed
 from wmrl.domain import Prediction
+from wmrl.lazy import lazy
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 PLACEBO_SALT = 0x9A1C3B0
 PRIOR_SALT = 0x9A1C3B1  # the execution log's groups (ppi.prior_from_log), one draw per group

@@ -9,12 +9,17 @@ within a group, so an affine map would cancel; only a non-affine ``f`` changes a
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from sklearn.isotonic import IsotonicRegression
 
 from wmrl.config import DebiasConfig
+from wmrl.lazy import lazy
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 
 class OnlineDebiaser:
@@ -48,6 +53,8 @@ class OnlineDebiaser:
 
     def _fit(self) -> None:
         x, y = np.array(self.pairs, dtype=np.float64).T
+        from sklearn.isotonic import IsotonicRegression  # seconds to import: on first use
+
         iso = IsotonicRegression(increasing=True, out_of_bounds="clip").fit(x, y)
         self.x_knots, self.y_knots = iso.X_thresholds_.copy(), iso.y_thresholds_.copy()
         self.since_fit = 0

@@ -13,10 +13,16 @@ removes bias the residual shrinks and ``w`` relaxes toward 1.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from wmrl.config import DenoiseConfig, half_life_to_alpha
 from wmrl.debias import centred_residual
+from wmrl.lazy import lazy
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 
 def residuals_and_variances(

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-
-import torch
+from typing import TYPE_CHECKING
 
 from wmrl.config import GRPOConfig
 from wmrl.domain import RolloutBatch, log_probs
+from wmrl.lazy import lazy
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 
 def group_advantages(

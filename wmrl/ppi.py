@@ -52,14 +52,18 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from scipy.stats import norm
-from sklearn.isotonic import IsotonicRegression
 
 from wmrl.config import PPIConfig
+from wmrl.lazy import lazy
 from wmrl.learner import group_advantages
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 
 def ppi_advantages(
@@ -217,6 +221,8 @@ def rho_lower_bound(rho: float, n_eff: float, confidence: float) -> float:
     if n_eff <= 3 or not math.isfinite(rho):
         return -1.0
     z = math.atanh(min(max(rho, -1 + 1e-12), 1 - 1e-12))
+    from scipy.stats import norm  # seconds to import: on first use
+
     return math.tanh(z - norm.ppf(confidence) / math.sqrt(n_eff - 3))
 
 
@@ -304,6 +310,8 @@ class PowerTuner:
             if calibrate and fit_on:
                 x = np.array([v for g in fit_on for v in g[0]])
                 y = np.array([v for g in fit_on for v in g[1]])
+                from sklearn.isotonic import IsotonicRegression  # seconds to import: on first use
+
                 iso = IsotonicRegression(out_of_bounds="clip").fit(x, y)
                 r_hat = torch.from_numpy(iso.predict(r_hat.numpy()))
             a, _ = group_advantages(r_true, gid, self.advantage, self.std_eps)

@@ -15,10 +15,12 @@ from wmrl.config import RunConfig, load_config, save_config, to_dict, upgrade_sa
 from wmrl.domain import DomainCapabilities
 from wmrl.tracking import (
     CHECKPOINT,
+    LOCK,
     START_POLICY,
     RunDirError,
     _diff,
     check_fresh,
+    check_resumable_config,
     exclusive,
     policy_fingerprint,
     prepare_run_dir,
@@ -52,13 +54,50 @@ def train_run(cfg: RunConfig, resume: bool = False, start_policy: tuple[str, str
         _check_resumable(out, cfg)
         restart = not (out / CHECKPOINT).exists()
         resume = not restart
+    skeleton = None
     if not resume and main:
         if comparison_runs(out):
             raise RunDirError(f"{out} holds a comparison ({_runs_brief(out)}); choose another --out-dir")
         check_fresh(out)  # before the lock: a refused run leaves the directory as it was
+        skeleton = _Skeleton(out)
         writable_dir(out)
-    with exclusive(out) if main else contextlib.nullcontext():
-        return _train_locked(cfg, acc, resume, restart, start_policy)
+    try:
+        with exclusive(out) if main else contextlib.nullcontext():
+            return _train_locked(cfg, acc, resume, restart, start_policy)
+    except Exception:
+        if skeleton is not None:
+            skeleton.remove_if_untrained()
+        raise
+
+
+class _Skeleton:
+    """What a fresh run makes in its directory before it trains (the directory, ``run.lock``,
+    ``config.yaml``, ``checkpoints/``, ``start_policy.json``, ``.wandb_id``): removed again when
+    the run fails before its first step (a check of the built domain refused it, say), so that a
+    refused run leaves no half-made run folder. Only what was not there before, only while the run
+    logged no step and saved no checkpoint; anything else the build wrote (its caches) stays."""
+
+    FILES = ("config.yaml", LOCK, START_POLICY, ".wandb_id", "checkpoints/latest.json")
+    DIRS = ("checkpoints", "wandb")
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.existed = out.exists()
+        self.before = {n for n in (*self.FILES, *self.DIRS) if (out / n).exists()}
+
+    def remove_if_untrained(self) -> None:
+        out = self.out
+        if (out / CHECKPOINT).exists() or (out / "metrics.jsonl").exists():
+            return  # it trained: a resume continues it
+        for name in self.FILES:
+            if name not in self.before:
+                with contextlib.suppress(OSError):
+                    (out / name).unlink()
+        for name in (*self.DIRS, ""):
+            if name in self.before or (name == "" and self.existed):
+                continue
+            with contextlib.suppress(OSError):
+                (out / name).rmdir() if name else out.rmdir()  # only when empty
 
 
 def _train_locked(cfg: RunConfig, acc, resume: bool, restart: bool, start_policy: tuple[str, str] | None) -> dict[str, float]:  # fmt: skip
@@ -156,6 +195,8 @@ def _check_resumable(out: Path, cfg: RunConfig) -> None:
         )
     if not (out / CHECKPOINT).exists() and not (out / "config.yaml").exists():
         raise RunDirError(f"cannot resume {out}: it holds no checkpoint ({CHECKPOINT})")
+    if (out / CHECKPOINT).exists():
+        check_resumable_config(out, cfg)  # before the domain is built
 
 
 def writable_dir(path: Path) -> None:

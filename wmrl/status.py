@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 
 from wmrl.config import ConfigError, load_config
-from wmrl.tracking import CHECKPOINT, locked_by, read_metrics
+from wmrl.tracking import CHECKPOINT, checkpoint_step, locked_by, read_metrics
 
 RECENT_STEPS = 10  # the pace of a running run: the median of its last steps' time/step
 
@@ -27,9 +27,12 @@ def run_state(
     ``grid_cell`` is finished once re-evaluated, with the ``reevaluated`` score as its final one.
 
     Returns ``{"state", "step", "steps", "score_step", "score", "final", "elapsed_s",
-    "eta_s", "holder"}``; ``state`` is one of finished, re-evaluating, trained (a grid cell whose
-    re-evaluation is still to run), running, stopped (a checkpoint to resume), stopped before its
-    first checkpoint, pending."""
+    "eta_s", "holder", "checkpoint_step", "unsaved_steps"}``; ``state`` is one of finished,
+    re-evaluating, trained (a grid cell whose re-evaluation is still to run), running, stopped (a
+    checkpoint to resume), stopped before its first checkpoint, pending. ``step`` is the last
+    logged step, except for a stopped run: the step of its checkpoint, where a resume continues;
+    ``unsaved_steps`` counts the steps it logged past that checkpoint (killed before saving them:
+    a resume moves their rows to ``metrics.orphaned.jsonl`` and trains them again)."""
     rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
     holder = locked_by(run_dir)
     done = (run_dir / "summary.json").exists()
@@ -45,6 +48,12 @@ def run_state(
         state = "stopped before its first checkpoint"
     else:
         state = "pending"
+    saved = checkpoint_step(run_dir) if state in ("stopped", "running") else None
+    if state == "stopped" and saved is not None:
+        rows = [r for r in rows if r["step"] <= saved]  # what a resume continues from
+    unsaved = 0
+    if state == "stopped" and saved is not None:
+        unsaved = len(read_metrics(run_dir)) - len(rows)
     scored = [r for r in rows if _finite(r.get(f"eval/{score}"))]
     step = int(rows[-1]["step"]) if rows else 0
     elapsed = next((r["time/elapsed"] for r in reversed(rows) if _finite(r.get("time/elapsed"))), None)
@@ -62,6 +71,8 @@ def run_state(
         "elapsed_s": elapsed,
         "eta_s": remaining_seconds(rows, steps) if state == "running" else None,
         "holder": holder,
+        "checkpoint_step": saved,
+        "unsaved_steps": unsaved,
     }
 
 
@@ -207,6 +218,12 @@ def _state_label(run: dict) -> str:
     """``running (pid N on HOST)`` for a running run, else its state."""
     if run["state"] == "running" and run["holder"]:
         return f"running ({run['holder'].split(' since ')[0]})"
+    if run["state"] == "stopped" and run.get("unsaved_steps"):
+        n = run["unsaved_steps"]
+        return (
+            f"stopped at its checkpoint ({n} step{'s' if n > 1 else ''} logged past it, "
+            "trained again on resume)"
+        )
     return run["state"]
 
 

@@ -9,7 +9,10 @@ A directory whose run stopped before its first checkpoint holds nothing to resum
 config that differs from the new one to ``config.orphaned.yaml``.
 
 SIGINT and SIGTERM (:class:`StopSignals`) stop a run at the end of the step in progress, with a
-checkpoint of that step; a second signal stops it at once, keeping the last checkpoint.
+checkpoint of that step; a second signal, sent at least ``SIGNAL_GRACE_S`` after the first, stops it
+at once, keeping the last checkpoint. Copies of the first that arrive within that interval (``uv run``
+forwards the SIGTERM that ``kill -- -PGID``, Slurm or Kubernetes send to the whole process group,
+so the run receives it twice) count as that one signal.
 
 A process that writes a run (or a grid) directory holds the lock of its ``run.lock`` file
 (:func:`exclusive`), so a second process started on the same directory (``--resume`` while the run
@@ -20,6 +23,7 @@ a running run from a stopped one (:func:`locked_by`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import io
@@ -27,6 +31,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import socket
 import sys
@@ -35,15 +40,30 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import draccus
 import numpy as np
-import torch
+
+from wmrl.lazy import lazy
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 from wmrl.config import RunConfig, config_fingerprint, to_dict, upgrade_saved
+from wmrl.lazy import lazy
+from wmrl.signals import SIGNAL_GRACE_S, repeated_signal
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 CHECKPOINT = "checkpoints/latest.pt"
+# The step of ``CHECKPOINT`` (``{"step": N}``), written after it: ``wmrl status`` reads it without torch.
+CHECKPOINT_STEP = "checkpoints/latest.json"
 # The data a run's WM pretrained on before training (``{"executions", "sim_steps"}``, either may be
 # absent), written by the domain's build and counted by a comparison report apart from the RL budget.
 OFFLINE_DATA = "offline_data.json"
@@ -63,11 +83,12 @@ def say(message: str, enabled: bool = True) -> None:
 
 
 @contextlib.contextmanager
-def stage(description: str, enabled: bool = True, refresh_s: float = 1.0):
+def stage(description: str, enabled: bool = True, refresh_s: float = 1.0, log_every_s: float = 60.0):
     """A long stage of a run (sandbox start, execution log, demos, SFT, WM pretraining,
     evaluation) shown on stderr while it runs: ``description [elapsed]``, counting every
-    ``refresh_s`` on a terminal (elsewhere one line when it starts and one when it ends, so logs
-    stay short). ``enabled`` is ``tracking.progress``."""
+    ``refresh_s`` on a terminal; elsewhere (a log file, a batch job's output) one line when it
+    starts, one more every ``log_every_s`` while it runs (so a stage of minutes shows it is alive,
+    and a log stays short) and one when it ends. ``enabled`` is ``tracking.progress``."""
     if not enabled:
         yield
         return
@@ -75,20 +96,24 @@ def stage(description: str, enabled: bool = True, refresh_s: float = 1.0):
 
     bar = tqdm(total=None, desc=description, bar_format="{desc} [{elapsed}]", file=sys.stderr)
     done = threading.Event()
+    tty = sys.stderr.isatty()
+    start = time.monotonic()
 
     def tick() -> None:
-        while not done.wait(refresh_s):
-            bar.refresh()
+        while not done.wait(refresh_s if tty else log_every_s):
+            if tty:
+                bar.refresh()
+            else:
+                elapsed = tqdm.format_interval(time.monotonic() - start)
+                tqdm.write(f"{description} [{elapsed}, running]", file=sys.stderr)
 
-    ticker = threading.Thread(target=tick, daemon=True) if sys.stderr.isatty() else None
-    if ticker is not None:
-        ticker.start()
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
     try:
         yield
     finally:
         done.set()
-        if ticker is not None:
-            ticker.join()
+        ticker.join()
         bar.close()
 
 
@@ -214,13 +239,17 @@ class RunInterrupted(KeyboardInterrupt):
 class StopSignals:
     """While entered (in the main thread; for each of SIGINT and SIGTERM that has a Python
     handler, see ``__enter__``): the first SIGINT or SIGTERM only records itself in
-    ``signum`` (the run stops at the end of its step, saving it); a second one raises
-    KeyboardInterrupt at once. The previous handlers come back on exit."""
+    ``signum`` (the run stops at the end of its step, saving it); a second one, at least
+    ``grace_s`` (``SIGNAL_GRACE_S``) after the first, raises KeyboardInterrupt at once. One sooner
+    is a copy of the first (one SIGTERM to a process group under ``uv run`` arrives twice) and
+    changes nothing. The previous handlers come back on exit."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, on_first=None):
+    def __init__(self, on_first=None, grace_s: float | None = None):
         self.signum: int | None = None
+        self.first_at: float | None = None  # time.monotonic() of the first signal
+        self.grace_s = SIGNAL_GRACE_S if grace_s is None else grace_s
         self._on_first = on_first  # called from the handler on the first signal (e.g. a bar notice)
         self._previous: dict[int, Any] = {}
 
@@ -236,8 +265,10 @@ class StopSignals:
 
     def _handle(self, signum: int, frame) -> None:
         if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
+            if repeated_signal(self.first_at, self.grace_s):
+                raise KeyboardInterrupt
+            return  # a copy of the first signal (forwarded by a launcher), not a second one
+        self.signum, self.first_at = signum, time.monotonic()
         if self._on_first is not None:
             self._on_first(signum)
 
@@ -495,7 +526,7 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def safe_load(path: Path | str, map_location: str | torch.device | None = "cpu") -> Any:
+def safe_load(path: Path | str, map_location: str | torch.device | None = "cpu", mmap: bool = False) -> Any:
     """``torch.load`` with ``weights_only=True``: tensors, plain containers and numbers, never code.
 
     Checkpoints written before RNG states were stored as plain values hold numpy's state as an array;
@@ -504,7 +535,7 @@ def safe_load(path: Path | str, map_location: str | torch.device | None = "cpu")
     ``pickle.UnpicklingError``.
     """
     with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap or None)
 
 
 def _numpy_array_globals() -> list:
@@ -521,9 +552,89 @@ def save_checkpoint(run_dir: Path, cfg: RunConfig, state: dict) -> Path:
     path = run_dir / CHECKPOINT
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"fingerprint": config_fingerprint(cfg), "rng": rng_state(), **state}, tmp)
-    os.replace(tmp, path)
+    try:
+        # through a Python file: a full disk is an OSError (ENOSPC), not torch's "enforce fail ...
+        # unexpected pos" of its own writer
+        with open(tmp, "wb") as f:
+            torch.save({"fingerprint": config_fingerprint(cfg), "rng": rng_state(), **state}, f)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise CheckpointWriteError(_save_failure(run_dir, state.get("step"), e)) from None
+    step_tmp = run_dir / (CHECKPOINT_STEP + ".tmp")
+    try:
+        step_tmp.write_text(json.dumps({"step": state.get("step")}) + "\n")
+        os.replace(step_tmp, run_dir / CHECKPOINT_STEP)
+    except OSError:  # the checkpoint is saved; checkpoint_step reads a stale side file's step from it
+        with contextlib.suppress(OSError):
+            step_tmp.unlink()
     return path
+
+
+class CheckpointWriteError(RunDirError):
+    """A checkpoint that could not be written (a full disk, say); the previous one is kept."""
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _save_failure(run_dir: Path, step: int | None, e: BaseException) -> str:
+    """One line: why the checkpoint of ``step`` was not written, what was kept, how to go on."""
+    full = getattr(e, "errno", None) in _DISK_FULL or any(
+        text in str(e) for text in ("unexpected pos", "file write failed", "No space left")
+    )
+    try:
+        free = f"{shutil.disk_usage(run_dir).free / 2**20:.0f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    why = (
+        f"the disk is full ({free})"
+        if full
+        else f"{getattr(e, 'strerror', None) or ' '.join(str(e).split())}"
+    )
+    kept = checkpoint_step(run_dir)
+    last = (
+        f"the last checkpoint (step {kept}) is kept" if kept is not None else "no earlier checkpoint exists"
+    )
+    return (
+        f"cannot save the checkpoint of step {step} in {run_dir / CHECKPOINT}: {why}; {last} and the "
+        f"partial file removed; free space, then `wmrl run --resume {run_dir}` continues"
+        + (f" from step {kept}" if kept is not None else " from step 0")
+    )
+
+
+def checkpoint_step(run_dir: Path | str) -> int | None:
+    """The step of ``run_dir``'s checkpoint (None without one): from ``CHECKPOINT_STEP`` when it is
+    at least as new as the checkpoint, else (a run saved before it existed, or killed between the
+    two writes) from the checkpoint itself, memory-mapped."""
+    path, side = Path(run_dir) / CHECKPOINT, Path(run_dir) / CHECKPOINT_STEP
+    if not path.exists():
+        return None
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        if side.stat().st_mtime >= path.stat().st_mtime:
+            return int(json.loads(side.read_text())["step"])
+    try:
+        return int(safe_load(path, mmap=True)["step"])
+    except Exception:
+        return None
+
+
+def set_aside_after_checkpoint(run_dir: Path, step: int) -> int:
+    """A resume from the checkpoint of ``step``: :func:`trim_metrics_after`, saying what it moved
+    (the rows a killed run logged after its last checkpoint, steps the resume trains again)."""
+    rows = [r["step"] for r in read_metrics(run_dir) if r["step"] > step]
+    moved = trim_metrics_after(run_dir, step)
+    if moved:
+        log.warning(
+            "%s: resuming from the checkpoint of step %d; the %d metric row(s) logged after it (steps %s, "
+            "trained again now) moved to metrics.orphaned.jsonl",
+            run_dir,
+            step,
+            moved,
+            f"{rows[0]}-{rows[-1]}" if len(rows) > 1 else rows[0],
+        )
+    return moved
 
 
 def load_checkpoint(run_dir: Path, cfg: RunConfig) -> dict:
@@ -533,16 +644,41 @@ def load_checkpoint(run_dir: Path, cfg: RunConfig) -> dict:
         state = safe_load(path)
     except Exception as e:
         raise RunDirError(f"cannot read checkpoint {path}: {e}") from e
-    want, got = config_fingerprint(cfg), upgrade_saved(state.get("fingerprint", {}))
-    if want != got:
-        diffs = _diff(got, want)
-        raise RunDirError(
-            f"checkpoint {path} does not match the config: "
-            + "; ".join(f"{k}: checkpoint {a!r} vs config {b!r}" for k, a, b in diffs[:8])
-            + "; to continue it as it ran, resume with "
-            + " ".join(f"--{k}={_flag_value(a)}" for k, a, _ in diffs[:8])
-        )
+    check_checkpoint_config(run_dir, cfg, state.get("fingerprint", {}))
     return state
+
+
+def check_resumable_config(run_dir: Path, cfg: RunConfig) -> None:
+    """:func:`check_checkpoint_config` of the checkpoint in ``run_dir``, read memory-mapped (its
+    tensors are not loaded): a resume checks its config before it builds the domain (minutes of
+    SFT and WM pretraining for some)."""
+    path = run_dir / CHECKPOINT
+    try:
+        state = safe_load(path, mmap=True)
+    except Exception:  # an old (non-zip) format cannot be mapped; load_checkpoint reads it later
+        return
+    check_checkpoint_config(run_dir, cfg, state.get("fingerprint", {}))
+
+
+def check_checkpoint_config(run_dir: Path, cfg: RunConfig, fingerprint: dict) -> None:
+    """Refuse a checkpoint (its config ``fingerprint``) that ``cfg`` (the run's ``config.yaml``)
+    does not match, in one line that names each field and says what works: ``--resume`` takes no
+    overrides, so the values go back into ``config.yaml``; a new run takes the edited ones."""
+    path = run_dir / CHECKPOINT
+    want, got = config_fingerprint(cfg), upgrade_saved(fingerprint)
+    if want == got:
+        return
+    diffs = _diff(got, want)
+    saved = run_dir / "config.yaml"
+    raise RunDirError(
+        f"checkpoint {path} does not match the config: "
+        + "; ".join(f"{k}: checkpoint {a!r} vs config {b!r}" for k, a, b in diffs[:8])
+        + f". To continue it as it ran, set {'these values' if len(diffs) > 1 else 'this value'} back in "
+        + f"{saved} ("
+        + ", ".join(f"{k}: {_flag_value(a)}" for k, a, _ in diffs[:8])
+        + f") and rerun `wmrl run --resume {run_dir}`; to train with the config's values, start a new run "
+        + f"from it: `wmrl run {saved} --out-dir NEW_DIR`"
+    )
 
 
 def _flag_value(value: Any) -> str:

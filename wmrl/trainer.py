@@ -51,8 +51,8 @@ from wmrl.tracking import (
     load_checkpoint,
     prepare_run_dir,
     save_checkpoint,
+    set_aside_after_checkpoint,
     set_rng_state,
-    trim_metrics_after,
 )
 
 log = logging.getLogger("wmrl")
@@ -209,7 +209,7 @@ class Trainer:
         self.update_gen.set_state(state["update_gen"])
         set_rng_state(state["rng"])
         if self.is_main:
-            trim_metrics_after(self.run_dir, self.step)
+            set_aside_after_checkpoint(self.run_dir, self.step)
 
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:

@@ -97,6 +97,9 @@ def export_research(
         "max_prompt_tokens": cfg.max_prompt_tokens,
         "search_constraint": cfg.search_constraint and cfg.edit_mode == "knobs",
         "search_constraint_replace": cfg.search_constraint_replace,
+        "search_constraint_values": cfg.search_constraint_values,
+        "propose_edits": "from wmrl_research.agent import propose_edits; "
+        "propose_edits(DIR, TASK_ID, n=8)  # edits that apply, decoded under the run's constraint",
         "bos_first": tok.bos_token_id is not None,
         "example_prompt": example,
         "train_tasks": [t.id for t in train],
@@ -156,10 +159,13 @@ def export_research(
         + ("a BOS token first. " if tok.bos_token_id is not None else "")
         + (
             "Training decoded SEARCH texts under the knob-line constraint "
-            "(`wmrl_research.constrain`); plain `generate` does not apply it."
+            "(`wmrl_research.constrain`); plain `generate` does not apply it. "
             if agent["search_constraint"]
             else ""
         )
+        + "For edits that apply, in one call: `from wmrl_research.agent import propose_edits; "
+        "propose_edits(DIR, TASK_ID, n=8)` (the constraint as a transformers logits processor, "
+        "`wmrl_research.agent.KnobEditLogitsProcessor`, for your own `generate`)."
     ]
     return {
         "policy": {

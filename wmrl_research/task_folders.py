@@ -47,8 +47,9 @@ def add_user_dirs(dirs: list[str]) -> None:
 
 def task_folders() -> dict[str, Path]:
     """Task id -> its folder: the package's tasks, then every user folder's (sorted by id within a
-    folder). A sub-folder counts as a task if it holds ``__init__.py``; names starting with ``_``
-    or ``.`` are skipped. An id that is not :data:`TASK_ID_RE` or that two folders share raises
+    folder). A sub-folder counts as a task if it holds ``__init__.py``; one that holds a
+    ``solution.py`` but no ``__init__.py`` raises :class:`TaskDefinitionError` (it looks like a task
+    that would be skipped in silence); names starting with ``_`` or ``.`` are skipped. An id that is not :data:`TASK_ID_RE` or that two folders share raises
     :class:`TaskDefinitionError` naming the folder(s)."""
     out: dict[str, Path] = {}
     for root in [PACKAGE_DIR, *user_dirs()]:
@@ -56,10 +57,17 @@ def task_folders() -> dict[str, Path]:
             raise TaskDefinitionError(
                 f"${TASKS_ENV}: no folder {str(root)!r}; give folders that hold one sub-folder per task"
             )
-        for folder in sorted(p for p in root.iterdir() if (p / "__init__.py").is_file()):
+        for folder in sorted(p for p in root.iterdir() if p.is_dir()):
             task_id = folder.name
             if task_id.startswith(("_", ".")):
                 continue
+            if not (folder / "__init__.py").is_file():
+                if (folder / "solution.py").is_file():  # a task folder, but Python cannot import it
+                    raise TaskDefinitionError(
+                        f"task folder {str(folder)!r} has a solution.py but no __init__.py: a task is "
+                        "defined by SPEC = TaskSpec(...) in its __init__.py (wmrl_research/tasks/README.md)"
+                    )
+                continue  # a data folder, say
             if not TASK_ID_RE.fullmatch(task_id):
                 raise TaskDefinitionError(
                     f"task folder {str(folder)!r}: a task id is {TASK_ID_RULE}; rename the folder"

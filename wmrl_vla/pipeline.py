@@ -550,6 +550,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         seed=run.seed,
         calibration=(quality.get("var_scale", 1.0), quality.get("var_floor", 0.0)),
         calibrate=cfg.wm_calibrate,
+        progress=show,
     )
     domain = VLADomain(
         policy,
@@ -571,21 +572,12 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         imagine_input=cfg.imagine_input,
         latent_refresh_steps=cfg.latent_refresh_steps,
         # --precision=bf16 (wmrl.device.check_precision)
-        bf16_unsupported=None
-        if cfg.policy == "small_vla" and cfg.policy_path is None
-        else f"{_policy_setting(cfg)} (a lerobot policy) is run in float32 only",
+        bf16_unsupported=cfg.bf16_unsupported(),
     )
     if cfg.imagine_input == "latent":
         with stage(f"[vla] fitting the latent adapter ({cfg.latent_adapter_steps} steps)", show):
             domain.fit_latent_adapter(steps=cfg.latent_adapter_steps)
     return domain
-
-
-def _policy_setting(cfg: VLAConfig) -> str:
-    """The setting that names the run's policy, as the user wrote it."""
-    if cfg.policy_path is not None:
-        return f"domain.policy_path={cfg.policy_path}"
-    return f"domain.policy={cfg.policy}"
 
 
 def mean_success(records: list[dict]) -> float:

@@ -51,6 +51,7 @@ class VLAWorldModel:
         calibration: tuple[float, float] = (1.0, 0.0),
         calibrate: bool = True,
         calib_window: int = 256,
+        progress: bool = True,
     ) -> None:
         self.model = model
         self.var_scale, self.var_floor = (float(c) for c in calibration)
@@ -67,7 +68,7 @@ class VLAWorldModel:
         self.state_horizon = state_horizon
         self.max_episodes = max_episodes
         # anchor rollouts go to the LeRobot dataset ``dataset`` = (root, repo_id), when given
-        self.recorder = None if dataset is None else AnchorRecorder(*dataset)
+        self.recorder = None if dataset is None else AnchorRecorder(*dataset, progress=progress)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         self.n_updates = 0
         self.seed = seed
@@ -134,8 +135,11 @@ class VLAWorldModel:
         self.episodes.extend(r.as_episode() for r in new)
         self.n_anchor_episodes += len(new)
         self._trim_replay()
+        waited = 0.0
         if self.recorder is not None:  # written in a process of its own while the WM trains here
-            self.recorder.submit(new)
+            waited = self.recorder.wait_s
+            self.recorder.submit(new)  # first waits for the previous write: not the WM's own time
+            waited = self.recorder.wait_s - waited
         self.model.train()
         _, hist = train_dynamics(
             self.model,
@@ -151,6 +155,9 @@ class VLAWorldModel:
         return {
             "update_loss": float(np.mean(hist)) if hist else float("nan"),
             "episodes": float(len(self.episodes)),
+            # seconds this update waited for the previous anchors' dataset write (inside the WM's
+            # time/* figure, but the recording process's, not the WM's)
+            "anchor_write_wait_s": waited,
             **calib,
         }
 
@@ -217,8 +224,10 @@ class AnchorRecorder:
     it), :meth:`close` flushes and stops the process. The training never reads the dataset, so
     where it is written changes no result."""
 
-    def __init__(self, root: str, repo_id: str) -> None:
+    def __init__(self, root: str, repo_id: str, progress: bool = True) -> None:
         self.root, self.repo_id = root, repo_id
+        self.progress = progress  # tracking.progress: a wait for a write is shown as a stage
+        self.wait_s = 0.0  # seconds spent waiting for writes to finish, in all
         self._pool: ProcessPoolExecutor | None = None
         self._pending: Future | None = None
 
@@ -238,14 +247,29 @@ class AnchorRecorder:
         )
 
     def flush(self) -> None:
+        """Wait for the write in flight, shown as a stage while it runs (the first write starts the
+        recording process and imports lerobot: tens of seconds, which a frozen training bar hid)."""
+        import time
+
+        from wmrl.tracking import stage
+
         pending, self._pending = self._pending, None
         if pending is not None:
+            start = time.perf_counter()
             try:
-                pending.result()
+                if pending.done():
+                    pending.result()
+                else:
+                    with stage(
+                        f"[vla] writing anchor rollouts to the LeRobot dataset {self.root}", self.progress
+                    ):
+                        pending.result()
             except Exception as e:
                 raise RuntimeError(
                     f"recording anchor rollouts to the LeRobot dataset {self.root} failed: {e}"
                 ) from e
+            finally:
+                self.wait_s += time.perf_counter() - start
 
     def close(self) -> None:
         try:

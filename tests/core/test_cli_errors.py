@@ -6,15 +6,17 @@ import hashlib
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
 from wmrl.cli import main
-from wmrl.config import RunConfig, load_config
+from wmrl.config import ConfigError, DomainConfig, RunConfig, load_config
 from wmrl.config_messages import field_names
 from wmrl.report import TIME_KEYS
+from wmrl.toy import ToyConfig
 
 TINY = (
     "domain: {type: toy, n_contexts: 8, n_actions: 4}\nexecutor: {type: inline}\n"
@@ -111,6 +113,39 @@ BAD_INPUTS = {
         ["compare", "{root}/grid-zero.yaml", "--out-dir", "{root}/new"],
         ["domain 'toy'", "grpo.steps=0 must be >= 1"],
     ),
+    "infinite learning rate": (
+        ["run", "{root}/tiny.yaml", "--out-dir", "{root}/new", "--grpo.lr=inf"],
+        ["grpo.lr=inf must be a finite number"],
+    ),
+    "nan in a domain field": (
+        ["run", "{root}/tiny.yaml", "--out-dir", "{root}/new", "--domain.noise=nan"],
+        ["domain.noise=nan must be a finite number"],
+    ),
+    "a group no memory holds": (
+        ["run", "{root}/tiny.yaml", "--out-dir", "{root}/new", "--grpo.group_size=100000000"],
+        [
+            "grpo.group_size=100000000 x grpo.tasks_per_step=4 is 400_000_000 rollouts a step; at most 1_000_000"
+        ],
+    ),
+    "steps no run reaches": (
+        ["run", "{root}/tiny.yaml", "--out-dir", "{root}/new", "--grpo.steps=1000000000000"],
+        ["grpo.steps=1000000000000 must be at most 10_000_000"],
+    ),
+    "bf16 with a lerobot policy, refused before the build": (
+        [
+            "run",
+            "vla-debug",
+            "--out-dir",
+            "{root}/new",
+            "--precision=bf16",
+            "--domain.policy=lerobot_act",
+            "--domain.imagine_input=pixels",
+        ],  # fmt: skip
+        [
+            "precision=bf16 is not supported here: domain.policy=lerobot_act (a lerobot policy) is run in "
+            "float32 only; use --precision=fp32"
+        ],  # fmt: skip
+    ),
     "out dir under a file": (
         ["run", "{root}/tiny.yaml", "--out-dir", "{root}/afile/run"],
         ["out_dir=", "afile is a file"],
@@ -185,6 +220,44 @@ def test_bad_input_is_one_clear_line_and_loses_nothing(case, made, capfd):
         assert text in lines[0], (text, lines[0])
     assert snapshot(made) == before
     assert not (made / "new").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_an_empty_out_dir_is_refused_not_replaced_by_the_default(command, made, tmp_path, monkeypatch, capfd):
+    """``--out-dir=$UNSET``: one line, and no run under the preset's default directory."""
+    monkeypatch.chdir(tmp_path)
+    source = made / ("tiny.yaml" if command == "run" else "grid.yaml")
+    capfd.readouterr()
+    assert main([command, str(source), "--out-dir="]) == 2
+    assert capfd.readouterr().err == f"wmrl: error: --out-dir is empty: give the {command} directory\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@DomainConfig.register_subclass("toy_refused_when_built")
+@dataclass
+class RefusedToyConfig(ToyConfig):
+    """A domain whose build refuses the run (as a check that needs the built models)."""
+
+    def build(self, run):
+        raise ConfigError("domain.n_contexts: refused by a check of the built domain")
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_a_run_refused_while_its_domain_builds_leaves_no_half_made_folder(existed, tmp_path, capfd):
+    preset = tmp_path / "refused.yaml"
+    preset.write_text(TINY.replace("type: toy,", "type: toy_refused_when_built,"))
+    run = tmp_path / "run"
+    if existed:
+        run.mkdir()
+        (run / "notes.txt").write_text("mine\n")
+    capfd.readouterr()
+    assert main(["run", str(preset), "--out-dir", str(run)]) == 2
+    err = capfd.readouterr().err
+    assert err == "wmrl: error: domain.n_contexts: refused by a check of the built domain\n"
+    if existed:  # what was there stays; nothing of the refused run (config.yaml, checkpoints/, run.lock)
+        assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+    else:
+        assert not run.exists()
 
 
 def test_resume_drops_a_truncated_last_metrics_line_and_keeps_the_rest(tmp_path, capfd):

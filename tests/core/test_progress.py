@@ -25,6 +25,19 @@ def test_a_stage_shows_its_description_and_elapsed_time_only_when_enabled(capfd)
     assert capfd.readouterr().err == ""
 
 
+def test_a_stage_without_a_terminal_writes_a_line_while_it_runs(capfd):
+    """stderr to a file (a batch job's log): a line at the start, one every ``log_every_s`` while
+    the stage runs, one at its end; before, a stage of minutes showed nothing between the two."""
+    import time
+
+    with stage("[vla] writing the anchor dataset", enabled=True, log_every_s=0.2):
+        time.sleep(0.7)
+    lines = capfd.readouterr().err.splitlines()
+    running = [x for x in lines if x.startswith("[vla] writing the anchor dataset [00:00, running]")]
+    assert len(running) >= 2, lines
+    assert lines[-1].startswith("[vla] writing the anchor dataset [00:00]"), lines
+
+
 @DomainConfig.register_subclass("toy_writes_datasets")
 @dataclass
 class DatasetWritingToyConfig(ToyConfig):

@@ -107,6 +107,40 @@ def test_a_second_process_on_a_training_run_stops_and_status_tells_running_from_
     assert done["final"] == done["score"] == last["eval/true_reward"] and done["score_step"] == STEPS
 
 
+def test_after_sigkill_status_reports_the_checkpoint_step_and_resume_says_what_it_set_aside(tmp_path, capfd):
+    """A run killed after logging steps past its last checkpoint (as SIGKILL leaves one): status
+    shows the checkpoint's step, where a resume continues, and the steps logged past it; the
+    resume says which rows it moved to metrics.orphaned.jsonl."""
+    run = tmp_path / "run"
+    fast = [a for a in FAST if not a.startswith("--grpo.steps")]
+    assert main(["run", "toy", *fast, "--grpo.steps=5", "--out-dir", str(run)]) == 0
+    rows = read_metrics(run)
+    extra = [dict(rows[-1], step=s) for s in (6, 7, 8)]  # logged, never checkpointed
+    with open(run / "metrics.jsonl", "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in extra)
+    (run / "summary.json").unlink()
+    saved = run / "config.yaml"
+    saved.write_text(saved.read_text().replace("steps: 5", "steps: 10"))
+    stopped = status(run)["runs"][0]
+    assert stopped["state"] == "stopped" and stopped["step"] == 5 and stopped["checkpoint_step"] == 5
+    assert stopped["unsaved_steps"] == 3
+    table = format_status(status(run))
+    assert " 5/10 " in table and "8/10" not in table
+    assert "stopped at its checkpoint (3 steps logged past it, trained again on resume)" in table
+    capfd.readouterr()
+    assert main(["run", "--resume", str(run)]) == 0
+    err = capfd.readouterr().err
+    assert (
+        f"wmrl: warning: {run}: resuming from the checkpoint of step 5; the 3 metric row(s) logged after "
+        "it (steps 6-8, trained again now) moved to metrics.orphaned.jsonl"
+    ) in err, err
+    assert [r["step"] for r in read_metrics(run)] == list(range(11))  # step 0: eval_every's first
+    orphaned = [
+        json.loads(line)["step"] for line in (run / "metrics.orphaned.jsonl").read_text().splitlines()
+    ]
+    assert orphaned == [6, 7, 8]
+
+
 def test_a_fresh_run_on_a_directory_being_written_before_its_first_checkpoint_moves_nothing(tmp_path, capfd):
     """Before its first checkpoint a run's directory would be reused by a new run (its rows moved
     aside): not while the process writing it runs."""

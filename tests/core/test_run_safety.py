@@ -3,6 +3,8 @@ whose run stopped before its first checkpoint is resumed from step 0 or reused; 
 anchor comes back ungraded stops instead of exiting 0. The toy domain (deterministic) in real
 ``wmrl`` processes, so the signals, exit statuses and stderr are the user's."""
 
+import copy
+import errno
 import os
 import shutil
 import signal
@@ -19,8 +21,9 @@ import torch
 from wmrl.cli import main
 from wmrl.config import DomainConfig
 from wmrl.domain import Job
+from wmrl.signals import SIGNAL_GRACE_S
 from wmrl.toy import ToyConfig
-from wmrl.tracking import CHECKPOINT, read_metrics
+from wmrl.tracking import CHECKPOINT, StopSignals, read_metrics
 
 FAST = [
     "--executor.type=inline",
@@ -125,16 +128,56 @@ def test_signal_saves_the_last_finished_step_and_resume_ends_as_an_uninterrupted
     _same_final_state(reference, run)
 
 
+def test_one_sigterm_delivered_twice_is_one_signal_and_saves_the_step_in_progress(tmp_path, capfd):
+    """`uv run` forwards the SIGTERM its process group got: the run receives it twice, at once.
+    Without the grace interval the copy stopped the run "at once by a second SIGTERM", losing the
+    steps since its last checkpoint."""
+    run = tmp_path / "run"
+
+    def watch():
+        while not (run / "metrics.jsonl").exists() or len(read_metrics(run)) < 2:
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher's copy
+
+    threading.Thread(target=watch, daemon=True).start()
+    capfd.readouterr()
+    assert main(_args(_preset(tmp_path, 0.02), run)) == 128 + signal.SIGTERM
+    err = capfd.readouterr().err
+    step = len(read_metrics(run))
+    assert err.strip().splitlines() == [
+        f"wmrl: stopped by SIGTERM after step {step}, checkpoint of step {step} saved; "
+        f"continue it with `wmrl run --resume {run}`"
+    ]
+    assert torch.load(run / CHECKPOINT, weights_only=True)["step"] == step
+
+
+def test_stop_signals_count_a_copy_within_the_grace_as_the_first_and_a_later_one_as_second():
+    previous = signal.signal(signal.SIGTERM, lambda *a: None)  # as `wmrl run` installs one
+    try:
+        with StopSignals(grace_s=0.3) as stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)  # a copy: no KeyboardInterrupt
+            assert stop.signum == signal.SIGTERM
+            time.sleep(0.4)
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)  # the handler runs between bytecodes; it raises here at the latest
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @pytest.mark.slow
 def test_second_signal_stops_at_once_and_a_folder_without_checkpoint_resumes_or_is_reused(
     tmp_path, reference, capfd
 ):
     run = tmp_path / "run"
-    proc = _start(_args(_preset(tmp_path, 0.05), run))  # a step takes about 0.8 s
+    proc = _start(_args(_preset(tmp_path, 0.2), run))  # a step takes about 3.2 s
     rows = _wait_rows(run, 1, proc)
     _wait_rows(run, rows + 1, proc)  # a step has just begun
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.2)
+    time.sleep(SIGNAL_GRACE_S + 0.3)  # a deliberate second signal, not a copy of the first
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in err, err
@@ -164,6 +207,77 @@ def test_second_signal_stops_at_once_and_a_folder_without_checkpoint_resumes_or_
     assert (reused / "metrics.orphaned.jsonl").read_text() == old_rows
     assert (reused / "config.orphaned.yaml").read_text() == old_config
     _same_final_state(reference, reused)
+
+
+def test_resume_after_config_yaml_was_edited_gives_advice_that_works(tmp_path, capfd):
+    """``--resume`` takes no overrides: the refusal says to set the value back in config.yaml (which
+    then resumes), or to start a new run from the edited config (which then trains)."""
+    import yaml
+
+    run = tmp_path / "run"
+    assert main(_args(_preset(tmp_path, 0.0), run, "--grpo.steps=2")) == 0
+    saved = run / "config.yaml"
+    original = yaml.safe_load(saved.read_text())
+    edited = copy.deepcopy(original)
+    edited["grpo"]["steps"], edited["grpo"]["lr"] = 4, 5.0  # more steps (allowed), another lr (not)
+    saved.write_text(yaml.safe_dump(edited))
+    capfd.readouterr()
+    assert main(["run", "--resume", str(run)]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "--grpo.lr" not in err, err
+    assert "grpo.lr: checkpoint 20.0 vs config 5.0" in err
+    assert f"set this value back in {saved} (grpo.lr: 20.0) and rerun `wmrl run --resume {run}`" in err
+    assert f"start a new run from it: `wmrl run {saved} --out-dir NEW_DIR`" in err
+    assert torch.load(run / CHECKPOINT, weights_only=True)["step"] == 2  # nothing touched
+
+    new = tmp_path / "new"  # the second advice, followed
+    assert main(["run", str(saved), "--out-dir", str(new)]) == 0
+    assert [r["step"] for r in read_metrics(new)] == [1, 2, 3, 4]
+    edited["grpo"]["lr"] = 20.0  # the first advice, followed
+    saved.write_text(yaml.safe_dump(edited))
+    assert main(["run", "--resume", str(run)]) == 0
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"),
+    ],
+)
+def test_a_full_disk_during_a_checkpoint_says_so_keeps_the_last_one_and_leaves_no_temp_file(
+    tmp_path, monkeypatch, capfd, failure
+):
+    run = tmp_path / "run"
+    real_save, saves = torch.save, []
+
+    def save_until_full(obj, f, *args, **kwargs):
+        saves.append(obj["step"])
+        if len(saves) == 1:
+            return real_save(obj, f, *args, **kwargs)
+        f.write(b"PK partial")  # the disk filled up mid-write
+        raise failure
+
+    monkeypatch.setattr(torch, "save", save_until_full)
+    capfd.readouterr()
+    argv = _args(_preset(tmp_path, 0.0), run, "--tracking.checkpoint_every=2", "--grpo.steps=6")
+    assert main(argv) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"wmrl: error: cannot save the checkpoint of step 4 in {run / CHECKPOINT}: the disk is full ("
+    ), err
+    assert err.endswith(
+        " MiB free); the last checkpoint (step 2) is kept and the partial file removed; free space, then "
+        f"`wmrl run --resume {run}` continues from step 2\n"
+    ), err
+    assert not (run / "checkpoints" / "latest.tmp").exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest.json", "latest.pt"]
+    assert torch.load(run / CHECKPOINT, weights_only=True)["step"] == 2
+    monkeypatch.setattr(torch, "save", real_save)  # space freed
+    assert main(["run", "--resume", str(run)]) == 0
+    assert torch.load(run / CHECKPOINT, weights_only=True)["step"] == 6
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, 7))
 
 
 def _baseline_fails() -> float:

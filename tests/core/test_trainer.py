@@ -121,7 +121,7 @@ def test_a_checkpoint_saved_before_a_field_existed_resumes_as_it_ran(tmp_path):
         Trainer(cfg, cfg.domain.build(cfg), resume=True)
     message = str(err.value)
     assert "ppi.shrink_confidence: checkpoint None vs config 0.9" in message
-    assert message.endswith("resume with --ppi.shrink_confidence=null")
+    assert "set this value back in" in message and "(ppi.shrink_confidence: null)" in message
     assert "wm_placebo" not in message and "progress" not in message
     cfg = _cfg(tmp_path, "--method=ppi", "--grpo.steps=3", "--ppi.shrink_confidence=null")
     assert Trainer(cfg, cfg.domain.build(cfg), resume=True).step == 2

@@ -221,3 +221,22 @@ def test_knob_surrogate_world_model_round_trips_as_plain_data(tiny_run, tmp_path
     assert json.loads((out / "wmrl_export.json").read_text())["world_model"]["class"].endswith(
         "KnobSurrogateOutcomeModel"
     )
+
+
+def test_the_exported_agent_gives_edits_that_apply_in_one_call(tiny_run):
+    """`propose_edits(DIR, task)`: prompted and decoded as the run did, every edit applies (plain
+    `generate` leaves a small agent's SEARCH texts and values free, and they seldom do)."""
+    from wmrl_research.agent import AGENT_FILE, load_agent, propose_edits
+    from wmrl_research.edits import apply_edits, parse_edits
+
+    _, domain, _, out = tiny_run
+    agent = json.loads((out / AGENT_FILE).read_text())
+    assert "propose_edits(DIR, TASK_ID" in agent["propose_edits"]
+    loaded = load_agent(out)
+    for task in (domain.train_tasks[0], domain.eval_tasks[0]):
+        edits = propose_edits(loaded, task, n=8, seed=1)
+        assert len(edits) == 8
+        for text in edits:
+            result = apply_edits(task.baseline_source, text, "knobs")
+            assert result.ok and len(parse_edits(text)) == 1, (text, result.reason)
+    assert propose_edits(out, domain.train_tasks[0].id, n=1, temperature=0)  # by path and task id

@@ -201,3 +201,65 @@ def test_a_missing_task_folder_is_refused_when_the_config_is_parsed(tmp_path):
         match=r"^domain.task_dirs: no folder '.*nowhere'; give folders that hold one sub-folder per task$",
     ):
         load_config("research-debug", [f"--domain.task_dirs=[{tmp_path / 'nowhere'}]"])
+
+
+def test_a_user_runs_the_conformance_check_on_their_own_tasks(my_tasks, monkeypatch, capsys):
+    """`python -m wmrl_research.tasks check` checks the tasks of $WMRL_RESEARCH_TASKS (pytest's
+    tests/research/test_tasks.py collects only the package's): one line per task, exit 1 on a problem."""
+    monkeypatch.setenv("WMRL_RESEARCH_TASKS", str(my_tasks))
+    capsys.readouterr()
+    assert tasks_main(["check", "--no-run"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["task broken-base: ok", f"task {TASK}: ok"]
+    assert tasks_main(["check"]) == 1  # executed: broken-base's baseline raises
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        lines[0].startswith("task broken-base: its baseline failed in the sandbox (")
+        and "realinv" in lines[0]
+    )
+    assert lines[-1] == f"task {TASK}: ok"
+    solution = my_tasks / TASK / "solution.py"
+    solution.write_text(solution.read_text().replace("def main():", "def main(:"))
+    T._load_all.cache_clear()
+    assert tasks_main(["check", TASK, "--no-run"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"task {TASK}: its baseline does not compile: "), out
+    monkeypatch.delenv("WMRL_RESEARCH_TASKS")
+    T._load_all.cache_clear()
+    assert tasks_main(["check"]) == 2
+    assert "no task of your own to check" in capsys.readouterr().err
+
+
+def test_a_task_folder_without_init_is_named_not_skipped(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "my-task"
+    folder.mkdir()
+    (folder / "solution.py").write_text(get_task("iris_cls").baseline_source)
+    (tmp_path / "data").mkdir()  # a folder that is no task stays quiet
+    monkeypatch.setenv("WMRL_RESEARCH_TASKS", str(tmp_path))
+    T._load_all.cache_clear()
+    try:
+        assert wmrl_main(["tasks", "research"]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"wmrl: error: task folder {str(folder)!r} has a solution.py but no __init__.py: a task is "
+            "defined by SPEC = TaskSpec(...) in its __init__.py (wmrl_research/tasks/README.md)\n"
+        )
+    finally:
+        monkeypatch.delenv("WMRL_RESEARCH_TASKS")
+        T._load_all.cache_clear()
+
+
+def test_random_split_stratifies_a_regression_target_by_quantile_bins_not_by_value():
+    """``stratify=True`` (the default) on a float target: every split gets its share of rows and of
+    the target's range (by each distinct value, every row was a stratum of one and went to train)."""
+    from wmrl_research.tasks._common import random_split
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(500, 3)), rng.normal(size=500)
+    s = random_split(X, y, seed=1)
+    assert (len(s.y_train), len(s.y_val), len(s.y_test)) == (300, 100, 100)
+    assert abs(np.median(s.y_test) - np.median(y)) < 0.3 and s.y_test.min() < -1 < 1 < s.y_test.max()
+    labels = rng.integers(0, 3, size=500)  # class labels: each class cut separately, as before
+    s = random_split(X, labels, seed=1)
+    for c in range(3):
+        n = int((labels == c).sum())
+        assert int((s.y_test == c).sum()) == n - round(0.6 * n) - round(0.2 * n)

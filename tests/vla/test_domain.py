@@ -233,6 +233,35 @@ def test_a_failed_anchor_write_is_raised_with_the_dataset_named(tmp_path, batch)
         recorder.close()
 
 
+def test_waiting_for_an_anchor_write_is_shown_and_counted_apart(capfd):
+    """The first anchor write starts the recording process and imports lerobot (tens of seconds):
+    a flush that waits shows it as a stage line, not a frozen training bar, and counts the wait
+    (the WM update reports it as anchor_write_wait_s)."""
+    import threading
+    import time
+    from concurrent.futures import Future
+
+    from wmrl_vla.world_model import AnchorRecorder
+
+    recorder = AnchorRecorder("runs/x/anchors", "wmrl/anchors")
+    pending: Future = Future()
+    recorder._pending = pending
+    threading.Timer(0.3, lambda: pending.set_result(None)).start()
+    start = time.perf_counter()
+    recorder.flush()
+    assert recorder.wait_s >= 0.29 and recorder.wait_s <= time.perf_counter() - start
+    assert (
+        "[vla] writing anchor rollouts to the LeRobot dataset runs/x/anchors [00:00]"
+        in capfd.readouterr().err
+    )
+    quiet = AnchorRecorder("runs/x/anchors", "wmrl/anchors", progress=False)  # tracking.progress=false
+    later: Future = Future()
+    quiet._pending = later
+    threading.Timer(0.1, lambda: later.set_result(None)).start()
+    quiet.flush()
+    assert capfd.readouterr().err == ""
+
+
 def test_evaluate_in_the_simulator_saves_videos(built):
     _, domain, root = built
     out = domain.evaluate("eval")

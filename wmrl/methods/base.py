@@ -25,14 +25,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, cast
 
-import torch
-
 from wmrl.config import METHODS as REGISTRY
 from wmrl.config import ConfigError, load_methods, registered_method
 from wmrl.debias import centred_residual
 from wmrl.denoise import normalise_weights, sample_weights
 from wmrl.domain import Prediction, PriorGroups, RolloutBatch
+from wmrl.lazy import lazy
 from wmrl.learner import group_advantages
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 if TYPE_CHECKING:
     from wmrl.config import AnchorConfig, RunConfig

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from wmrl.controls import placebo_groups, placebo_prediction
 from wmrl.domain import Prediction, PriorGroups
+from wmrl.lazy import lazy
 from wmrl.methods.base import Control
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 if TYPE_CHECKING:
     pass

@@ -7,13 +7,17 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-import torch
-
 from wmrl.config import ConfigError
 from wmrl.domain import PriorGroups
+from wmrl.lazy import lazy
 from wmrl.learner import score_directions
 from wmrl.methods.base import Advantages, Control, Method, Step, TrainerView, register_method
 from wmrl.ppi import anchor_moments, gradient_row_products, ppi_rows, variance_ratio
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 if TYPE_CHECKING:
     from wmrl.config import RunConfig

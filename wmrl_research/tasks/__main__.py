@@ -1,4 +1,9 @@
-"""``python -m wmrl_research.tasks [list|measure] [TASK_ID ...]``.
+"""``python -m wmrl_research.tasks [list|measure|check] [TASK_ID ...]``.
+
+``check`` runs the conformance check (:mod:`wmrl_research.tasks.conformance`: definition, data,
+then baseline and reference in the sandbox) of the tasks named, or, without ids, of every task in
+the folders of ``$WMRL_RESEARCH_TASKS`` (a user's own): one line per task, ``ok`` or its problems,
+exit status 0 when every task conforms, 1 otherwise. ``--no-run`` skips the execution.
 
 ``measure`` runs each task's baseline and reference solutions in the sandbox and prints their raw
 scores, wall-clock and CPU seconds: the numbers a task author copies into ``SPEC``. Exit status 0
@@ -13,6 +18,7 @@ import argparse
 import json
 import sys
 
+from wmrl_research.task_folders import PACKAGE_DIR, TASKS_ENV, task_folders
 from wmrl_research.tasks import get_task, list_tasks, task_lines
 
 PROG = "python -m wmrl_research.tasks"
@@ -25,18 +31,28 @@ def _last_line(message: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG)
-    parser.add_argument("command", choices=["list", "measure"])
+    parser.add_argument("command", choices=["list", "measure", "check"])
     parser.add_argument("task_ids", nargs="*")
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--no-run", action="store_true", help="check: skip executing the solutions")
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
             print("\n".join(task_lines()))
             return 0
-        tasks = [get_task(t) for t in args.task_ids] if args.task_ids else list_tasks()
+        if args.command == "check" and not args.task_ids:
+            tasks = [get_task(t) for t in user_task_ids()]
+            if not tasks:
+                raise RuntimeError(
+                    f"no task of your own to check: ${TASKS_ENV} names no folder holding one (or name task ids)"
+                )
+        else:
+            tasks = [get_task(t) for t in args.task_ids] if args.task_ids else list_tasks()
     except (KeyError, RuntimeError) as e:  # an unknown id; a task folder that defines no task
         print(f"{PROG}: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
+    if args.command == "check":
+        return _check(tasks, not args.no_run, args.timeout)
     from wmrl_research.grading import execute_raw
 
     problems = []
@@ -64,6 +80,22 @@ def main(argv: list[str] | None = None) -> int:
     for line in problems:
         print(f"{PROG}: error: {line}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def user_task_ids() -> list[str]:
+    """The ids of the tasks in the folders of ``$WMRL_RESEARCH_TASKS`` (not the package's)."""
+    return [i for i, folder in task_folders().items() if folder.parent != PACKAGE_DIR]
+
+
+def _check(tasks: list, execute: bool, timeout: float) -> int:
+    from wmrl_research.tasks.conformance import conformance
+
+    failed = 0
+    for task in tasks:
+        problems = conformance(task, execute=execute, timeout_s=timeout)
+        failed += bool(problems)
+        print(f"task {task.id}: ok" if not problems else "\n".join(problems), flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

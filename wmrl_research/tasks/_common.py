@@ -6,6 +6,9 @@ import numpy as np
 
 from wmrl_research.tasks.base import Splits, split_seed
 
+# A float target (regression) is stratified by this many quantile bins, not by each distinct value.
+STRATIFY_BINS = 10
+
 
 def random_split(
     X: np.ndarray,
@@ -14,14 +17,26 @@ def random_split(
     fractions: tuple[float, float] = (0.6, 0.2),
     stratify: bool = True,
 ) -> Splits:
-    """Shuffle and cut into train/val/test (``fractions`` = train, val; test gets the rest).
+    """Shuffle and cut into train/val/test.
 
-    With ``stratify`` each class is cut separately, so rare classes appear in every split. The
-    shuffle is seeded by ``seed`` *and* the secret of the data build (:func:`split_seed`), so which
-    rows are test rows cannot be derived from the task's code.
+    ``fractions``: the shares of the rows that go to train and to val; test gets the rest (the
+    default: 60 % train, 20 % val, 20 % test). Each share is rounded per stratum.
+
+    ``stratify``: cut each stratum separately, so that every split holds each stratum in the same
+    proportions (rare classes appear in every split). The strata of class labels (an integer, bool
+    or string ``y``) are its classes; those of a float ``y`` (a regression target) are
+    ``STRATIFY_BINS`` quantile bins of it, never its distinct values (each would be a stratum of one
+    row, and every row would land in train). ``False``: one shuffle of all rows.
+
+    The shuffle is seeded by ``seed`` *and* the secret of the data build (:func:`split_seed`), so
+    which rows are test rows cannot be derived from the task's code.
     """
     rng = np.random.default_rng(split_seed(seed))
-    groups = [np.flatnonzero(y == c) for c in np.unique(y)] if stratify else [np.arange(len(y))]
+    groups = (
+        [np.flatnonzero(s == c) for s in [strata(y)] for c in np.unique(s)]
+        if stratify
+        else [np.arange(len(y))]
+    )
     parts: list[list[np.ndarray]] = [[], [], []]
     for idx in groups:
         idx = rng.permutation(idx)
@@ -31,6 +46,19 @@ def random_split(
             parts[k].append(chunk)
     tr, va, te = (rng.permutation(np.concatenate(p)) for p in parts)
     return Splits(X[tr], y[tr], X[va], y[va], X[te], y[te])
+
+
+def strata(y: np.ndarray) -> np.ndarray:
+    """The stratum of each row for :func:`random_split`: its class for labels, its quantile bin
+    (``STRATIFY_BINS`` bins; of the row's mean for a multi-output target) for a float target."""
+    y = np.asarray(y)
+    if np.issubdtype(y.dtype, np.floating):
+        v = y.reshape(len(y), -1).mean(1) if y.ndim > 1 else y
+        edges = np.unique(np.quantile(v, np.linspace(0, 1, STRATIFY_BINS + 1)[1:-1]))
+        return np.searchsorted(edges, v, side="right")
+    if y.ndim > 1:  # several labels per row: one stratum per combination
+        return np.unique(y.reshape(len(y), -1), axis=0, return_inverse=True)[1].ravel()
+    return y
 
 
 def forecast_windows(
