@@ -172,7 +172,9 @@ class VLAConfig(DomainConfig):
         """A lerobot policy runs in float32 only (``--precision=bf16`` is refused when parsed)."""
         if self.policy == "small_vla" and self.policy_path is None:
             return None
-        setting = f"domain.policy_path={self.policy_path}" if self.policy_path else f"domain.policy={self.policy}"
+        setting = (
+            f"domain.policy_path={self.policy_path}" if self.policy_path else f"domain.policy={self.policy}"
+        )
         return f"{setting} (a lerobot policy) is run in float32 only"
 
     def __post_init__(self) -> None:
