@@ -64,14 +64,14 @@ def main(argv: list[str] | None = None) -> int:
 
     select_backend()  # MUJOCO_GL as `wmrl run` sets it, before anything imports MuJoCo
     args = parse_args(argv)
+    from wmrl_vla.data import DemoError, _read_index, record_demos
+
     try:
         if args.episodes < 1:
             raise ValueError(f"--episodes {args.episodes} must be >= 1")
         if args.image_size < 8:
             raise ValueError(f"--image-size {args.image_size} must be >= 8")
         task_id = task_id_of(args.task, args.episode_length)
-        from wmrl_vla.data import DemoError, _read_index, record_demos
-
         ds = record_demos(
             [task_id], args.episodes, args.root, args.repo_id, image_size=args.image_size, seed=args.seed,
             only_success=args.only_success, max_steps=args.episode_length,
