@@ -103,7 +103,12 @@ def test_a_dataset_written_by_lerobots_api_pretrains_the_world_model(tmp_path, c
 
     from wmrl.config import load_config
     from wmrl_vla.lerobot_env import load_dataset
-    from world_models.vla_dynamics import VLADynamics, VLADynamicsConfig, episodes_from_records, train_dynamics
+    from world_models.vla_dynamics import (
+        VLADynamics,
+        VLADynamicsConfig,
+        episodes_from_records,
+        train_dynamics,
+    )
 
     root = tmp_path / "own"
     raw = _lerobot_recording(root)
@@ -124,19 +129,26 @@ def test_a_dataset_written_by_lerobots_api_pretrains_the_world_model(tmp_path, c
         want = np.where(sticky, 1.0, np.clip(r["reward"] / 10, 0, 1))
         np.testing.assert_allclose(e["reward"], want, atol=1e-6)
     torch.manual_seed(0)
-    wm = VLADynamics(VLADynamicsConfig(image_size=SIZE, state_dim=4, action_dim=4, latent_dim=16, n_members=1))
+    wm = VLADynamics(
+        VLADynamicsConfig(image_size=SIZE, state_dim=4, action_dim=4, latent_dim=16, n_members=1)
+    )
     _, hist = train_dynamics(wm, episodes_from_records(episodes), steps=2, batch_size=2, horizon=4, lr=1e-3,
                              seed=0)  # fmt: skip
     assert len(hist) == 2 and np.isfinite(hist).all()
     # without that env's conversion, rewards outside [0, 1] are refused in one line
-    with pytest.raises(ValueError, match=r"has next.reward in \[[0-9.]+, [0-9.]+\]; the world model reads rewards in \[0, 1\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"has next.reward in \[[0-9.]+, [0-9.]+\]; the world model reads rewards in \[0, 1\]",
+    ):
         load_dataset(root)
 
 
 def test_a_dataset_without_rewards_is_refused_in_one_line(tmp_path, capsys):
     info = tmp_path / "noreward" / "meta" / "info.json"
     info.parent.mkdir(parents=True)
-    info.write_text(json.dumps({"features": {k: {} for k in ("observation.image", "observation.state", "action")}}))
+    info.write_text(
+        json.dumps({"features": {k: {} for k in ("observation.image", "observation.state", "action")}})
+    )
     base = ["run", "vla-debug", "--out-dir", str(tmp_path / "run"), "--domain.env.type=metaworld",
             f"--domain.env.task={TASK}", f"--domain.image_size={SIZE}"]  # fmt: skip
     assert cli_main([*base, f"--domain.dataset_root={info.parent.parent}"]) == 2
@@ -165,7 +177,14 @@ def test_a_run_on_the_users_policy_records_its_kind_and_calls_it_theirs(recorded
     words = policy_words(cfg.domain)
     assert words.startswith("your policy") and "SFT" not in words
     assert policy_words(load_config("vla-debug", [f"--out_dir={tmp_path / 'r2'}"]).domain) == "the SFT policy"
-    argv = ["run", "vla-debug", "--out-dir", str(tmp_path / "r3"), *base[1:], "--domain.policy=lerobot_smolvla"]
+    argv = [
+        "run",
+        "vla-debug",
+        "--out-dir",
+        str(tmp_path / "r3"),
+        *base[1:],
+        "--domain.policy=lerobot_smolvla",
+    ]
     assert cli_main(argv) == 2
     assert "holds a 'act' policy; drop domain.policy" in capsys.readouterr().err
 
@@ -185,8 +204,10 @@ def test_lerobot_eval_command_writes_per_episode_success_on_wmrls_seeds(recorded
     assert [e["seed"] for e in got["per_episode"]] == [1_000_000, 1_007_919]
     for e in got["per_episode"]:
         assert e["wmrl_success"] == e["success"]
-        assert e["max_reward"] / 10 == pytest.approx(min(1.0, e["wmrl_max_progress"]), abs=1e-5) or e["success"]
-    assert main([*argv[:-2], "--out", str(tmp_path / "e.csv")]) == 0
+        assert (
+            e["max_reward"] / 10 == pytest.approx(min(1.0, e["wmrl_max_progress"]), abs=1e-5) or e["success"]
+        )
+    assert main([*argv[:-3], "--out", str(tmp_path / "e.csv")]) == 0
     lines = (tmp_path / "e.csv").read_text().splitlines()
     assert lines[0] == "seed,success,sum_reward,max_reward" and lines[1].startswith("1000000,")
     capsys.readouterr()
