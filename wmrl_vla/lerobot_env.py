@@ -299,8 +299,8 @@ def evaluate_with_lerobot(
 
 
 #: The columns the world model needs from a LeRobotDataset, lerobot's standard names: frames, states,
-#: actions, and what followed each action (lerobot's ``next.reward`` / ``next.success``, as
-#: ``lerobot-eval --eval.recording=true`` and WMRL's recorders write them): it learns to predict them.
+#: actions, and what followed each action (lerobot's ``next.reward`` / ``next.success``, the names
+#: ``lerobot.utils.constants`` gives them and WMRL's recorders write): it learns to predict them.
 WM_COLUMNS = ("observation.image", "observation.state", "action", "next.reward", "next.success")
 #: WMRL's own bookkeeping, optional: the extra row of the observation after the last action (``wmrl.final``;
 #: ``observation.final`` in datasets recorded before) and each episode's reset seed (``env.seed``).
@@ -343,7 +343,7 @@ def check_dataset(root: str | Path) -> None:
             f"domain.dataset_root={root} lacks {', '.join(missing)}: the world model learns frames, "
             "states, actions, rewards and successes from them; record the dataset with lerobot's "
             "standard columns (observation.image, observation.state, action, next.reward, "
-            "next.success), as `python -m wmrl_vla.record_demos` or `lerobot-eval --eval.recording=true` do"
+            "next.success), as `python -m wmrl_vla.record_demos` does"
         )
 
 
