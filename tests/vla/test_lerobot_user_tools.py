@@ -250,3 +250,31 @@ def test_helpers_set_mujoco_gl_as_wmrl_run_does(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == "egl (16, 16, 3)"
+
+
+def test_lerobot_eval_command_reads_an_exports_run_settings(recorded, tmp_path, capsys):
+    """A folder with a WMRL export's manifest: task, episode length and episodes come from its
+    `evaluation`; a manifest whose image size disagrees with config.json is refused in one line."""
+    import shutil
+
+    from wmrl_vla.lerobot_eval import main
+
+    export = tmp_path / "export"
+    shutil.copytree(recorded[1], export)
+    evaluation = {
+        "env_type": "metaworld",
+        "task": TASK,
+        "image_size": SIZE,
+        "episode_length": 3,
+        "episodes": 1,
+    }
+    (export / "wmrl_export.json").write_text(json.dumps({"evaluation": evaluation}))
+    assert main(["--policy", str(export), "--out", str(tmp_path / "e.json")]) == 0
+    got = json.loads((tmp_path / "e.json").read_text())
+    assert got["env"] == {"type": "metaworld", "task": TASK, "image_size": SIZE, "episode_length": 3}
+    assert [e["seed"] for e in got["per_episode"]] == [1_000_000] and got["seeds"].startswith("WMRL's")
+    (export / "wmrl_export.json").write_text(json.dumps({"evaluation": {**evaluation, "image_size": 64}}))
+    capsys.readouterr()
+    assert main(["--policy", str(export), "--out", str(tmp_path / "f.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("config.json says 32 px, the export 64") and len(err.splitlines()) == 1
