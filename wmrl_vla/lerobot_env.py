@@ -267,11 +267,20 @@ def lerobot_vector_env(task: str, image_size: int, max_steps: int, n_envs: int =
 
 
 def evaluate_with_lerobot(
-    policy_dir: str, task: str, image_size: int, max_steps: int, n_episodes: int, start_seed: int
+    policy_dir: str,
+    task: str,
+    image_size: int,
+    max_steps: int,
+    n_episodes: int,
+    start_seed: int,
+    seeds: list[int] | None = None,
 ) -> dict:
     """lerobot's own evaluation (``lerobot.scripts.lerobot_eval.eval_policy``) of the policy folder
     ``policy_dir`` in this env: lerobot loads the policy and its processors, steps the env, counts
-    successes. Returns its ``aggregated`` dict (``pc_success``, ...) and ``per_episode``."""
+    successes. Returns its ``aggregated`` dict (``pc_success``, ...) and ``per_episode``. Episodes
+    are reset from seeds ``start_seed, start_seed + 1, ...`` (lerobot's rule), or with ``seeds`` one
+    ``eval_policy`` call per seed (``n_episodes`` and ``start_seed`` ignored; ``per_episode`` in order,
+    ``aggregated`` = ``{"pc_success"}`` over them), the policy and env built once."""
     from sims._gl import select_backend
 
     select_backend()  # MUJOCO_GL as `wmrl run` sets it, before lerobot's envs import MuJoCo
@@ -292,10 +301,20 @@ def evaluate_with_lerobot(
     venv = lerobot_vector_env(task, image_size, max_steps)
     try:
         with torch.no_grad():
-            info = eval_policy(venv, policy, env_pre, env_post, pre, post, n_episodes, start_seed=start_seed)
+            if seeds is None:
+                return eval_policy(
+                    venv, policy, env_pre, env_post, pre, post, n_episodes, start_seed=start_seed
+                )
+            per_episode = []
+            for s in seeds:
+                (ep,) = eval_policy(venv, policy, env_pre, env_post, pre, post, 1, start_seed=s)[
+                    "per_episode"
+                ]
+                per_episode.append({**ep, "episode_ix": len(per_episode)})
     finally:
         venv.close()
-    return info
+    rate = 100.0 * sum(bool(e["success"]) for e in per_episode) / max(1, len(per_episode))
+    return {"per_episode": per_episode, "aggregated": {"pc_success": rate}}
 
 
 #: The columns the world model needs from a LeRobotDataset, lerobot's standard names: frames, states,

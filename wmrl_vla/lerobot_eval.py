@@ -79,9 +79,10 @@ def evaluate(
     config = policy_config(policy_dir)
     t0 = time.perf_counter()
     rows = []
-    for s in seeds:
-        info = evaluate_with_lerobot(str(policy_dir), task, size, episode_length, 1, start_seed=s)
-        (ep,) = info["per_episode"]
+    info = evaluate_with_lerobot(
+        str(policy_dir), task, size, episode_length, len(seeds), seeds[0], seeds=seeds
+    )
+    for s, ep in zip(seeds, info["per_episode"], strict=True):
         if ep.get("seed") not in (None, s):
             raise RuntimeError(f"lerobot evaluated seed {ep['seed']}, not {s}")
         rows.append({"seed": s, "success": bool(ep["success"]), "sum_reward": float(ep["sum_reward"]),
