@@ -13,10 +13,20 @@ import os
 import sys
 import weakref
 
-if "mujoco" not in sys.modules and not os.environ.get("DISPLAY"):
-    os.environ.setdefault("MUJOCO_GL", "egl")
-if os.environ.get("MUJOCO_GL", "").lower() in ("egl", "osmesa"):
-    os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"].lower())
+
+def select_backend() -> str | None:
+    """``MUJOCO_GL=egl`` (and the matching ``PYOPENGL_PLATFORM``) where no display and no choice of the
+    user's exist and ``mujoco`` is not imported yet; returns the backend in force (None: MuJoCo's own
+    default). Importing this module (as ``import sims`` and so ``wmrl run`` do) calls it; an entry point
+    that may import MuJoCo through another package first (lerobot's envs, MetaWorld) calls it before."""
+    if "mujoco" not in sys.modules and not os.environ.get("DISPLAY"):
+        os.environ.setdefault("MUJOCO_GL", "egl")
+    if os.environ.get("MUJOCO_GL", "").lower() in ("egl", "osmesa"):
+        os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"].lower())
+    return os.environ.get("MUJOCO_GL")
+
+
+select_backend()
 
 import mujoco  # noqa: E402
 

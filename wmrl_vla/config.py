@@ -54,8 +54,8 @@ class VLAConfig(DomainConfig):
     # each (SmolVLA: its text tower's width and depth, at least 2 layers).
     policy: str = "small_vla"
     # A policy trained with lerobot (its `pretrained_model` folder, or a hub id): post-trained as is
-    # (no SFT; domain.policy is not used), its inputs through its own saved processors. ACT or SmolVLA; see
-    # wmrl_vla.lerobot_policy.
+    # (no SFT; domain.policy becomes the folder's kind, lerobot_act or lerobot_smolvla), its inputs
+    # through its own saved processors. ACT or SmolVLA; see wmrl_vla.lerobot_policy.
     policy_path: str | None = None
     # An env lerobot knows, as lerobot spells it (--domain.env.type=metaworld
     # --domain.env.task=reach-v3); it replaces domain.tasks. See wmrl_vla.lerobot_env.
@@ -191,9 +191,17 @@ class VLAConfig(DomainConfig):
             from wmrl_vla.lerobot_policy import PolicyPathError, check_policy_path
 
             try:
-                check_policy_path(self.policy_path, self.image_size)
+                kind = check_policy_path(self.policy_path, self.image_size)
             except PolicyPathError as e:
                 raise ConfigError(str(e)) from None
+            # record the kind of policy the run post-trains (config.yaml), not the unused default
+            used = f"lerobot_{kind}"
+            if self.policy not in ("small_vla", used):
+                raise ConfigError(
+                    f"domain.policy={self.policy} but domain.policy_path={self.policy_path} holds a "
+                    f"{kind!r} policy; drop domain.policy (the folder sets it: {used})"
+                )
+            self.policy = used
         if self.dataset_root is not None:
             from wmrl_vla.lerobot_env import check_dataset
 

@@ -372,7 +372,8 @@ def load_episodes(root: str | Path, repo_id: str = "wmrl/demos") -> list[dict[st
     Each episode dict: ``image`` uint8 [N, H, W, 3], ``state`` float32 [N, S] (N = T + 1 when the
     final observation was recorded, else T), ``action`` float32 [T, A], ``reward`` float32 [T],
     ``success`` bool [T], ``instruction`` str, ``episode_index`` int, ``seed`` int, ``task_id``
-    (str or None), ``final`` (bool: whether row N-1 is o_T).
+    (str or None), ``final`` (bool: whether row N-1 is o_T). A dataset without ``wmrl.final`` (e.g.
+    recorded by lerobot's own tools) has N = T; without ``env.seed`` every seed is -1.
     """
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
     from PIL import Image
@@ -391,8 +392,13 @@ def load_episodes(root: str | Path, repo_id: str = "wmrl/demos") -> list[dict[st
     action = np.asarray(hf["action"], dtype=np.float32)
     reward = np.asarray(hf["next.reward"], dtype=np.float32).reshape(-1)
     success = np.asarray(hf["next.success"]).reshape(-1).astype(bool)
-    final = np.asarray(hf[final_column(hf.column_names)]).reshape(-1).astype(bool)
-    seed = np.asarray(hf["env.seed"]).reshape(-1)
+    n_rows = len(ep_idx)
+    # WMRL's own columns are optional (a dataset recorded by lerobot's tools has neither): without the
+    # final-row flag every row is a transition; without env.seed an episode's seed is -1 (unknown)
+    fcol = final_column(hf.column_names)
+    final = (np.asarray(hf[fcol]).reshape(-1).astype(bool) if fcol in hf.column_names
+             else np.zeros(n_rows, dtype=bool))  # fmt: skip
+    seed = np.asarray(hf["env.seed"]).reshape(-1) if "env.seed" in hf.column_names else np.full(n_rows, -1)
     task_index = np.asarray(hf["task_index"]).reshape(-1)
     images = hf["observation.image"]
 

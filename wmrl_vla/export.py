@@ -101,10 +101,9 @@ def _export_pretrained(cfg: VLAConfig, policy, out: Path) -> tuple[dict[str, Any
         if cfg.image_size != lerobot_image_size():  # lerobot-eval's MetaWorld env renders only that size
             evaluate = (
                 "# lerobot-eval renders MetaWorld at its own size, not the "
-                f"{cfg.image_size} px this policy saw: use lerobot's eval_policy in the same env\n"
-                "from wmrl_vla.lerobot_env import evaluate_with_lerobot\n"
-                f"evaluate_with_lerobot(DIR, '{env.task_name}', {cfg.image_size}, "
-                f"{cfg.max_steps or env.episode_length}, n_episodes=50, start_seed=0)"
+                f"{cfg.image_size} px this policy saw: lerobot's eval_policy at {cfg.image_size} px, "
+                "episode by episode on the run's evaluation seeds\n"
+                "python -m wmrl_vla.lerobot_eval --policy DIR --out episodes.json"
             )
     info = {
         "format": "lerobot policy folder (config.json + model.safetensors + its processors)",
@@ -208,7 +207,15 @@ def export_vla(
         )
         + "  # [K, N, T]",
     }
+    evaluation = {}
+    if cfg.env.type is not None:  # what `python -m wmrl_vla.lerobot_eval --policy DIR` reads
+        evaluation = {"evaluation": {
+            "env_type": cfg.env.type, "task": cfg.env.task_name, "image_size": cfg.image_size,
+            "episode_length": cfg.max_steps or cfg.env.episode_length,
+            "episodes": cfg.eval_episodes_per_task, "seeds": "1000000 + 7919 k (WMRL's evaluation)",
+        }}  # fmt: skip
     return {
+        **evaluation,
         "policy": {"type": cfg.policy if cfg.policy_path is None else "lerobot_pretrained", **info},
         "world_model": world_model,
         "tags": [

@@ -32,6 +32,16 @@ import numpy as np
 
 ENV_TYPES = ("metaworld",)
 TASK_PREFIX = "lerobot/metaworld-"
+#: Why each other lerobot env is refused (``--domain.env.type``), in one clause: what is true of it.
+_NOT_HERE = ("is not in WMRL's locked environment (uv.lock): `uv sync` does not install it; and no "
+             "WMRL task adapter serves it yet (one would need")  # fmt: skip
+NOT_WIRED = {
+    "pusht": "lerobot's PushT simulator installs from PyPI (pip install 'lerobot[pusht]': gym-pusht, "
+    f"pymunk) but {_NOT_HERE} its 2-D action and state, its coverage reward and an expert for demos)",
+    "aloha": "lerobot's ALOHA simulator installs from PyPI (pip install 'lerobot[aloha]': gym-aloha) but "
+    f"{_NOT_HERE} its 14-D bimanual action and state, its 480 x 640 frames and an expert for demos)",
+    "libero": "LIBERO downloads its assets at import (no network here) and no WMRL task adapter serves it",
+}
 
 
 @dataclass
@@ -46,9 +56,10 @@ class LeRobotEnvConfig:
     def check(self) -> None:
         """One line naming what is wrong (raised as the config's error by the caller)."""
         if self.type not in ENV_TYPES:
+            why = NOT_WIRED.get(str(self.type), "not wired in yet")
             raise ValueError(
                 f"domain.env.type={self.type!r}: WMRL runs lerobot's {', '.join(ENV_TYPES)} env so far; "
-                "other lerobot envs are not wired in yet (LIBERO downloads its assets at import)"
+                f"{self.type}: {why}"
             )
         names = metaworld_task_names()
         if self.task_name not in names:
@@ -134,6 +145,9 @@ def lerobot_metaworld_env(task: str, image_size: int, max_steps: int):
     is evaluated by lerobot's command line in the same env (with ``max_steps`` = its 500). At any
     other size the MuJoCo renderer draws ``image_size`` pixels with shadows off (affordable on a CPU;
     lerobot's Python API evaluates it, :func:`evaluate_with_lerobot`)."""
+    from sims._gl import select_backend
+
+    select_backend()  # MUJOCO_GL as `wmrl run` sets it, before MetaWorld imports MuJoCo
     import metaworld
     from lerobot.envs.metaworld import MetaworldEnv
 
@@ -253,11 +267,23 @@ def lerobot_vector_env(task: str, image_size: int, max_steps: int, n_envs: int =
 
 
 def evaluate_with_lerobot(
-    policy_dir: str, task: str, image_size: int, max_steps: int, n_episodes: int, start_seed: int
+    policy_dir: str,
+    task: str,
+    image_size: int,
+    max_steps: int,
+    n_episodes: int,
+    start_seed: int,
+    seeds: list[int] | None = None,
 ) -> dict:
     """lerobot's own evaluation (``lerobot.scripts.lerobot_eval.eval_policy``) of the policy folder
     ``policy_dir`` in this env: lerobot loads the policy and its processors, steps the env, counts
-    successes. Returns its ``aggregated`` dict (``pc_success``, ...) and ``per_episode``."""
+    successes. Returns its ``aggregated`` dict (``pc_success``, ...) and ``per_episode``. Episodes
+    are reset from seeds ``start_seed, start_seed + 1, ...`` (lerobot's rule), or with ``seeds`` one
+    ``eval_policy`` call per seed (``n_episodes`` and ``start_seed`` ignored; ``per_episode`` in order,
+    ``aggregated`` = ``{"pc_success"}`` over them), the policy and env built once."""
+    from sims._gl import select_backend
+
+    select_backend()  # MUJOCO_GL as `wmrl run` sets it, before lerobot's envs import MuJoCo
     import torch
     from lerobot.configs.policies import PreTrainedConfig
     from lerobot.envs.configs import MetaworldEnv as MetaworldEnvConfig
@@ -275,39 +301,105 @@ def evaluate_with_lerobot(
     venv = lerobot_vector_env(task, image_size, max_steps)
     try:
         with torch.no_grad():
-            info = eval_policy(venv, policy, env_pre, env_post, pre, post, n_episodes, start_seed=start_seed)
+            if seeds is None:
+                return eval_policy(
+                    venv, policy, env_pre, env_post, pre, post, n_episodes, start_seed=start_seed
+                )
+            per_episode = []
+            for s in seeds:
+                (ep,) = eval_policy(venv, policy, env_pre, env_post, pre, post, 1, start_seed=s)[
+                    "per_episode"
+                ]
+                per_episode.append({**ep, "episode_ix": len(per_episode)})
     finally:
         venv.close()
-    return info
+    rate = 100.0 * sum(bool(e["success"]) for e in per_episode) / max(1, len(per_episode))
+    return {"per_episode": per_episode, "aggregated": {"pc_success": rate}}
 
 
-#: The columns WMRL's world model reads from a LeRobotDataset besides images, states and actions:
-#: per-frame shaped reward and success (what it learns to predict), the extra final-observation row
-#: flag (``wmrl.final``; ``observation.final`` in datasets recorded before) and each episode's env seed.
-WM_COLUMNS = ("observation.image", "observation.state", "action", "next.reward", "next.success",
-              "wmrl.final", "env.seed")  # fmt: skip
+#: The columns the world model needs from a LeRobotDataset, lerobot's standard names: frames, states,
+#: actions, and what followed each action (lerobot's ``next.reward`` / ``next.success``, the names
+#: ``lerobot.utils.constants`` gives them and WMRL's recorders write): it learns to predict them.
+WM_COLUMNS = ("observation.image", "observation.state", "action", "next.reward", "next.success")
+#: WMRL's own bookkeeping, optional: the extra row of the observation after the last action (``wmrl.final``;
+#: ``observation.final`` in datasets recorded before) and each episode's reset seed (``env.seed``).
+WMRL_COLUMNS = ("wmrl.final", "env.seed")
+#: What a dataset without each WMRL column loses (logged once when it is read).
+LOST_WITHOUT = {
+    "wmrl.final": "the observation after each episode's last action (the world model learns from its "
+    "T - 1 frame pairs, not T)",
+    "env.seed": "each episode's reset seed (no simulator labels of the named object's position, which "
+    "domain.wm_outcome=state and the small VLA's locator read)",
+}
+#: lerobot's MetaWorld env returns MetaWorld's shaped reward, in [0, 10]; WMRL's task and the world model
+#: read it / 10, and 1 once the episode has succeeded (:class:`LeRobotMetaWorldTask`).
+METAWORLD_REWARD_SCALE = 10.0
 
 
-def check_dataset(root: str | Path) -> None:
-    """A LeRobotDataset folder the world model can pretrain on; one line naming what is missing."""
-    from wmrl_vla.data import FINAL_KEY, LEGACY_FINAL_KEY
-
+def dataset_features(root: str | Path) -> dict[str, Any]:
+    """The ``features`` of a LeRobotDataset folder's ``meta/info.json``; one line if it is not one."""
     info = Path(root) / "meta" / "info.json"
     if not info.is_file():
         raise ValueError(f"domain.dataset_root={root} is not a LeRobotDataset folder (no meta/info.json)")
-    features = json.loads(info.read_text())["features"]
-    have = set(features) | ({FINAL_KEY} if LEGACY_FINAL_KEY in features else set())
-    missing = [c for c in WM_COLUMNS if c not in have]
+    return json.loads(info.read_text())["features"]
+
+
+def missing_wmrl_columns(features) -> list[str]:
+    """The optional WMRL columns (:data:`WMRL_COLUMNS`) a dataset lacks."""
+    from wmrl_vla.data import LEGACY_FINAL_KEY
+
+    have = set(features) | ({"wmrl.final"} if LEGACY_FINAL_KEY in features else set())
+    return [c for c in WMRL_COLUMNS if c not in have]
+
+
+def check_dataset(root: str | Path) -> None:
+    """A LeRobotDataset folder the world model can pretrain on; one line naming what is missing.
+    WMRL's own columns (:data:`WMRL_COLUMNS`) are optional (:data:`LOST_WITHOUT`)."""
+    features = dataset_features(root)
+    missing = [c for c in WM_COLUMNS if c not in features]
     if missing:
         raise ValueError(
-            f"domain.dataset_root={root} lacks {', '.join(missing)}: the world model learns rewards and "
-            "successes from them; record the dataset with them (wmrl_vla.data.record_demos does)"
+            f"domain.dataset_root={root} lacks {', '.join(missing)}: the world model learns frames, "
+            "states, actions, rewards and successes from them; record the dataset with lerobot's "
+            "standard columns (observation.image, observation.state, action, next.reward, "
+            "next.success), as `python -m wmrl_vla.record_demos` does"
         )
 
 
-def load_dataset(root: str | Path) -> list[dict[str, Any]]:
-    """The user's LeRobotDataset as WMRL episodes (:func:`wmrl_vla.data.load_episodes`)."""
+def load_dataset(root: str | Path, env_type: str | None = None) -> list[dict[str, Any]]:
+    """The user's LeRobotDataset as WMRL episodes (:func:`wmrl_vla.data.load_episodes`).
+
+    A dataset WMRL recorded (it has ``wmrl.final``) is read as it is. Any other (lerobot's own
+    recording, the user's ``add_frame`` loop) has the env's own reward: with ``env_type="metaworld"``
+    it becomes WMRL's (MetaWorld's reward / 10, clipped to [0, 1], and 1 once successful) and its
+    success is made sticky within an episode; rewards outside [0, 1] of an env WMRL cannot convert
+    are an error. The WMRL columns it lacks are logged once with what their absence loses."""
+    import logging
+
     from wmrl_vla.data import load_episodes
 
     check_dataset(root)
-    return load_episodes(root, f"local/{Path(root).name}")
+    lacking = missing_wmrl_columns(dataset_features(root))
+    episodes = load_episodes(root, f"local/{Path(root).name}")
+    if lacking:
+        log = logging.getLogger("wmrl")
+        for c in lacking:
+            log.warning(
+                f"domain.dataset_root={root} has no {c} column: the world model goes without {LOST_WITHOUT[c]}"
+            )
+    if "wmrl.final" not in lacking:
+        return episodes
+    for e in episodes:
+        success = np.maximum.accumulate(e["success"].astype(bool)) if len(e["success"]) else e["success"]
+        reward = e["reward"].astype(np.float32)
+        if env_type == "metaworld":
+            reward = np.clip(reward / METAWORLD_REWARD_SCALE, 0.0, 1.0)
+            reward = np.where(success, 1.0, reward).astype(np.float32)
+        elif len(reward) and (reward.min() < 0 or reward.max() > 1):
+            raise ValueError(
+                f"domain.dataset_root={root}: episode {e['episode_index']} has next.reward in "
+                f"[{reward.min():g}, {reward.max():g}]; the world model reads rewards in [0, 1] and WMRL "
+                "converts an env's own reward only for --domain.env.type=metaworld"
+            )
+        e["reward"], e["success"] = reward, success
+    return episodes

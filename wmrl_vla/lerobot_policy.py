@@ -255,9 +255,10 @@ class PretrainedLeRobotPolicy(GaussianActionHead):
         return sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
 
 
-def check_policy_path(path: str | Path, image_size: int) -> None:
+def check_policy_path(path: str | Path, image_size: int) -> str:
     """A policy folder WMRL can post-train at ``image_size``: a supported type whose inputs are one
-    camera image of that square size and one state. Raises :class:`PolicyPathError` (one line)."""
+    camera image of that square size and one state; returns its type (``act``, ``smolvla``). Raises
+    :class:`PolicyPathError` (one line)."""
     cfg = policy_config(path)
     check_supported(cfg.type, path)
     images = {k: tuple(f.shape) for k, f in cfg.image_features.items()}
@@ -272,6 +273,7 @@ def check_policy_path(path: str | Path, image_size: int) -> None:
             f"domain.policy_path={path} was trained on images of shape {list(shape)}; set "
             f"domain.image_size={shape[-1]} so the env renders what it saw"
         )
+    return cfg.type
 
 
 def train_lerobot_policy(

@@ -60,8 +60,8 @@ def parse_mix(mix: list[str] | tuple[str, ...]) -> list[Source]:
         if not sep or kind not in KINDS or not math.isfinite(value) or value < 0:
             raise ValueError(
                 f"{entry!r} is not a source: write kind:level with kind one of {', '.join(KINDS)} and "
-                "level >= 0 (expert:0.3 = the expert with action noise of std 0.3, policy:1.5 = the SFT "
-                "policy at temperature 1.5, perturbed:0.1 = its weights moved by 0.1 of their std)"
+                "level >= 0 (expert:0.3 = the expert with action noise of std 0.3, policy:1.5 = the starting "
+                "policy (SFT or domain.policy_path) at temperature 1.5, perturbed:0.1 = its weights moved by 0.1 of their std)"
             )
         out.append(Source(kind, value))
     if not out:

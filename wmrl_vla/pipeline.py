@@ -86,7 +86,7 @@ def prepare_demos(cfg: VLAConfig, progress: bool = True) -> list[dict]:
     if cfg.dataset_root is not None:
         from wmrl_vla.lerobot_env import load_dataset
 
-        return load_dataset(cfg.dataset_root)
+        return load_dataset(cfg.dataset_root, cfg.env.type)
     from wmrl_vla.data import load_episodes, record_demos
 
     root = Path(cfg.cache_dir) / f"demos-{_key(_demo_fields(cfg))}"
@@ -416,7 +416,7 @@ def prepare_policy_rollouts(cfg: VLAConfig, policy, progress: bool = True) -> li
         actor = policy_actor(policy, cfg.temperature, torch.Generator().manual_seed(cfg.demo_seed))
         specs = [(t, ROLLOUT_SEED0 + k) for t in cfg.tasks for k in range(n)]
         t0 = time.perf_counter()
-        with stage(f"[vla] {len(specs)} rollouts of the SFT policy for WM pretraining", progress):
+        with stage(f"[vla] {len(specs)} rollouts of {policy_words(cfg)} for WM pretraining", progress):
             ro = run_episodes(actor, specs, pool, "train")
         pool.close()
         append_episodes(
@@ -578,6 +578,14 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         with stage(f"[vla] fitting the latent adapter ({cfg.latent_adapter_steps} steps)", show):
             domain.fit_latent_adapter(steps=cfg.latent_adapter_steps)
     return domain
+
+
+def policy_words(cfg: VLAConfig) -> str:
+    """What a run's messages call its starting policy: the SFT policy WMRL cloned from demos, or the
+    user's own lerobot policy (``domain.policy_path``), which WMRL never fine-tuned by SFT."""
+    if cfg.policy_path is not None:
+        return f"your policy ({cfg.policy_path})"
+    return "the SFT policy"
 
 
 def mean_success(records: list[dict]) -> float:

@@ -323,6 +323,12 @@ def test_wmrl_run_post_trains_the_users_policy_and_exports_it_for_lerobot(
         manifest = json.loads((tmp_path / "out" / "wmrl_export.json").read_text())
         # 32 px: lerobot-eval's MetaWorld env renders 480 px, so the folder names lerobot's eval_policy
         assert "lerobot-eval renders MetaWorld at its own size, not the 32 px" in manifest["policy"]["load"]
+        assert "python -m wmrl_vla.lerobot_eval --policy DIR" in manifest["policy"]["load"]
+        # what that command reads: the run's env, size, length and number of evaluation episodes
+        assert manifest["evaluation"] == {
+            "env_type": "metaworld", "task": TASK, "image_size": SIZE, "episode_length": RUN_STEPS,
+            "episodes": 1, "seeds": "1000000 + 7919 k (WMRL's evaluation)",
+        }  # fmt: skip
         assert any("noise 0" in n for n in manifest["notes"]) == (kind == "smolvla")
         got = lerobot_first_action(tmp_path / "out", images, states, texts)
         with torch.no_grad():
