@@ -181,3 +181,83 @@ RECORDED: dict[str, tuple[float, float, float]] = {
 @pytest.mark.parametrize("case", CASES)
 def test_every_method_trains_exactly_as_before_the_registry(tmp_path, case):
     assert final_digest(tmp_path, CASES[case]) == pytest.approx(RECORDED[case], rel=1e-6, abs=1e-9)
+
+
+# ---- each method keeps, checkpoints and logs its own state; the trainer names none ------------
+OWN_STATE = {
+    "real": set(),
+    "anchors_only": set(),
+    "wm": set(),
+    "mix": set(),
+    "debias": {"debiaser"},
+    "denoise": {"denoiser"},
+    "wmrl": {"debiaser", "denoiser"},
+    "ppi": {"debiaser", "tuner"},
+}
+COMPONENT_METRICS = {"debiaser": {"debias/fitted"}, "denoiser": {"denoise/w", "denoise/s2"}}
+
+
+@pytest.mark.parametrize("name", DOCUMENTED)
+def test_each_method_keeps_checkpoints_and_logs_only_its_own_components(tmp_path, name):
+    cfg = load_config(None, [*FAST, f"--out_dir={tmp_path}", f"--method={name}", "--grpo.steps=2"])
+    trainer = Trainer(cfg, cfg.domain.build(cfg))
+    assert set(trainer.method_state.components) == OWN_STATE[name]
+    row = trainer.train_step()
+    logged = {k for k in row if k.startswith(("debias/fitted", "denoise/"))}
+    assert logged == set().union(*(COMPONENT_METRICS.get(c, set()) for c in OWN_STATE[name]))
+    state = trainer.state_dict()
+    assert set(state["method"]) == OWN_STATE[name]
+    assert not {"debiaser", "denoiser", "ppi"} & set(state)  # the trainer's own keys name no component
+    assert ("w" in trainer.method.progress(row)) == get_method(name).denoises
+
+
+def test_the_trainer_imports_and_names_no_method():
+    """wmrl/trainer.py reaches methods through the registry and the method's state alone."""
+    import ast
+    import re
+    from pathlib import Path
+
+    import wmrl.trainer
+
+    source = Path(wmrl.trainer.__file__).read_text()
+    imported = {
+        node.module
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert imported & {"wmrl.methods.ppi", "wmrl.ppi", "wmrl.debias", "wmrl.denoise"} == set()
+    assert {m for m in imported if m.startswith("wmrl.methods")} <= {"wmrl.methods", "wmrl.methods.base"}
+    named = set(
+        re.findall(r"\b(ppi|debias|denoise|debiaser|denoiser|tuner|anchors_only|wmrl_placebo)\b", source)
+    )
+    assert named == set()
+
+
+@pytest.mark.parametrize("name", ["ppi", "wmrl"])
+def test_a_checkpoint_from_before_methods_kept_their_state_resumes_exactly(tmp_path, name):
+    """A checkpoint of the old layout (every run's calibration, denoiser and ppi tuner at its top
+    level) resumes to the same policy and method state as an uninterrupted run."""
+    from wmrl.tracking import CHECKPOINT
+
+    def cfg(out, steps):
+        return load_config(
+            None, [*FAST, f"--out_dir={tmp_path / out}", f"--method={name}", f"--grpo.steps={steps}"]
+        )
+
+    ref = Trainer(c := cfg("ref", 6), c.domain.build(c))
+    ref.train()
+    part = cfg("run", 3)
+    Trainer(part, part.domain.build(part)).train()
+    path = tmp_path / "run" / CHECKPOINT
+    state = torch.load(path, weights_only=False)
+    own = state.pop("method")
+    fresh = get_method("ppi").new_state(part).state_dict() | get_method("wmrl").new_state(part).state_dict()
+    legacy = {"debiaser": "debiaser", "denoiser": "denoiser", "tuner": "ppi"}
+    state.update({legacy[k]: own.get(k, fresh[k]) for k in legacy})  # every run wrote all three
+    torch.save(state, path)
+    full = cfg("run", 6)
+    resumed = Trainer(full, full.domain.build(full), resume=True)
+    assert set(resumed.method_state.components) == set(own)
+    resumed.train()
+    assert torch.equal(ref.policy.theta, resumed.policy.theta)
+    assert ref.method_state.state_dict() == resumed.method_state.state_dict()
