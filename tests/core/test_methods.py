@@ -7,7 +7,19 @@ import torch
 
 from wmrl.cli import main
 from wmrl.config import ConfigError, RunConfig, load_config
-from wmrl.methods import METHODS, Method, Step, controls, get_method, method_of, register_method
+from wmrl.domain import Prediction
+from wmrl.methods import (
+    METHODS,
+    Control,
+    Method,
+    Placebo,
+    PPILambda0,
+    Step,
+    controls,
+    get_method,
+    method_of,
+    register_method,
+)
 from wmrl.tracking import read_metrics
 from wmrl.trainer import Trainer
 
@@ -261,3 +273,62 @@ def test_a_checkpoint_from_before_methods_kept_their_state_resumes_exactly(tmp_p
     resumed.train()
     assert torch.equal(ref.policy.theta, resumed.policy.theta)
     assert ref.method_state.state_dict() == resumed.method_state.state_dict()
+
+
+# ---- a control runs every hook of its base ----------------------------------------------------
+class BareControl(Control):
+    """A control that defines nothing of its own: all of it is its base's."""
+
+    suffix = "bare"
+    overrides = ("--seed=1",)
+
+
+def _contract():
+    """Method's public hooks and attributes, read from the class (a new one is covered unasked)."""
+    public = {n: v for n, v in vars(Method).items() if not n.startswith("_")}
+    return [n for n, v in public.items() if callable(v)], [n for n, v in public.items() if not callable(v)]
+
+
+# The hooks a control's own class defines, each still running its base's (the placebo permutes
+# what its base's returns), with arguments it can run on.
+OWN_HOOK_ARGS = {
+    "prediction": (Prediction(torch.arange(4.0), torch.ones(4)), torch.tensor([0, 0, 1, 1]), 3, 1),
+    "prior_groups": ([([0.1, 0.2, 0.3], [1.0, 0.0, 1.0])], 3),
+}
+
+
+@pytest.mark.parametrize("control_class", [BareControl, Placebo, PPILambda0])
+def test_a_control_runs_every_hook_of_its_base(control_class, monkeypatch):
+    """Every hook of Method, one added to it after the controls were written included, runs its
+    base's code under a control with the same arguments; every attribute is its base's."""
+    import inspect
+
+    monkeypatch.setattr(Method, "a_later_hook", lambda self, x: x, raising=False)
+    hooks, attributes = _contract()
+    assert "a_later_hook" in hooks and {"advantages", "wm_scores", "new_state", "check"} <= set(hooks)
+    calls: list = []
+
+    def recording(hook):
+        def run(self, *args):
+            calls.append((hook, args))
+            return args[0]
+
+        return run
+
+    values = {a: f"the base's {a}" for a in attributes}
+    base = type("Recording", (Method,), {h: recording(h) for h in hooks} | values)()
+    control = control_class(base)
+    assert control.name == f"the base's name_{control_class.suffix}" and control.base is base
+    assert all(getattr(control, a) == values[a] for a in attributes if a != "name")
+    own = {h for h in hooks if h in vars(control_class)}
+    assert own <= set(OWN_HOOK_ARGS), f"{control_class.__name__} defines {own}: give them arguments here"
+    for hook in hooks:
+        if hook == "controls":  # a control has no controls of its own
+            continue
+        n_args = len(inspect.signature(getattr(Method, hook)).parameters) - 1
+        args = OWN_HOOK_ARGS[hook] if hook in own else tuple(object() for _ in range(n_args))
+        calls.clear()
+        result = getattr(control, hook)(*args)
+        assert calls == [(hook, args)], f"{control_class.__name__}.{hook} did not run its base's"
+        if hook not in own:
+            assert result is args[0]

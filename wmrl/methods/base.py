@@ -301,60 +301,31 @@ class Method:
 class Control(Method):
     """A control run beside its ``base`` method (docs/design.md section 7): the base's own code path
     under the config ``overrides`` (``wmrl run`` flags), named ``<base>_<suffix>``. It answers every
-    question and runs every hook as its base does, except those it overrides."""
+    question and runs every hook as its base does, except those its own class defines: every member
+    of the contract (:func:`contract_members`, :class:`Method`'s public attributes and hooks) that
+    the control's class does not define is the base's own, so a hook added to :class:`Method` runs
+    the base's under every control with no change here."""
 
     suffix: str = ""
     overrides: tuple[str, ...] = ()
 
     def __init__(self, base: Method):
         self.base = base
+        own = {n for cls in type(self).__mro__[: type(self).__mro__.index(Method)] for n in vars(cls)}
+        for member in contract_members():
+            if member not in own:
+                setattr(self, member, getattr(base, member))  # a bound hook of the base, or its value
         self.name = f"{base.name}_{self.suffix}"
-        for attr in (
-            "summary",
-            "executes",
-            "uses_wm",
-            "calibrates",
-            "denoises",
-            "uses_twins",
-            "config_sections",
-        ):
-            setattr(self, attr, getattr(base, attr))
 
     def controls(self) -> list[Control]:
+        """None: a control is not compared with controls of its own."""
         return []
 
-    def check(self, run: RunConfig) -> None:
-        self.base.check(run)
 
-    def wants_execution_log(self, run: RunConfig) -> bool:
-        return self.base.wants_execution_log(run)
-
-    def n_anchor_groups(self, n_groups: int, cfg: AnchorConfig) -> int:
-        return self.base.n_anchor_groups(n_groups, cfg)
-
-    def progress(self, metrics: dict[str, float]) -> dict[str, str]:
-        return self.base.progress(metrics)
-
-    def new_state(self, run: RunConfig) -> MethodState:
-        return self.base.new_state(run)
-
-    def start_from_log(self, trainer: TrainerView, prior_groups: PriorGroups | None) -> None:
-        self.base.start_from_log(trainer, prior_groups)
-
-    def select_tasks(self, tasks: list, anchor_groups: torch.Tensor) -> tuple[list, torch.Tensor]:
-        return self.base.select_tasks(tasks, anchor_groups)
-
-    def prediction(self, pred: Prediction, group_ids: torch.Tensor, seed: int, step: int) -> Prediction:
-        return self.base.prediction(pred, group_ids, seed, step)
-
-    def prior_groups(self, groups: PriorGroups, seed: int) -> PriorGroups:
-        return self.base.prior_groups(groups, seed)
-
-    def wm_scores(self, trainer: TrainerView, step: Step) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.base.wm_scores(trainer, step)
-
-    def advantages(self, trainer: TrainerView, step: Step) -> Advantages:
-        return self.base.advantages(trainer, step)
+def contract_members() -> list[str]:
+    """The public attributes and hooks of :class:`Method` by name (those a :class:`Control` takes
+    from its base), read from the class itself."""
+    return [name for name in vars(Method) if not name.startswith("_")]
 
 
 METHODS = cast("dict[str, Method]", REGISTRY)

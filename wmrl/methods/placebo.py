@@ -3,16 +3,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from wmrl.controls import placebo_groups, placebo_prediction
 from wmrl.domain import Prediction, PriorGroups
 from wmrl.methods.base import Control
-
-if TYPE_CHECKING:
-    pass
 
 
 class Placebo(Control):
