@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 
+import wmrl.grid_spec  # imported before a test registers a method
 from wmrl.cli import main
 from wmrl.config import ConfigError, RunConfig, load_config
 from wmrl.domain import Prediction
@@ -332,3 +333,18 @@ def test_a_control_runs_every_hook_of_its_base(control_class, monkeypatch):
         assert calls == [(hook, args)], f"{control_class.__name__}.{hook} did not run its base's"
         if hook not in own:
             assert result is args[0]
+
+
+def test_a_method_registered_after_the_grid_spec_was_imported_is_in_the_grid(wm_rank):
+    """The grid's methods and controls are read from the registry when asked, not when
+    wmrl.grid_spec is imported (this module imported it before ``wm_rank`` was registered)."""
+    assert "wm_rank_placebo" in wmrl.grid_spec.CONTROLS and "wm_rank" in wmrl.grid_spec.GRID_METHODS
+    spec = wmrl.grid_spec.GridSpec(
+        methods=["wm_rank_placebo"], domains=[wmrl.grid_spec.DomainEntry(name="toy", preset="toy")]
+    )
+    assert spec.all_methods == ["wm_rank_placebo"]
+    from wmrl.grid_spec import base_method, controls_of, grid_controls, grid_methods
+
+    assert {"wm_rank", "wm_rank_placebo"} <= set(grid_methods())
+    assert grid_controls()["wm_rank_placebo"] == ("wm_rank", ["--wm_placebo=true"])
+    assert base_method("wm_rank_placebo") == "wm_rank" and controls_of("wm_rank") == ["wm_rank_placebo"]
