@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import re
 import signal
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -38,6 +36,7 @@ from wmrl.device import autocast, check_precision, module_device
 from wmrl.distributed import gather_batches, gather_rewards, group_owner, task_shares
 from wmrl.domain import Domain, JobRunner, Prediction, RolloutBatch, check_domain
 from wmrl.executors import make_executor
+from wmrl.extras import quiet_dataset_bars
 from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_gradient
 from wmrl.methods import Advantages, Step, method_of
 from wmrl.methods.base import legacy_method_state, nanmean
@@ -64,29 +63,6 @@ def _one_line(error: str) -> str:
     lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
     text = re.sub(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b:?\s*", "", lines[-1] if lines else error)
     return text[:300]
-
-
-@contextmanager
-def _quiet_dataset_bars():
-    """Silence the datasets library's "Map" bars while training (a domain that writes a dataset,
-    e.g. the VLA anchors' LeRobot dataset, would draw one per write below the training bar). If
-    datasets is first imported during training, its bars stay off for the rest of the process
-    (the environment variable it reads at import has the last word)."""
-    datasets = sys.modules.get("datasets")
-    was = os.environ.get("HF_DATASETS_DISABLE_PROGRESS_BARS")
-    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when datasets is first imported
-    enabled = datasets is not None and datasets.is_progress_bar_enabled()
-    if enabled and datasets is not None:
-        datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if was is None:
-            os.environ.pop("HF_DATASETS_DISABLE_PROGRESS_BARS", None)
-        else:
-            os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = was
-        if enabled and datasets is not None:
-            datasets.enable_progress_bars()
 
 
 class _Ranks(NamedTuple):
@@ -464,7 +440,8 @@ class Trainer:
         last: dict[str, float] = {}
         stop = StopSignals(on_first=notice)
         try:
-            with stop, _quiet_dataset_bars():
+            with stop, ExitStack() as restore:
+                restore.callback(quiet_dataset_bars())  # the datasets library's bars off while training
                 if self.step == 0 and cfg.tracking.eval_every > 0:
                     self._log(0, self._evaluate_shown(bar))
                 while self.step < cfg.grpo.steps:
