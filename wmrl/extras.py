@@ -110,9 +110,10 @@ def quiet_dataset_bars() -> Callable[[], None]:
     inherited = os.environ.get("PYTHONWARNINGS", "")
     if ignore not in inherited.split(","):
         os.environ["PYTHONWARNINGS"] = f"{inherited},{ignore}" if inherited else ignore
-    datasets = sys.modules.get("datasets")
-    turned_off = os.environ[_BARS_ENV] != "0" and datasets is not None and datasets.is_progress_bar_enabled()
-    if turned_off:
+    imported = sys.modules.get("datasets")
+    datasets = imported if os.environ[_BARS_ENV] != "0" and imported is not None else None
+    turned_off = datasets is not None and datasets.is_progress_bar_enabled()
+    if datasets is not None and turned_off:
         datasets.disable_progress_bars()
 
     def undo() -> None:
@@ -121,7 +122,7 @@ def quiet_dataset_bars() -> Callable[[], None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        if turned_off:
+        if datasets is not None and turned_off:
             datasets.enable_progress_bars()
 
     return undo
