@@ -34,6 +34,7 @@ from wmrl.config import (
     presets,
 )
 from wmrl.config_messages import describe_config
+from wmrl.extras import quiet_dataset_bars
 from wmrl.signals import repeated_signal
 
 
@@ -172,7 +173,7 @@ def build_parser() -> _Parser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    _quiet_dataset_bars()
+    quiet_dataset_bars()  # for the whole command (wmrl/extras.py)
     _log_warnings_as_lines()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -277,26 +278,6 @@ def _resume_command(args: argparse.Namespace, argv: list[str]) -> str:
         if out_dir is not None:
             return f"wmrl run --resume {shlex.quote(out_dir)}"
     return shlex.join(["wmrl", *argv])
-
-
-_BARS_WARNING = "Cannot enable progress bars"
-
-
-def _quiet_dataset_bars() -> None:
-    """The datasets library's "Map" bars off for the whole command (wmrl's own bars show each
-    stage): set before datasets is imported, its environment variable outlasts lerobot's
-    ``SuppressProgressBars``, whose exit turns the bars back on. ``=0`` keeps them. The warning
-    that exit then raises is ignored here and, through ``PYTHONWARNINGS``, in every worker process
-    the command spawns (a grid's cells run in spawned processes that inherit the environment, not
-    the warning filters)."""
-    import warnings
-
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    warnings.filterwarnings("ignore", message=_BARS_WARNING, category=UserWarning)
-    ignore = f"ignore:{_BARS_WARNING}:UserWarning"
-    inherited = os.environ.get("PYTHONWARNINGS", "")
-    if ignore not in inherited.split(","):
-        os.environ["PYTHONWARNINGS"] = f"{inherited},{ignore}" if inherited else ignore
 
 
 class _StderrLines(logging.Handler):

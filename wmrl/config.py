@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import draccus
 from draccus.utils import DraccusException
 
+from wmrl.advantages import ADVANTAGES
 from wmrl.config_messages import (
     did_you_mean,
     malformed_yaml,
@@ -142,7 +143,8 @@ class GRPOConfig:
     # Optimizer passes over each batch, and minibatches per pass (split by group).
     epochs: int = 1
     minibatches: int = 1
-    # "grpo": (r - mean) / (std + std_eps) per group; "dr_grpo": r - mean (Dr.GRPO, arXiv:2503.20783).
+    # A registered advantage kind (wmrl/advantages.py): "grpo": (r - mean) / (std + std_eps) per group;
+    # "dr_grpo": r - mean (Dr.GRPO, arXiv:2503.20783).
     advantage: str = "grpo"
     std_eps: float = 1e-4
     # "token_mean": mean over all real tokens of the batch; "seq_mean": mean over tokens, then rollouts.
@@ -175,7 +177,7 @@ class GRPOConfig:
             f"grpo.minibatches={self.minibatches} must lie in [1, grpo.tasks_per_step={self.tasks_per_step}]",
         )
         _one_of("grpo.optimizer", self.optimizer, ("adamw", "sgd"))
-        _one_of("grpo.advantage", self.advantage, ("grpo", "dr_grpo"))
+        _one_of("grpo.advantage", self.advantage, tuple(ADVANTAGES))
         _one_of("grpo.loss_agg", self.loss_agg, ("token_mean", "seq_mean"))
         _check(self.kl_coef >= 0, f"grpo.kl_coef={self.kl_coef} must be >= 0")
 

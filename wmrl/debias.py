@@ -83,6 +83,10 @@ class OnlineDebiaser:
         self.x_knots = None if state["x_knots"] is None else np.asarray(state["x_knots"], dtype=np.float64)
         self.y_knots = None if state["y_knots"] is None else np.asarray(state["y_knots"], dtype=np.float64)
 
+    def metrics(self) -> dict[str, float]:
+        """``debias/fitted``: 1 once the map is fitted (before, the identity)."""
+        return {"debias/fitted": float(self.fitted)}
+
 
 def centred_residual(pred: torch.Tensor, true: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """Per-group within-group centred squared residual, ``[n_groups]`` (NaN for groups with < 2 pairs).

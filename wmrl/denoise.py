@@ -116,3 +116,8 @@ class InverseVarianceDenoiser:
             state = {**state, "res_avg": state["s2"], "var_avg": None if state["s2"] is None else 1.0}
         self.res_avg, self.var_avg = state["res_avg"], state["var_avg"]
         self.n_obs, self.c = int(state["n_obs"]), state["c"]
+
+    def metrics(self) -> dict[str, float]:
+        """``denoise/w`` the anchor weight and ``denoise/s2`` the noise-to-signal ratio (NaN before
+        the first observation)."""
+        return {"denoise/w": self.w, "denoise/s2": float("nan") if self.s2 is None else self.s2}

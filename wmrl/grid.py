@@ -60,7 +60,6 @@ import draccus
 from wmrl.config import ConfigError, ExecutorConfig, did_you_mean, load_config, presets
 from wmrl.domain import check_domain
 from wmrl.grid_spec import (
-    CONTROLS,
     LEDGER,
     START,
     Cell,
@@ -69,6 +68,7 @@ from wmrl.grid_spec import (
     base_method,
     cell_status,
     domain_margin,
+    grid_controls,
     load_spec,
     read_cached,
     read_json,
@@ -95,6 +95,7 @@ def plan(spec: GridSpec, out: Path) -> list[Cell]:
     before anything runs (naming its domain)."""
     out = out.resolve()
     cells: list[Cell] = []
+    controls = grid_controls()
     for d in spec.domains:
         _check_preset(d)
         for method in spec.all_methods:
@@ -103,7 +104,7 @@ def plan(spec: GridSpec, out: Path) -> list[Cell]:
                 over = [
                     *d.overrides,
                     f"--method={base_method(method)}",
-                    *(CONTROLS[method][1] if method in CONTROLS else []),
+                    *(controls[method][1] if method in controls else []),
                     f"--seed={seed}",
                     f"--out_dir={run_dir}",
                 ]

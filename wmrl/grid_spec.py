@@ -15,19 +15,37 @@ from pathlib import Path
 import draccus
 from draccus.utils import DraccusException
 
-from wmrl.config import ConfigError, DomainConfig, ExecutorConfig, did_you_mean
+from wmrl.config import ConfigError, DomainConfig, ExecutorConfig, did_you_mean, load_methods
 from wmrl.config_messages import malformed_yaml
-from wmrl.methods import METHODS, wm_methods
 from wmrl.methods import controls as method_controls
+from wmrl.methods import wm_methods
 from wmrl.tracking import CHECKPOINT, read_metrics
 
-CONTROLS: dict[str, tuple[str, list[str]]] = {
-    label: (c.base.name, list(c.overrides)) for label, c in method_controls().items()
-}
-"""Control label -> (the method whose code path it runs, its config overrides), as each registered
-method declares them (wmrl/methods): ``<m>_placebo`` beside each WM method, the placebo WM (scores
-permuted within each group, wmrl/methods/placebo.py); ``ppi_lambda0``: ppi with λ = 0."""
-GRID_METHODS = (*METHODS, *CONTROLS)
+
+def grid_controls() -> dict[str, tuple[str, list[str]]]:
+    """Control label -> (the method whose code path it runs, its config overrides), as each registered
+    method declares them (wmrl/methods): ``<m>_placebo`` beside each WM method, the placebo WM (scores
+    permuted within each group, wmrl/methods/placebo.py); ``ppi_lambda0``: ppi with λ = 0. Read from
+    the registry when asked, so a method registered after this module was imported (an entry point,
+    a library's own) is in it."""
+    return {label: (c.base.name, list(c.overrides)) for label, c in method_controls().items()}
+
+
+def grid_methods() -> tuple[str, ...]:
+    """What a grid spec's ``methods`` may name: every registered method, then every control."""
+    return (*load_methods(), *grid_controls())
+
+
+def __getattr__(name: str):
+    """``CONTROLS`` and ``GRID_METHODS``, the names these had as constants: :func:`grid_controls` and
+    :func:`grid_methods` as of the access."""
+    if name == "CONTROLS":
+        return grid_controls()
+    if name == "GRID_METHODS":
+        return grid_methods()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # Non-inferiority margin on the held-out score per domain type (DomainEntry.margin overrides it):
 # toy true reward 0.005; VLA success rate (a fraction) 0.01, i.e. 1 point; research score 0.02.
 DEFAULT_MARGINS = {"toy": 0.005, "vla": 0.01, "research": 0.02}
@@ -37,12 +55,13 @@ START = "start.json"  # DIR/<domain>/start.json: the SHA-1 of the policy every c
 
 def base_method(label: str) -> str:
     """The ``--method`` a grid label runs (a control's method, else the label itself)."""
-    return CONTROLS[label][0] if label in CONTROLS else label
+    controls = grid_controls()
+    return controls[label][0] if label in controls else label
 
 
 def controls_of(method: str) -> list[str]:
     """The control labels of ``method`` (empty for a control, ``real`` and ``anchors_only``)."""
-    return [c for c, (m, _) in CONTROLS.items() if m == method]
+    return [c for c, (m, _) in grid_controls().items() if m == method]
 
 
 def with_control(methods: list[str]) -> list[str]:
@@ -106,12 +125,13 @@ class GridSpec:
 
     def __post_init__(self) -> None:
         if not self.methods:
-            raise ConfigError("methods is empty: name at least one of " + ", ".join(METHODS))
+            raise ConfigError("methods is empty: name at least one of " + ", ".join(load_methods()))
+        known = grid_methods()
         for m in self.methods:
-            if m not in GRID_METHODS:
+            if m not in known:
                 raise ConfigError(
-                    f"methods entry {m!r} is not one of {', '.join(METHODS)} or a control "
-                    f"({', '.join(CONTROLS)}){did_you_mean(m, GRID_METHODS)}"
+                    f"methods entry {m!r} is not one of {', '.join(load_methods())} or a control "
+                    f"({', '.join(grid_controls())}){did_you_mean(m, known)}"
                 )
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"seeds={self.seeds} must be a non-empty list of distinct seeds")

@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from wmrl.advantages import ADVANTAGES
 from wmrl.config import GRPOConfig
 from wmrl.domain import RolloutBatch, log_probs
 from wmrl.lazy import lazy
@@ -23,7 +24,8 @@ else:
 def group_advantages(
     rewards: torch.Tensor, group_ids: torch.Tensor, kind: str = "grpo", std_eps: float = 1e-4
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Within-group advantages over graded rollouts.
+    """Within-group advantages over graded rollouts, of the registered kind ``kind``
+    (:data:`wmrl.advantages.ADVANTAGES`, each a function of ``r_i - mean_g`` and ``std_g``):
 
     ``grpo``:    A_i = (r_i - mean_g) / (std_g + std_eps)   (DeepSeekMath, arXiv:2402.03300)
     ``dr_grpo``: A_i = r_i - mean_g                          (Dr.GRPO, arXiv:2503.20783)
@@ -38,8 +40,10 @@ def group_advantages(
     Returns:
         advantages ``[N]`` and used ``[N]`` bool.
     """
-    if kind not in ("grpo", "dr_grpo"):
-        raise ValueError(f"unknown advantage kind {kind!r}; expected 'grpo' or 'dr_grpo'")
+    if kind not in ADVANTAGES:
+        raise ValueError(
+            f"unknown advantage kind {kind!r}; expected one of {', '.join(map(repr, ADVANTAGES))}"
+        )
     graded = torch.isfinite(rewards)
     r = torch.where(graded, rewards, torch.zeros_like(rewards)).double()
     n_groups = int(group_ids.max().item()) + 1 if group_ids.numel() else 0
@@ -48,12 +52,7 @@ def group_advantages(
     mean = total / count.clamp(min=1)
     dev = torch.where(graded, r - mean[group_ids], torch.zeros_like(r))
     var = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group_ids, dev**2) / count.clamp(min=1)
-    denom = var.sqrt()[group_ids] + std_eps
-    adv = (
-        dev
-        if kind == "dr_grpo"
-        else torch.where(denom > 0, dev / denom.clamp(min=1e-30), torch.zeros_like(dev))
-    )
+    adv = ADVANTAGES[kind](dev, var.sqrt()[group_ids], std_eps)
     used = graded & (count[group_ids] >= 2)
     adv = torch.where(used, adv, torch.zeros_like(adv))
     return adv.to(rewards.dtype), used
@@ -252,70 +251,122 @@ def grpo_update(
     ``[N]`` bool marks this rank's rows. The minibatches are the 1-process ones (same generator);
     each rank's loss covers its rows of a minibatch over the minibatch's global denominator, times
     the number of processes, and ``model`` (the accelerate-prepared :class:`wmrl.distributed.LogProbs`
-    of ``policy``) averages the gradients, which is the whole minibatch's gradient."""
+    of ``policy``) averages the gradients, which is the whole minibatch's gradient (:class:`_Share`)."""
     keep = used.nonzero().squeeze(-1)
     if keep.numel() == 0:
         return {"loss/optimizer_steps": 0.0}
     counted = used if counted is None else counted
     denoms = group_denoms(batch.mask, batch.group_ids, counted, cfg.loss_agg)
     groups = batch.group_ids[used | counted].unique()  # a counted group may have no used row
-    anchor = None if anchor is None else anchor[keep]
-    if accelerator is not None:
-        assert owned is not None and model is not None, "data-parallel updates need owned and model"
-        return _grpo_update_dp(
-            policy,
-            optimizer,
-            batch.select(keep),
-            advantages[keep],
-            owned[keep],
-            cfg,
-            reference,
-            generator,
-            accelerator,
-            model,
-            autocast,
-            groups,
-            denoms,
-            anchor,
-        )
     batch, advantages = batch.select(keep), advantages[keep]
-    ref_logp = None
-    if reference is not None and cfg.kl_coef > 0:
-        with torch.no_grad(), autocast():
-            ref_logp = log_probs(reference, batch).float()
+    anchor = None if anchor is None else anchor[keep]
+    share = _Share(policy, None if accelerator is None or owned is None else owned[keep], accelerator, model)
+    ref_logp = share.reference_logprobs(reference, batch, cfg, autocast)
+    params = [p for p in policy.parameters() if p.requires_grad]
     sums: dict[str, float] = {}
     n_steps = 0
     for _ in range(cfg.epochs):
         order = groups[torch.randperm(groups.numel(), generator=generator)]
         for chunk in torch.tensor_split(order, min(cfg.minibatches, groups.numel())):
             rows = torch.isin(batch.group_ids, chunk).nonzero().squeeze(-1)
-            if rows.numel() == 0:  # only counted groups without a used row: nothing to step on
+            if rows.numel() == 0:  # only counted groups without a used row (on every rank alike)
                 continue
-            mb = batch.select(rows)
+            sel, idle = share.rows(rows)
+            mb = batch.select(sel)
             with autocast():
-                logp = log_probs(policy, mb)
+                logp = share.log_probs(mb)
             loss, stats = clipped_policy_loss(
                 logp.float(),
                 mb.logprobs.float(),
-                advantages[rows],
+                advantages[sel],
                 mb.mask,
                 cfg.clip_eps,
                 cfg.loss_agg,
-                None if ref_logp is None else ref_logp[rows],
+                None if ref_logp is None else ref_logp[sel],
                 cfg.kl_coef,
-                loss_denom=denoms[chunk].sum().clamp(min=1),
-                anchor=None if anchor is None else anchor[rows],
+                loss_denom=denoms[chunk.to(denoms.device)].sum().clamp(min=1),
+                token_denom=share.token_denom(batch.mask[rows]),
+                anchor=None if anchor is None else anchor[sel],
             )
+            if idle:
+                loss, stats = loss * 0.0, {k: v * 0.0 for k, v in stats.items()}
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            params = [p for p in policy.parameters() if p.requires_grad]
+            share.backward(loss)
             grad_norm = clip_gradients(params, cfg.max_grad_norm)
             optimizer.step()
-            for k, v in {"loss": loss.detach(), "grad_norm": grad_norm, **stats}.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-            sums["grad_clipped"] = sums.get("grad_clipped", 0.0) + _was_clipped(grad_norm, cfg.max_grad_norm)
+            totals = share.totals({"loss": loss.detach(), **stats})
+            totals |= {
+                "grad_norm": float(grad_norm),
+                "grad_clipped": _was_clipped(grad_norm, cfg.max_grad_norm),
+            }
+            for k, v in totals.items():
+                sums[k] = sums.get(k, 0.0) + v
             n_steps += 1
     return _update_metrics(sums, n_steps)
+
+
+class _Share:
+    """What one process computes of :func:`grpo_update`'s minibatches. One process: every row, its
+    own forward and backward passes. Data-parallel (``accelerator``): its ``owned`` rows ``[N]``
+    through ``model``, the loss times the number of processes so that DDP's average of the
+    gradients is the whole minibatch's, and the diagnostics summed over the ranks; a rank without
+    rows in a minibatch still takes part in the average with one row whose loss is multiplied by 0."""
+
+    def __init__(self, policy: torch.nn.Module, owned: torch.Tensor | None, accelerator, model):
+        self.policy, self.accelerator = policy, accelerator
+        if accelerator is not None:
+            assert owned is not None and model is not None, "data-parallel updates need owned and model"
+        self.owned, self.model = owned, model
+
+    def reference_logprobs(
+        self,
+        reference: torch.nn.Module | None,
+        batch: RolloutBatch,
+        cfg: GRPOConfig,
+        autocast: Callable[[], contextlib.AbstractContextManager],
+    ) -> torch.Tensor | None:
+        """``[N, T]`` float32 log-probs of the rows under the frozen reference (KL on), of this
+        rank's rows only when data-parallel (the others 0); None without a KL term."""
+        if reference is None or cfg.kl_coef <= 0:
+            return None
+        if self.owned is None:
+            with torch.no_grad(), autocast():
+                return log_probs(reference, batch).float()
+        ref_logp = torch.zeros_like(batch.logprobs, dtype=torch.float32)
+        mine = self.owned.nonzero().squeeze(-1)
+        if mine.numel():
+            with torch.no_grad(), autocast():
+                ref_logp[mine] = log_probs(reference, batch.select(mine)).to(ref_logp.dtype)
+        return ref_logp
+
+    def rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """The rows of a minibatch this process computes, and whether it is idle in it (its one
+        stand-in row then counts for nothing)."""
+        if self.owned is None:
+            return rows, False
+        mine = rows[self.owned[rows]]
+        return (rows[:1], True) if mine.numel() == 0 else (mine, False)
+
+    def log_probs(self, mb: RolloutBatch) -> torch.Tensor:
+        return log_probs(self.policy, mb) if self.model is None else self.model(mb)
+
+    def token_denom(self, minibatch_mask: torch.Tensor) -> torch.Tensor | None:
+        """The whole minibatch's real tokens (data-parallel), for diagnostics that sum over ranks."""
+        return None if self.accelerator is None else minibatch_mask.sum().clamp(min=1)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.accelerator is None:
+            loss.backward()
+        else:
+            self.accelerator.backward(loss * self.accelerator.num_processes)
+
+    def totals(self, stats: dict[str, torch.Tensor]) -> dict[str, float]:
+        """A step's diagnostics as floats, summed over the ranks when data-parallel."""
+        if self.accelerator is None:
+            return {k: float(v) for k, v in stats.items()}
+        local = torch.stack([v.float() for v in stats.values()]).to(self.accelerator.device)
+        total = self.accelerator.reduce(local, "sum").cpu()
+        return dict(zip(stats, total.tolist(), strict=True))
 
 
 def _was_clipped(grad_norm: torch.Tensor | float, max_norm: float) -> float:
@@ -343,83 +394,6 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
     return torch.sqrt(
         sum(((p.grad.detach() ** 2).sum() for p in params if p.grad is not None), torch.zeros(()))
     )
-
-
-def _grpo_update_dp(
-    policy: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batch: RolloutBatch,
-    advantages: torch.Tensor,
-    owned: torch.Tensor,
-    cfg: GRPOConfig,
-    reference: torch.nn.Module | None,
-    generator: torch.Generator | None,
-    accelerator,
-    model: torch.nn.Module,
-    autocast: Callable[[], contextlib.AbstractContextManager],
-    groups: torch.Tensor,
-    denoms: torch.Tensor,
-    anchor: torch.Tensor | None,
-) -> dict[str, float]:
-    """:func:`grpo_update` over the used rows of the whole step, this rank's ``owned`` share;
-    ``groups`` the groups split into minibatches, ``denoms`` ``[n_groups]`` the groups' shares of
-    the loss's denominator (:func:`group_denoms`)."""
-    world = accelerator.num_processes
-    mine_all = owned.nonzero().squeeze(-1)
-    ref_logp = None
-    if reference is not None and cfg.kl_coef > 0:  # only this rank's rows are needed
-        ref_logp = torch.zeros_like(batch.logprobs, dtype=torch.float32)
-        if mine_all.numel():
-            with torch.no_grad(), autocast():
-                ref_logp[mine_all] = log_probs(reference, batch.select(mine_all)).to(ref_logp.dtype)
-    params = [p for p in policy.parameters() if p.requires_grad]
-    names: tuple[str, ...] = ("loss", "clip_frac", "approx_kl", "kl_ref")
-    if anchor is not None:
-        names += ("clipped_anchor", "tokens_anchor", "clipped_wm", "tokens_wm")
-    sums = dict.fromkeys((*names, "grad_norm", "grad_clipped"), 0.0)
-    n_steps = 0
-    for _ in range(cfg.epochs):
-        order = groups[torch.randperm(groups.numel(), generator=generator)]
-        for chunk in torch.tensor_split(order, min(cfg.minibatches, groups.numel())):
-            rows = torch.isin(batch.group_ids, chunk).nonzero().squeeze(-1)
-            if rows.numel() == 0:  # only counted groups without a used row, on every rank alike
-                continue
-            mask_all = batch.mask[rows]
-            mine = rows[owned[rows]]
-            # A rank without rows in this minibatch still takes part in DDP's gradient average: it
-            # runs one row with its loss multiplied by 0.
-            idle = mine.numel() == 0
-            sel = rows[:1] if idle else mine
-            mb = batch.select(sel)
-            with autocast():
-                logp = model(mb)
-            loss, stats = clipped_policy_loss(
-                logp.float(),
-                mb.logprobs.float(),
-                advantages[sel],
-                mb.mask,
-                cfg.clip_eps,
-                cfg.loss_agg,
-                None if ref_logp is None else ref_logp[sel],
-                cfg.kl_coef,
-                loss_denom=denoms[chunk.to(denoms.device)].sum().clamp(min=1),
-                token_denom=mask_all.sum().clamp(min=1),
-                anchor=None if anchor is None else anchor[sel],
-            )
-            if idle:
-                loss, stats = loss * 0.0, {k: v * 0.0 for k, v in stats.items()}
-            optimizer.zero_grad(set_to_none=True)
-            accelerator.backward(loss * world)
-            grad_norm = clip_gradients(params, cfg.max_grad_norm)
-            optimizer.step()
-            local = torch.stack([loss.detach().float(), *(stats[k].float() for k in names[1:])])
-            total = accelerator.reduce(local.to(accelerator.device), "sum").cpu()
-            for k, v in zip(names, total.tolist(), strict=True):
-                sums[k] += v
-            sums["grad_norm"] += float(grad_norm)
-            sums["grad_clipped"] += _was_clipped(grad_norm, cfg.max_grad_norm)
-            n_steps += 1
-    return _update_metrics(sums, n_steps)
 
 
 def make_optimizer(params: list[torch.nn.Parameter], cfg: GRPOConfig) -> torch.optim.Optimizer:

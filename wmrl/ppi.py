@@ -400,3 +400,7 @@ class PowerTuner:
         self.groups = deque(groups, maxlen=self.cfg.window_groups)
         self.seen = int(state["seen"])
         self._cached = None
+
+    def metrics(self) -> dict[str, float]:
+        """None of its own: the step's ``ppi/*`` metrics come with the advantages."""
+        return {}

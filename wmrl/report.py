@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, TypeGuard
 
 from wmrl.config import load_config
 from wmrl.grid_spec import (
-    CONTROLS,
     DEFAULT_MARGINS,
     LEDGER,
     base_method,
     cell_status,
     controls_of,
     domain_margin,
+    grid_controls,
     reeval_current,
 )
 from wmrl.methods import METHODS, wm_methods
@@ -334,7 +334,7 @@ def domain_evidence(per_cell: dict, methods: list[str], seeds: list[int], margin
             "margin": margin,
             "verdict": verdict(vs["lb_t"] if vs else None, margin),
         }
-        if m not in CONTROLS:
+        if m not in grid_controls():
             ctl = {c: paired_evidence(final(m), final(c), fresh) for c in controls_of(m) if c in methods}
             entry["vs_controls"] = ctl
             entry["clears_controls"] = clears(list(ctl.values()))
@@ -600,14 +600,14 @@ def evidence_rows(report: dict) -> list[list[str]]:
             def lb(x: dict | None, key: str = "lb_t") -> str:
                 return fmt_value(x[key]) if x and x.get(key) is not None else ABSENT
 
-            placebo = ctl.get(f"{base_method(m)}_placebo") if m not in CONTROLS else None
+            placebo = ctl.get(f"{base_method(m)}_placebo") if m not in grid_controls() else None
             yes_no = {True: "yes", False: "no", None: ABSENT}
             rows.append([
                 dname, m, seeds, fmt_cell(vs), lb(vs), lb(vs, "lb_bootstrap"),
                 f"{vs['wins']} of {vs['n']}" if vs else ABSENT,
                 fmt_value(e["margin"]), e["verdict"] or ABSENT, lb(placebo), lb(ctl.get("ppi_lambda0")),
-                "(a control)" if m in CONTROLS else yes_no[e["clears_controls"]] if ctl else "not run",
-                yes_no[e.get("gain_counts")] if m not in CONTROLS else ABSENT,
+                "(a control)" if m in grid_controls() else yes_no[e["clears_controls"]] if ctl else "not run",
+                yes_no[e.get("gain_counts")] if m not in grid_controls() else ABSENT,
             ])  # fmt: skip
     return rows
 

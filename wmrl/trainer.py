@@ -1,13 +1,14 @@
-"""The WMRL training step (docs/design.md section 2) over any Domain. The trainer only orchestrates: the
-math lives in learner/debias/denoise/ppi, what differs between methods in the run's method object
-(wmrl/methods), and the domain knows its tasks, policy and world model.
+"""The WMRL training step (docs/design.md section 2) over any Domain. The trainer only orchestrates and
+names no method: the update's math lives in wmrl/learner.py, what differs between methods in the
+run's method object (wmrl/methods) and the state it keeps (its ``new_state``, checkpointed and logged
+here without naming its parts), and the domain knows its tasks, policy and world model.
 
 One step (:meth:`Trainer.train_step`)::
 
-    tasks -> choose anchor groups -> generate (G rollouts per task; anchors_only: the anchors alone)
+    tasks -> choose anchor groups -> generate (G rollouts per task, of the tasks the method selects)
           -> real execution of anchors  ┐ concurrently
           -> WM scores for every rollout┘ (a method with a WM; its placebo permutes them)
-          -> the method: its WM rows' rewards (anchor pairs feed the calibration and the denoiser
+          -> the method: its WM rows' rewards (the anchor pairs feed its corrections
              first) and its per-row advantages
           -> clipped-ratio update (+ KL) ┐ beside
           -> WM refined on the anchors   ┘
@@ -18,13 +19,11 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import re
 import signal
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -33,17 +32,14 @@ from tqdm.auto import tqdm
 
 from wmrl.anchors import choose_anchor_groups
 from wmrl.config import ConfigError, RunConfig, save_config
-from wmrl.debias import OnlineDebiaser
-from wmrl.denoise import InverseVarianceDenoiser
 from wmrl.device import autocast, check_precision, module_device
 from wmrl.distributed import gather_batches, gather_rewards, group_owner, task_shares
 from wmrl.domain import Domain, JobRunner, Prediction, RolloutBatch, check_domain
 from wmrl.executors import make_executor
+from wmrl.extras import quiet_dataset_bars
 from wmrl.learner import group_advantages, grpo_update, make_optimizer, policy_gradient
 from wmrl.methods import Advantages, Step, method_of
-from wmrl.methods.base import nanmean
-from wmrl.methods.ppi import prediction_powered_advantages
-from wmrl.ppi import PowerTuner
+from wmrl.methods.base import legacy_method_state, nanmean
 from wmrl.tracking import (
     MetricsLogger,
     RunInterrupted,
@@ -67,29 +63,6 @@ def _one_line(error: str) -> str:
     lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
     text = re.sub(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b:?\s*", "", lines[-1] if lines else error)
     return text[:300]
-
-
-@contextmanager
-def _quiet_dataset_bars():
-    """Silence the datasets library's "Map" bars while training (a domain that writes a dataset,
-    e.g. the VLA anchors' LeRobot dataset, would draw one per write below the training bar). If
-    datasets is first imported during training, its bars stay off for the rest of the process
-    (the environment variable it reads at import has the last word)."""
-    datasets = sys.modules.get("datasets")
-    was = os.environ.get("HF_DATASETS_DISABLE_PROGRESS_BARS")
-    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when datasets is first imported
-    enabled = datasets is not None and datasets.is_progress_bar_enabled()
-    if enabled and datasets is not None:
-        datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if was is None:
-            os.environ.pop("HF_DATASETS_DISABLE_PROGRESS_BARS", None)
-        else:
-            os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = was
-        if enabled and datasets is not None:
-            datasets.enable_progress_bars()
 
 
 class _Ranks(NamedTuple):
@@ -130,9 +103,7 @@ class Trainer:
         if cfg.grpo.kl_coef > 0:
             self.reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
         self.method = method_of(cfg)  # the registered `method` (wmrl/methods), its placebo under wm_placebo
-        self.debiaser = OnlineDebiaser(cfg.debias)
-        self.denoiser = InverseVarianceDenoiser(cfg.denoise)
-        self.tuner = PowerTuner(cfg.ppi, cfg.grpo.advantage, cfg.grpo.std_eps)
+        self.method_state = self.method.new_state(cfg)  # the components the method keeps between steps
         if self.method.wants_execution_log(cfg) and not resume:  # a resumed run restores what it began
             prior = self.caps.prior_anchor_groups
             self.method.start_from_log(self, None if prior is None else prior())
@@ -178,9 +149,7 @@ class Trainer:
             "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "reference": None if self.reference is None else self.reference.state_dict(),
-            "debiaser": self.debiaser.state_dict(),
-            "denoiser": self.denoiser.state_dict(),
-            "ppi": self.tuner.state_dict(),
+            "method": self.method_state.state_dict(),
             "domain": self.domain.state_dict(),
             "task_gen": self.task_gen.get_state(),
             "update_gen": self.update_gen.get_state(),
@@ -200,10 +169,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.reference is not None and state["reference"] is not None:
             self.reference.load_state_dict(state["reference"])
-        self.debiaser.load_state_dict(state["debiaser"])
-        self.denoiser.load_state_dict(state["denoiser"])
-        if "ppi" in state:  # checkpoints from before the ppi method have none
-            self.tuner.load_state_dict(state["ppi"])
+        self.method_state.load_state_dict(legacy_method_state(state))  # older checkpoints: top-level keys
         self.domain.load_state_dict(state["domain"])
         self.task_gen.set_state(state["task_gen"])
         self.update_gen.set_state(state["update_gen"])
@@ -230,7 +196,7 @@ class Trainer:
         self._execute_and_predict(step, ranks)
 
         metrics: dict[str, float] = {}
-        if step.pred is not None:  # the step's anchors feed the calibration and the denoiser first
+        if step.pred is not None:  # the step's anchors feed the method's corrections first
             step.r_wm, wm_metrics = method.wm_scores(self, step)
             metrics.update(wm_metrics)
         result = method.advantages(self, step)
@@ -386,7 +352,7 @@ class Trainer:
         return metrics
 
     def _step_summary(self, step: Step, result: Advantages) -> dict[str, float]:
-        """The step's rewards, advantages, executions, denoiser and calibration state, and times."""
+        """The step's rewards, advantages and executions, the method's state, and times."""
         adv, used, anchor_rows = result.adv, result.used, step.anchor_rows
         return {
             "reward/mean": nanmean(step.rewards),
@@ -397,9 +363,7 @@ class Trainer:
             "exec/real_total": float(self.real_executions),
             "exec/step": float(anchor_rows.numel()),
             "exec/ungraded": float(int(torch.isnan(step.r_true[anchor_rows]).sum())),
-            "denoise/w": self.denoiser.w,
-            "denoise/s2": float("nan") if self.denoiser.s2 is None else self.denoiser.s2,
-            "debias/fitted": float(self.debiaser.fitted),
+            **self.method_state.metrics(),
             **self._times,
         }
 
@@ -425,20 +389,6 @@ class Trainer:
         with torch.random.fork_rng(), torch.no_grad():
             media = self.caps.rollout_media(batch, predicted, true)
         self.logger.log_media(self.step, media)
-
-    def _ppi(
-        self,
-        batch: RolloutBatch,
-        r_hat: torch.Tensor,
-        var: torch.Tensor | None,
-        r_cal: torch.Tensor,
-        r_true: torch.Tensor,
-        group_anchor: torch.Tensor,
-        n_tasks: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
-        """ppi's advantages (:func:`wmrl.methods.ppi.prediction_powered_advantages`, which documents
-        the arguments), called here by the ppi method so that tests can watch what a step hands it."""
-        return prediction_powered_advantages(self, batch, r_hat, var, r_cal, r_true, group_anchor, n_tasks)
 
     def _execute(self, jobs):
         assert self.executor is not None, "the executor is created in the main thread (train_step)"
@@ -490,7 +440,8 @@ class Trainer:
         last: dict[str, float] = {}
         stop = StopSignals(on_first=notice)
         try:
-            with stop, _quiet_dataset_bars():
+            with stop, ExitStack() as restore:
+                restore.callback(quiet_dataset_bars())  # the datasets library's bars off while training
                 if self.step == 0 and cfg.tracking.eval_every > 0:
                     self._log(0, self._evaluate_shown(bar))
                 while self.step < cfg.grpo.steps:

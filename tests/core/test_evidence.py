@@ -2,6 +2,7 @@
 margin, the controls (placebo WM, ppi with λ = 0) and the seeds left out as exploratory."""
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from wmrl.controls import placebo_prediction, within_group_permutation
 from wmrl.domain import Prediction
 from wmrl.grid_spec import CONTROLS, DomainEntry, GridSpec
 from wmrl.learner import group_advantages, policy_gradient
+from wmrl.methods import ppi as ppi_method
 from wmrl.report import (
     clears,
     domain_evidence,
@@ -170,6 +172,22 @@ def _spy(obj, name: str, record: list):
     setattr(obj, name, wrapper)
 
 
+@contextmanager
+def _spy_ppi(record: list):
+    """Within the block, record each call of ppi's advantages as ``_spy`` does (its arguments after
+    the trainer: batch, r_hat, var, r_cal, r_true, group_anchor, n_tasks)."""
+    original = ppi_method.prediction_powered_advantages
+
+    def wrapper(trainer, *args, **kwargs):
+        result = original(trainer, *args, **kwargs)
+        record.append((args, kwargs, result))
+        return result
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ppi_method, "prediction_powered_advantages", wrapper)
+        yield
+
+
 def test_ppi_placebo_runs_ppis_path_on_permuted_scores_with_the_runs_other_draws_unchanged(tmp_path):
     """One step of ppi and of ppi_placebo (the grid's overrides): the same tasks, rollouts, anchors,
     true rewards and raw WM scores; ppi_placebo's scores in ppi's code path are a within-group
@@ -181,8 +199,8 @@ def test_ppi_placebo_runs_ppis_path_on_permuted_scores_with_the_runs_other_draws
         gen, wm, ppi = [], [], []
         _spy(t.domain, "generate", gen)
         _spy(t.domain.world_model, "predict", wm)
-        _spy(t, "_ppi", ppi)
-        t.train_step()
+        with _spy_ppi(ppi):
+            t.train_step()
         batch = gen[0][2]
         r_hat, r_true = ppi[0][0][1], ppi[0][0][4]
         seen[label] = (batch, wm[0][2].mean, r_hat, r_true, torch.get_rng_state())
@@ -206,7 +224,6 @@ def test_ppi_lambda0_takes_exactly_the_anchors_only_gradient(tmp_path):
     t = _trainer(tmp_path, f"--method={method}", *over, "--grpo.optimizer=sgd")
     gen, ppi, grads = [], [], []
     _spy(t.domain, "generate", gen)
-    _spy(t, "_ppi", ppi)
     import wmrl.trainer as trainer_module
 
     original = trainer_module.grpo_update
@@ -228,7 +245,8 @@ def test_ppi_lambda0_takes_exactly_the_anchors_only_gradient(tmp_path):
 
     trainer_module.grpo_update = spy_update
     try:
-        metrics = t.train_step()
+        with _spy_ppi(ppi):
+            metrics = t.train_step()
     finally:
         trainer_module.grpo_update = original
     adv, used, g_ppi, g_anchors, a_true, anchors = grads[0]
@@ -247,7 +265,7 @@ def test_the_placebo_permutes_the_execution_log_that_starts_lambda_too(tmp_path)
     for label in ("ppi", "ppi_placebo"):
         over = CONTROLS[label][1] if label in CONTROLS else []
         t = _trainer(tmp_path / label, "--method=ppi", "--ppi.prior_from_log=true", *over)
-        window[label] = list(t.tuner.groups)
+        window[label] = list(t.method_state.tuner.groups)
     assert len(window["ppi"]) == len(window["ppi_placebo"]) == 8
     moved = 0
     for (h, r, _, _), (hp, rp, _, _) in zip(window["ppi"], window["ppi_placebo"], strict=True):

@@ -138,3 +138,24 @@ def test_gradient_clipping_bounds_the_step():
     cfg = GRPOConfig(tasks_per_step=4, lr=1.0, optimizer="sgd", max_grad_norm=0.01)
     grpo_update(policy, make_optimizer(list(policy.parameters()), cfg), batch, adv, used, cfg)
     assert policy.theta.detach().norm().item() == pytest.approx(0.01, rel=1e-4)
+
+
+def test_an_advantage_kind_is_one_registered_function_the_config_and_the_learner_share():
+    """The config accepts exactly the registered kinds and group_advantages applies the registered
+    function: a kind registered here is a valid grpo.advantage and is what the learner computes."""
+    from wmrl.advantages import ADVANTAGES, register_advantage
+    from wmrl.config import ConfigError, load_config
+
+    assert list(ADVANTAGES) == ["grpo", "dr_grpo"]
+    with pytest.raises(ConfigError, match="grpo.advantage='sign' is not one of grpo, dr_grpo"):
+        load_config(None, ["--grpo.advantage=sign"])
+    register_advantage("sign")(lambda dev, std, std_eps: dev.sign())
+    try:
+        assert load_config(None, ["--grpo.advantage=sign"]).grpo.advantage == "sign"
+        r, gid = torch.tensor([0.0, 2.0, 5.0, float("nan")]), torch.tensor([0, 0, 0, 0])
+        adv, used = group_advantages(r, gid, "sign")
+        assert adv.tolist() == [-1.0, -1.0, 1.0, 0.0] and used.tolist() == [True, True, True, False]
+        with pytest.raises(ValueError, match="unknown advantage kind 'nope'"):
+            group_advantages(r, gid, "nope")
+    finally:
+        del ADVANTAGES["sign"]

@@ -5,9 +5,22 @@ import dataclasses
 import pytest
 import torch
 
+import wmrl.grid_spec  # imported before a test registers a method
 from wmrl.cli import main
 from wmrl.config import ConfigError, RunConfig, load_config
-from wmrl.methods import METHODS, Method, Step, controls, get_method, method_of, register_method
+from wmrl.domain import Prediction
+from wmrl.methods import (
+    METHODS,
+    Control,
+    Method,
+    Placebo,
+    PPILambda0,
+    Step,
+    controls,
+    get_method,
+    method_of,
+    register_method,
+)
 from wmrl.tracking import read_metrics
 from wmrl.trainer import Trainer
 
@@ -181,3 +194,157 @@ RECORDED: dict[str, tuple[float, float, float]] = {
 @pytest.mark.parametrize("case", CASES)
 def test_every_method_trains_exactly_as_before_the_registry(tmp_path, case):
     assert final_digest(tmp_path, CASES[case]) == pytest.approx(RECORDED[case], rel=1e-6, abs=1e-9)
+
+
+# ---- each method keeps, checkpoints and logs its own state; the trainer names none ------------
+OWN_STATE = {
+    "real": set(),
+    "anchors_only": set(),
+    "wm": set(),
+    "mix": set(),
+    "debias": {"debiaser"},
+    "denoise": {"denoiser"},
+    "wmrl": {"debiaser", "denoiser"},
+    "ppi": {"debiaser", "tuner"},
+}
+COMPONENT_METRICS = {"debiaser": {"debias/fitted"}, "denoiser": {"denoise/w", "denoise/s2"}}
+
+
+@pytest.mark.parametrize("name", DOCUMENTED)
+def test_each_method_keeps_checkpoints_and_logs_only_its_own_components(tmp_path, name):
+    cfg = load_config(None, [*FAST, f"--out_dir={tmp_path}", f"--method={name}", "--grpo.steps=2"])
+    trainer = Trainer(cfg, cfg.domain.build(cfg))
+    assert set(trainer.method_state.components) == OWN_STATE[name]
+    row = trainer.train_step()
+    logged = {k for k in row if k.startswith(("debias/fitted", "denoise/"))}
+    assert logged == set().union(*(COMPONENT_METRICS.get(c, set()) for c in OWN_STATE[name]))
+    state = trainer.state_dict()
+    assert set(state["method"]) == OWN_STATE[name]
+    assert not {"debiaser", "denoiser", "ppi"} & set(state)  # the trainer's own keys name no component
+    assert ("w" in trainer.method.progress(row)) == get_method(name).denoises
+
+
+def test_the_trainer_imports_and_names_no_method():
+    """wmrl/trainer.py reaches methods through the registry and the method's state alone."""
+    import ast
+    import re
+    from pathlib import Path
+
+    import wmrl.trainer
+
+    source = Path(wmrl.trainer.__file__).read_text()
+    imported = {
+        node.module
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert imported & {"wmrl.methods.ppi", "wmrl.ppi", "wmrl.debias", "wmrl.denoise"} == set()
+    assert {m for m in imported if m.startswith("wmrl.methods")} <= {"wmrl.methods", "wmrl.methods.base"}
+    named = set(
+        re.findall(r"\b(ppi|debias|denoise|debiaser|denoiser|tuner|anchors_only|wmrl_placebo)\b", source)
+    )
+    assert named == set()
+
+
+@pytest.mark.parametrize("name", ["ppi", "wmrl"])
+def test_a_checkpoint_from_before_methods_kept_their_state_resumes_exactly(tmp_path, name):
+    """A checkpoint of the old layout (every run's calibration, denoiser and ppi tuner at its top
+    level) resumes to the same policy and method state as an uninterrupted run."""
+    from wmrl.tracking import CHECKPOINT
+
+    def cfg(out, steps):
+        return load_config(
+            None, [*FAST, f"--out_dir={tmp_path / out}", f"--method={name}", f"--grpo.steps={steps}"]
+        )
+
+    ref = Trainer(c := cfg("ref", 6), c.domain.build(c))
+    ref.train()
+    part = cfg("run", 3)
+    Trainer(part, part.domain.build(part)).train()
+    path = tmp_path / "run" / CHECKPOINT
+    state = torch.load(path, weights_only=False)
+    own = state.pop("method")
+    fresh = get_method("ppi").new_state(part).state_dict() | get_method("wmrl").new_state(part).state_dict()
+    legacy = {"debiaser": "debiaser", "denoiser": "denoiser", "tuner": "ppi"}
+    state.update({legacy[k]: own.get(k, fresh[k]) for k in legacy})  # every run wrote all three
+    torch.save(state, path)
+    full = cfg("run", 6)
+    resumed = Trainer(full, full.domain.build(full), resume=True)
+    assert set(resumed.method_state.components) == set(own)
+    resumed.train()
+    assert torch.equal(ref.policy.theta, resumed.policy.theta)
+    assert ref.method_state.state_dict() == resumed.method_state.state_dict()
+
+
+# ---- a control runs every hook of its base ----------------------------------------------------
+class BareControl(Control):
+    """A control that defines nothing of its own: all of it is its base's."""
+
+    suffix = "bare"
+    overrides = ("--seed=1",)
+
+
+def _contract():
+    """Method's public hooks and attributes, read from the class (a new one is covered unasked)."""
+    public = {n: v for n, v in vars(Method).items() if not n.startswith("_")}
+    return [n for n, v in public.items() if callable(v)], [n for n, v in public.items() if not callable(v)]
+
+
+# The hooks a control's own class defines, each still running its base's (the placebo permutes
+# what its base's returns), with arguments it can run on.
+OWN_HOOK_ARGS = {
+    "prediction": (Prediction(torch.arange(4.0), torch.ones(4)), torch.tensor([0, 0, 1, 1]), 3, 1),
+    "prior_groups": ([([0.1, 0.2, 0.3], [1.0, 0.0, 1.0])], 3),
+}
+
+
+@pytest.mark.parametrize("control_class", [BareControl, Placebo, PPILambda0])
+def test_a_control_runs_every_hook_of_its_base(control_class, monkeypatch):
+    """Every hook of Method, one added to it after the controls were written included, runs its
+    base's code under a control with the same arguments; every attribute is its base's."""
+    import inspect
+
+    monkeypatch.setattr(Method, "a_later_hook", lambda self, x: x, raising=False)
+    hooks, attributes = _contract()
+    assert "a_later_hook" in hooks and {"advantages", "wm_scores", "new_state", "check"} <= set(hooks)
+    calls: list = []
+
+    def recording(hook):
+        def run(self, *args):
+            calls.append((hook, args))
+            return args[0]
+
+        return run
+
+    values = {a: f"the base's {a}" for a in attributes}
+    base = type("Recording", (Method,), {h: recording(h) for h in hooks} | values)()
+    control = control_class(base)
+    assert control.name == f"the base's name_{control_class.suffix}" and control.base is base
+    assert all(getattr(control, a) == values[a] for a in attributes if a != "name")
+    own = {h for h in hooks if h in vars(control_class)}
+    assert own <= set(OWN_HOOK_ARGS), f"{control_class.__name__} defines {own}: give them arguments here"
+    for hook in hooks:
+        if hook == "controls":  # a control has no controls of its own
+            continue
+        n_args = len(inspect.signature(getattr(Method, hook)).parameters) - 1
+        args = OWN_HOOK_ARGS[hook] if hook in own else tuple(object() for _ in range(n_args))
+        calls.clear()
+        result = getattr(control, hook)(*args)
+        assert calls == [(hook, args)], f"{control_class.__name__}.{hook} did not run its base's"
+        if hook not in own:
+            assert result is args[0]
+
+
+def test_a_method_registered_after_the_grid_spec_was_imported_is_in_the_grid(wm_rank):
+    """The grid's methods and controls are read from the registry when asked, not when
+    wmrl.grid_spec is imported (this module imported it before ``wm_rank`` was registered)."""
+    assert "wm_rank_placebo" in wmrl.grid_spec.CONTROLS and "wm_rank" in wmrl.grid_spec.GRID_METHODS
+    spec = wmrl.grid_spec.GridSpec(
+        methods=["wm_rank_placebo"], domains=[wmrl.grid_spec.DomainEntry(name="toy", preset="toy")]
+    )
+    assert spec.all_methods == ["wm_rank_placebo"]
+    from wmrl.grid_spec import base_method, controls_of, grid_controls, grid_methods
+
+    assert {"wm_rank", "wm_rank_placebo"} <= set(grid_methods())
+    assert grid_controls()["wm_rank_placebo"] == ("wm_rank", ["--wm_placebo=true"])
+    assert base_method("wm_rank_placebo") == "wm_rank" and controls_of("wm_rank") == ["wm_rank_placebo"]

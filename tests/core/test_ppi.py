@@ -212,7 +212,10 @@ def test_ppi_resume_is_exact(tmp_path):
     resumed = Trainer(full, full.domain.build(full), resume=True)
     resumed.train()
     assert torch.equal(ref.policy.theta, resumed.policy.theta)
-    assert ref.tuner.state_dict() == resumed.tuner.state_dict() and ref.tuner.seen > 4
+    assert (
+        ref.method_state.tuner.state_dict() == resumed.method_state.tuner.state_dict()
+        and ref.method_state.tuner.seen > 4
+    )
 
 
 def test_every_comparison_with_a_wm_method_includes_anchors_only():
@@ -235,7 +238,7 @@ def test_an_execution_log_starts_lambda_before_the_runs_own_warm_up(tmp_path):
             f"--ppi.prior_from_log={str(prior).lower()}",
         )
         trainer = Trainer(cfg, cfg.domain.build(cfg))
-        assert trainer.tuner.seen == (8 if prior else 0)
+        assert trainer.method_state.tuner.seen == (8 if prior else 0)
         lam[prior] = trainer.train_step()["ppi/lambda"]
     assert lam[False] == 0.0 and lam[True] > 0.3  # the toy WM ranks well outside its rank-error contexts
 
@@ -350,14 +353,14 @@ def test_a_twin_ppi_run_on_gradient_moments_tunes_lambda_and_resumes_exactly(tmp
     ref = Trainer(cfg := _cfg(tmp_path / "ref", *extra, "--grpo.steps=8"), cfg.domain.build(cfg))
     rows = [ref.train_step() for _ in range(8)]
     assert rows[-1]["ppi/lambda"] > 0 and all(math.isfinite(r["ppi/rho_grad"]) for r in rows)
-    assert all(g[3] is not None for g in ref.tuner.groups)
+    assert all(g[3] is not None for g in ref.method_state.tuner.groups)
     part = _cfg(tmp_path / "run", *extra, "--grpo.steps=5")
     Trainer(part, part.domain.build(part)).train()
     full = _cfg(tmp_path / "run", *extra, "--grpo.steps=8")
     resumed = Trainer(full, full.domain.build(full), resume=True)
     resumed.train()
     assert torch.equal(ref.policy.theta, resumed.policy.theta)
-    assert ref.tuner.state_dict() == resumed.tuner.state_dict()
+    assert ref.method_state.tuner.state_dict() == resumed.method_state.tuner.state_dict()
 
 
 def test_a_tuner_state_saved_before_grams_were_kept_still_loads():

@@ -212,8 +212,9 @@ def test_no_anchor_group_is_refused_never_a_wm_only_update():
 
 
 def test_the_trainer_corrects_an_ungraded_anchor_row_and_counts_every_rollout(tmp_path):
-    """Trainer._ppi (what train_step runs): an anchor row that came back ungraded gets λÂ(1 − N/n),
+    """ppi's advantages as train_step runs them (prediction_powered_advantages): an anchor row that came back ungraded gets λÂ(1 − N/n),
     and the loss's denominator counts every rollout of the step."""
+    from wmrl.methods.ppi import prediction_powered_advantages
     from wmrl.trainer import Trainer
 
     cfg = load_config("toy", [f"--out_dir={tmp_path}", "--method=ppi", "--ppi.lam=0.5"])
@@ -234,7 +235,9 @@ def test_the_trainer_corrects_an_ungraded_anchor_row_and_counts_every_rollout(tm
     anchor[:4] = True
     r_true = torch.where(anchor[gid], r_hat.sqrt(), torch.full_like(r_hat, float("nan")))
     r_true[1] = float("nan")  # an anchor rollout the grader failed on
-    adv, used, counted, _ = trainer._ppi(batch, r_hat, None, r_hat, r_true, anchor, n_tasks)
+    adv, used, counted, _ = prediction_powered_advantages(
+        trainer, batch, r_hat, None, r_hat, r_true, anchor, n_tasks
+    )
     adv_wm = group_advantages(r_hat, gid, cfg.grpo.advantage, cfg.grpo.std_eps)[0]
     assert float(adv[1]) == pytest.approx(0.5 * float(adv_wm[1]) * (1 - n_tasks / 4), rel=1e-6)
     assert bool(used[1]) and bool(counted.all())

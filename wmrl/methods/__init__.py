@@ -5,8 +5,9 @@ wmrl/methods/base.py). A new method is one file here: subclass :class:`Method`, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from wmrl.config import load_methods
 from wmrl.methods.base import (
     METHODS,
     Advantages,
@@ -56,4 +57,5 @@ def method_of(run: RunConfig) -> Method:
 def controls() -> dict[str, Control]:
     """Every registered method's controls by name: each WM method's placebo (``wmrl_placebo``), then
     its own (``ppi_lambda0``)."""
-    return {c.name: c for m in METHODS.values() for c in ([Placebo(m)] if m.uses_wm else []) + m.controls()}
+    methods = cast("dict[str, Method]", load_methods())  # the entry points' methods included
+    return {c.name: c for m in methods.values() for c in ([Placebo(m)] if m.uses_wm else []) + m.controls()}

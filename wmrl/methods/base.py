@@ -14,21 +14,23 @@ training step through a few hooks, which :class:`wmrl.trainer.Trainer` calls in 
                                         error and feed the calibration and the denoiser first
     advantages(trainer, step)           per-row advantages and the rows in the loss
 
-The components a hook may use are the trainer's: ``trainer.debiaser`` (online isotonic calibration,
-wmrl/debias.py), ``trainer.denoiser`` (the anchor weight ``w``, wmrl/denoise.py), ``trainer.tuner``
-(ppi's λ, wmrl/ppi.py), ``trainer.policy`` and ``trainer.cfg``; their state is checkpointed with the
-run whatever its method.
+The components a method keeps between steps are its own: :meth:`Method.new_state` builds them
+once per run as a :class:`MethodState` (the default: the online isotonic calibration,
+wmrl/debias.py, where it ``calibrates``, the denoiser's anchor weight ``w``, wmrl/denoise.py, where it
+``denoises``; ppi adds its λ tuner, wmrl/ppi.py). A hook reaches them as ``trainer.method_state``;
+the trainer checkpoints their state under the checkpoint's ``"method"`` key and logs their metrics
+with each step, naming none of them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from wmrl.config import METHODS as REGISTRY
 from wmrl.config import ConfigError, load_methods, registered_method
-from wmrl.debias import centred_residual
-from wmrl.denoise import normalise_weights, sample_weights
+from wmrl.debias import OnlineDebiaser, centred_residual
+from wmrl.denoise import InverseVarianceDenoiser, normalise_weights, sample_weights
 from wmrl.domain import Prediction, PriorGroups, RolloutBatch
 from wmrl.lazy import lazy
 from wmrl.learner import group_advantages
@@ -40,36 +42,76 @@ else:
 
 if TYPE_CHECKING:
     from wmrl.config import AnchorConfig, RunConfig
-    from wmrl.debias import OnlineDebiaser
-    from wmrl.denoise import InverseVarianceDenoiser
     from wmrl.domain import Domain
-    from wmrl.ppi import PowerTuner
 
 EXECUTES = ("all", "anchors", "none")
 
 
+class Component(Protocol):
+    """A part of a method's per-run state (the calibration, the denoiser, ppi's tuner): it
+    checkpoints itself and says what the step's metrics show of it."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+
+class MethodState:
+    """What one run of a method keeps between steps: the components :meth:`Method.new_state` built
+    for it, by name, each an attribute (``state.debiaser``). The trainer checkpoints
+    :meth:`state_dict` and logs :meth:`metrics` with every step, whatever the components are."""
+
+    def __init__(self, **components: Component):
+        self.components: dict[str, Component] = components
+
+    def __getattr__(self, name: str) -> Any:
+        components = self.__dict__.get("components", {})
+        if name in components:
+            return components[name]
+        raise AttributeError(
+            f"this run's method keeps no {name!r} (it keeps: {', '.join(components) or 'none'})"
+        )
+
+    def state_dict(self) -> dict[str, dict]:
+        """``{component name: its state_dict()}``."""
+        return {name: c.state_dict() for name, c in self.components.items()}
+
+    def load_state_dict(self, state: dict[str, dict]) -> None:
+        """Restore every component from ``state`` (:meth:`state_dict`'s layout); entries for
+        components this run does not keep are ignored."""
+        missing = [name for name in self.components if name not in state]
+        if missing:
+            raise KeyError(f"the checkpoint holds no state for the method's {', '.join(missing)}")
+        for name, c in self.components.items():
+            c.load_state_dict(state[name])
+
+    def metrics(self) -> dict[str, float]:
+        """Every component's metrics, for the step's row."""
+        return {k: v for c in self.components.values() for k, v in c.metrics().items()}
+
+
+def legacy_method_state(checkpoint: dict) -> dict[str, dict]:
+    """A checkpoint's method state in :meth:`MethodState.state_dict`'s layout, also from a
+    checkpoint written before methods kept their own state: those held every run's calibration,
+    denoiser and ppi tuner at the top level (``"debiaser"``, ``"denoiser"``, ``"ppi"``; the last
+    absent from checkpoints older than the ppi method)."""
+    if "method" in checkpoint:
+        return checkpoint["method"]
+    top_level = {"debiaser": "debiaser", "denoiser": "denoiser", "ppi": "tuner"}
+    return {name: checkpoint[key] for key, name in top_level.items() if key in checkpoint}
+
+
 class TrainerView(Protocol):
     """What a method's hooks use of the trainer (:class:`wmrl.trainer.Trainer`): its config, policy,
-    domain and method, the components whose state it checkpoints, and ppi's advantages."""
+    domain and method, and the run's state of its method (:meth:`Method.new_state`)."""
 
     cfg: RunConfig
     policy: torch.nn.Module
     domain: Domain
     method: Method
-    debiaser: OnlineDebiaser
-    denoiser: InverseVarianceDenoiser
-    tuner: PowerTuner
-
-    def _ppi(
-        self,
-        batch: RolloutBatch,
-        r_hat: torch.Tensor,
-        var: torch.Tensor | None,
-        r_cal: torch.Tensor,
-        r_true: torch.Tensor,
-        group_anchor: torch.Tensor,
-        n_tasks: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]: ...
+    method_state: MethodState
 
 
 @dataclass
@@ -185,7 +227,18 @@ class Method:
 
     def progress(self, metrics: dict[str, float]) -> dict[str, str]:
         """What the training bar shows of a step's metrics besides the reward and the executions."""
-        return {"w": f"{metrics['denoise/w']:.2f}"}
+        return {"w": f"{metrics['denoise/w']:.2f}"} if self.denoises else {}
+
+    def new_state(self, run: RunConfig) -> MethodState:
+        """The components one run of it keeps between steps, built once per run (their state is
+        checkpointed with the run, their metrics logged with each step): the online isotonic
+        calibration where it ``calibrates``, the denoiser where it ``denoises``."""
+        components: dict[str, Component] = {}
+        if self.calibrates:
+            components["debiaser"] = OnlineDebiaser(run.debias)
+        if self.denoises:
+            components["denoiser"] = InverseVarianceDenoiser(run.denoise)
+        return MethodState(**components)
 
     # ---- the training step's hooks (called by wmrl.trainer.Trainer, in this order) ---------------
     def start_from_log(self, trainer: TrainerView, prior_groups: PriorGroups | None) -> None:
@@ -208,26 +261,26 @@ class Method:
         """``[R]`` the rewards the WM rows take, and metrics. The step's anchors are observed first
         (:meth:`observe_anchors`), so a calibrating method uses the map refitted on them."""
         metrics = self.observe_anchors(trainer, step)
-        return (trainer.debiaser(step.r_hat) if self.calibrates else step.r_hat), metrics
+        return (trainer.method_state.debiaser(step.r_hat) if self.calibrates else step.r_hat), metrics
 
     def observe_anchors(self, trainer: TrainerView, step: Step) -> dict[str, float]:
         """Measure the WM's error on this step's anchors with the calibration fitted *before* them
         (out of sample), feed the denoiser (``denoises``: the residual after calibration where the
         method calibrates, else on raw scores), then refit the calibration on the new pairs
-        (``calibrates``)."""
-        r_hat, r_true, rows = step.r_hat, step.r_true, step.anchor_rows
+        (``calibrates``; a method that does not calibrate measures its raw scores twice)."""
+        r_hat, r_true, rows, state = step.r_hat, step.r_true, step.anchor_rows, trainer.method_state
         out: dict[str, float] = {"wm/pred_mean": nanmean(r_hat)}
         if rows.numel() == 0:
             return out
         gid = torch.unique(step.batch.group_ids[rows], return_inverse=True)[1]
         a_hat, a_true = r_hat[rows], r_true[rows]
-        a_cal = trainer.debiaser(a_hat)
+        a_cal = state.debiaser(a_hat) if self.calibrates else a_hat.clone()
         out["wm/residual_before"] = nanmean(centred_residual(a_hat, a_true, gid))
         out["wm/residual_after"] = nanmean(centred_residual(a_cal, a_true, gid))
         if self.denoises:
-            trainer.denoiser.observe(a_cal if self.calibrates else a_hat, a_true, gid)
+            state.denoiser.observe(a_cal if self.calibrates else a_hat, a_true, gid)
         if self.calibrates:
-            out["debias/refit"] = float(trainer.debiaser.observe(a_hat, a_true))
+            out["debias/refit"] = float(state.debiaser.observe(a_hat, a_true))
         return out
 
     def advantages(self, trainer: TrainerView, step: Step) -> Advantages:
@@ -238,7 +291,7 @@ class Method:
         adv, used = group_advantages(step.rewards, step.batch.group_ids, cfg.grpo.advantage, cfg.grpo.std_eps)
         weights = torch.ones_like(adv)
         if self.denoises:
-            weights = torch.where(is_anchor, torch.full_like(adv, trainer.denoiser.w), weights)
+            weights = torch.where(is_anchor, torch.full_like(adv, trainer.method_state.denoiser.w), weights)
             if cfg.denoise.sample_weights and pred is not None and pred.var is not None:
                 wm_rows = ~is_anchor & torch.isfinite(pred.var)
                 if wm_rows.any():
@@ -252,57 +305,31 @@ class Method:
 class Control(Method):
     """A control run beside its ``base`` method (docs/design.md section 7): the base's own code path
     under the config ``overrides`` (``wmrl run`` flags), named ``<base>_<suffix>``. It answers every
-    question and runs every hook as its base does, except those it overrides."""
+    question and runs every hook as its base does, except those its own class defines: every member
+    of the contract (:func:`contract_members`, :class:`Method`'s public attributes and hooks) that
+    the control's class does not define is the base's own, so a hook added to :class:`Method` runs
+    the base's under every control with no change here."""
 
     suffix: str = ""
     overrides: tuple[str, ...] = ()
 
     def __init__(self, base: Method):
         self.base = base
+        own = {n for cls in type(self).__mro__[: type(self).__mro__.index(Method)] for n in vars(cls)}
+        for member in contract_members():
+            if member not in own:
+                setattr(self, member, getattr(base, member))  # a bound hook of the base, or its value
         self.name = f"{base.name}_{self.suffix}"
-        for attr in (
-            "summary",
-            "executes",
-            "uses_wm",
-            "calibrates",
-            "denoises",
-            "uses_twins",
-            "config_sections",
-        ):
-            setattr(self, attr, getattr(base, attr))
 
     def controls(self) -> list[Control]:
+        """None: a control is not compared with controls of its own."""
         return []
 
-    def check(self, run: RunConfig) -> None:
-        self.base.check(run)
 
-    def wants_execution_log(self, run: RunConfig) -> bool:
-        return self.base.wants_execution_log(run)
-
-    def n_anchor_groups(self, n_groups: int, cfg: AnchorConfig) -> int:
-        return self.base.n_anchor_groups(n_groups, cfg)
-
-    def progress(self, metrics: dict[str, float]) -> dict[str, str]:
-        return self.base.progress(metrics)
-
-    def start_from_log(self, trainer: TrainerView, prior_groups: PriorGroups | None) -> None:
-        self.base.start_from_log(trainer, prior_groups)
-
-    def select_tasks(self, tasks: list, anchor_groups: torch.Tensor) -> tuple[list, torch.Tensor]:
-        return self.base.select_tasks(tasks, anchor_groups)
-
-    def prediction(self, pred: Prediction, group_ids: torch.Tensor, seed: int, step: int) -> Prediction:
-        return self.base.prediction(pred, group_ids, seed, step)
-
-    def prior_groups(self, groups: PriorGroups, seed: int) -> PriorGroups:
-        return self.base.prior_groups(groups, seed)
-
-    def wm_scores(self, trainer: TrainerView, step: Step) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.base.wm_scores(trainer, step)
-
-    def advantages(self, trainer: TrainerView, step: Step) -> Advantages:
-        return self.base.advantages(trainer, step)
+def contract_members() -> list[str]:
+    """The public attributes and hooks of :class:`Method` by name (those a :class:`Control` takes
+    from its base), read from the class itself."""
+    return [name for name in vars(Method) if not name.startswith("_")]
 
 
 METHODS = cast("dict[str, Method]", REGISTRY)

@@ -15,9 +15,6 @@ if TYPE_CHECKING:
 else:
     torch = lazy("torch")
 
-if TYPE_CHECKING:
-    pass
-
 
 class Placebo(Control):
     """Wraps any WM method (``--wm_placebo=true``): every step the WM's predictions (score and

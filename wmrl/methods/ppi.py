@@ -11,8 +11,8 @@ from wmrl.config import ConfigError
 from wmrl.domain import PriorGroups
 from wmrl.lazy import lazy
 from wmrl.learner import score_directions
-from wmrl.methods.base import Advantages, Control, Method, Step, TrainerView, register_method
-from wmrl.ppi import anchor_moments, gradient_row_products, ppi_rows, variance_ratio
+from wmrl.methods.base import Advantages, Control, Method, MethodState, Step, TrainerView, register_method
+from wmrl.ppi import PowerTuner, anchor_moments, gradient_row_products, ppi_rows, variance_ratio
 
 if TYPE_CHECKING:
     import torch
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 @register_method
 class PPI(Method):
     """Per row, WM-only ``λ Â`` and anchor ``λ Â + (N/n)(A − λ Â)``, with ``λ`` pooled from the
-    anchors of earlier steps (``trainer.tuner``) and ``Â`` from the WM's scores under the calibration
+    anchors of earlier steps (its run state's ``tuner``) and ``Â`` from the WM's scores under the calibration
     fitted *before* the step, so that a step's ``λ`` and correction are independent of its anchors."""
 
     name = "ppi"
@@ -52,6 +52,12 @@ class PPI(Method):
     def progress(self, metrics: dict[str, float]) -> dict[str, str]:
         return {"lam": f"{metrics['ppi/lambda']:.2f}", "rho": f"{metrics['ppi/rho']:.2f}"}
 
+    def new_state(self, run: RunConfig) -> MethodState:
+        """The calibration and λ's tuner (:class:`wmrl.ppi.PowerTuner`)."""
+        state = super().new_state(run)
+        state.components["tuner"] = PowerTuner(run.ppi, run.grpo.advantage, run.grpo.std_eps)
+        return state
+
     def start_from_log(self, trainer: TrainerView, prior_groups: PriorGroups | None) -> None:
         """Start ``λ``'s window with the domain's prior anchor groups ``(raw WM scores, true
         rewards)`` (``ppi.prior_from_log``), as the run's method sees them (the placebo: permuted)."""
@@ -60,10 +66,11 @@ class PPI(Method):
                 f"ppi.prior_from_log: {type(trainer.domain).__name__} built no prior_anchor_groups"
             )
         groups = trainer.method.prior_groups(prior_groups, trainer.cfg.seed)
+        tuner = trainer.method_state.tuner
         for r_hat, r_true in groups:
             n = len(r_hat)
-            trainer.tuner.observe(torch.tensor(r_hat), torch.tensor(r_true), torch.zeros(n, dtype=torch.long))
-        c, h, t = trainer.tuner.moments(calibrate=False)
+            tuner.observe(torch.tensor(r_hat), torch.tensor(r_true), torch.zeros(n, dtype=torch.long))
+        c, h, t = tuner.moments(calibrate=False)
         log.info(
             "ppi: lambda's window starts with %d groups from the execution log (their rho %.2f)",
             len(groups),
@@ -73,13 +80,20 @@ class PPI(Method):
     def wm_scores(self, trainer: TrainerView, step: Step) -> tuple[torch.Tensor, dict[str, float]]:
         """The WM's scores under the calibration fitted before this step's anchors (its correction
         must not see them); then the anchors are observed and the map refitted for later steps."""
-        r_cal = trainer.debiaser(step.r_hat)
+        r_cal = trainer.method_state.debiaser(step.r_hat)
         return r_cal, self.observe_anchors(trainer, step)
 
     def advantages(self, trainer: TrainerView, step: Step) -> Advantages:
         assert step.pred is not None and step.r_wm is not None, "ppi uses the world model"
-        adv, used, counted, metrics = trainer._ppi(  # prediction_powered_advantages, below
-            step.batch, step.r_hat, step.pred.var, step.r_wm, step.r_true, step.group_anchor, step.n_tasks
+        adv, used, counted, metrics = prediction_powered_advantages(
+            trainer,
+            step.batch,
+            step.r_hat,
+            step.pred.var,
+            step.r_wm,
+            step.r_true,
+            step.group_anchor,
+            step.n_tasks,
         )
         return Advantages(adv, used, counted, metrics)
 
@@ -102,8 +116,9 @@ def prediction_powered_advantages(
     the same under the calibration fitted before this step; ``r_true`` ``[R]`` true rewards (NaN
     off executed rows); ``group_anchor`` ``[n_groups]`` the executed groups.
     """
-    g, tuner = trainer.cfg.grpo, trainer.tuner
-    calibrate = trainer.method.calibrates and trainer.debiaser.fitted
+    g, state = trainer.cfg.grpo, trainer.method_state
+    tuner: PowerTuner = state.tuner
+    calibrate = trainer.method.calibrates and state.debiaser.fitted
     lam = tuner.lam(calibrate, var)
     n_anchors = int(group_anchor.sum())
     p = ppi_rows(
