@@ -106,8 +106,7 @@ def expert_for(env: Any):
 def task_lines(all_metaworld: bool = False) -> list[str]:
     """One line per task for ``wmrl tasks vla``: id, source, action_dim, time limit (``N steps``),
     ``expert`` or ``no expert`` (the VLA domain records its demonstrations with the expert), example
-    instruction (tab-separated). ``all_metaworld``: also every MetaWorld v3 task outside MT10
-    (imports MetaWorld)."""
+    instruction (tab-separated). ``all_metaworld``: also every MetaWorld v3 task outside MT10."""
     from sims.registry import all_task_ids
 
     ids = all_task_ids() if all_metaworld else list(TASKS)

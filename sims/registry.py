@@ -18,7 +18,16 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from sims.specs import DMC_TASKS, MT10, MW_PREFIX, dmc_task_id, mw_instruction, mw_max_steps, mw_task_id
+from sims.specs import (
+    DMC_TASKS,
+    MT10,
+    MW_PREFIX,
+    MW_V3_NAMES,
+    dmc_task_id,
+    mw_instruction,
+    mw_max_steps,
+    mw_task_id,
+)
 
 SOURCES = ("own", "metaworld", "dm_control")
 
@@ -136,14 +145,13 @@ OWN_TASKS: list[str] = [t.task_id for t in _OWN]
 
 @functools.cache
 def metaworld_names() -> tuple[str, ...]:
-    """Every MetaWorld v3 task name of the installed MetaWorld ("assembly-v3", ...; 50 in 3.0)."""
-    from metaworld.env_dict import ALL_V3_ENVIRONMENTS
-
-    return tuple(sorted(ALL_V3_ENVIRONMENTS))
+    """Every MetaWorld v3 task name ("assembly-v3", ...; the 50 of the pinned MetaWorld 3.0, listed
+    in ``sims.specs.MW_V3_NAMES`` so that naming them imports no MetaWorld)."""
+    return MW_V3_NAMES
 
 
 def all_task_ids() -> list[str]:
-    """``TASKS`` and every other MetaWorld v3 task id (imports MetaWorld)."""
+    """``TASKS`` and every other MetaWorld v3 task id."""
     return [*TASKS, *(t for t in map(mw_task_id, metaworld_names()) if t not in TASKS)]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-HEAVY = ("torch", "sklearn", "scipy")
+HEAVY = ("torch", "sklearn", "scipy", "metaworld")
 PROBE = (
     "import sys\n"
     "from wmrl.cli import main\n"
@@ -47,6 +47,7 @@ COMMANDS = {
     "config research": (["config", "research-debug"], 0),
     "tasks": (["tasks", "toy"], 0),
     "tasks research": (["tasks", "research"], 0),
+    "tasks vla": (["tasks", "vla"], 0),
     "status": (["status", "{run}"], 0),
     "unknown preset": (["run", "tyo"], 2),
     "unknown field": (["run", "toy", "--grpo.group_sise=4", "--out-dir", "{tmp}/new"], 2),
