@@ -6,11 +6,27 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from wmrl.domain import Job, Prediction, PriorGroups, RolloutBatch
-from wmrl.toy import ToyConfig
+
+
+class ToyParams(Protocol):
+    """The fields of ``wmrl.toy.ToyConfig`` the problem reads (the config imports this module when
+    it builds the domain; this module does not import the config)."""
+
+    n_contexts: int
+    n_actions: int
+    problem_seed: int
+    bias_strength: float
+    rank_error_frac: float
+    noise: float
+    exec_cost_s: float
+    twin_anchors: bool
+    twin_common_noise: bool
+    log_groups: int
 
 
 @dataclass
@@ -26,7 +42,7 @@ class Problem:
     strength: float
 
     @staticmethod
-    def make(cfg: ToyConfig) -> Problem:
+    def make(cfg: ToyParams) -> Problem:
         g = torch.Generator().manual_seed(cfg.problem_seed)
         k, a = cfg.n_contexts, cfg.n_actions
         reward = torch.rand(k, a, generator=g)
@@ -102,7 +118,7 @@ class ToyWorldModel:
 
 
 class ToyDomain:
-    def __init__(self, cfg: ToyConfig, seed: int, group_size: int = 8):
+    def __init__(self, cfg: ToyParams, seed: int, group_size: int = 8):
         self.cfg = cfg
         self.seed = seed
         self.group_size = group_size  # the run's, for the execution log's groups
