@@ -91,18 +91,18 @@ def plan(domains: dict[str, dict[str, dict[int, float]]], methods: list[str], al
          start_groups: dict[str, list[list[int]]], family_size: int | None = None) -> dict:  # fmt: skip
     m_family = family_size or len(domains) * len(methods)
     level = alpha / m_family
-    out: dict = {"alpha": alpha, "family_size": m_family, "level_per_comparison": level, "power": power,
-                 "min_seeds": min_seeds, "domains": {}}  # fmt: skip
+    out: dict = {"baseline": BASELINE, "alpha": alpha, "family_size": m_family, "level_per_comparison": level,
+                 "power": power, "min_seeds": min_seeds, "domains": {}}  # fmt: skip
     for name, finals in domains.items():
         base = finals.get(BASELINE, {})
         room = describe(paired(finals.get("real", {}), base))
         comps = {m: describe(paired(finals[m], base)) for m in methods if m in finals}
         stand_in = max([c["sd"] for c in [room, *comps.values()] if c], default=None)
-        dom: dict = {"room": room, "methods": {}}
+        dom: dict = {"room": room, "room_is": f"real - {BASELINE}", "methods": {}}
         for m in methods:
             c = comps.get(m)
             sd = c["sd"] if c else stand_in
-            row = {"pilot": c, "sd_used": sd, "sd_is_stand_in": c is None}
+            row = {"vs": BASELINE, "pilot": c, "sd_used": sd, "sd_is_stand_in": c is None}
             if room and room["mean"] > 0 and sd:
                 delta = room["mean"] / 2
                 n = seeds_needed(sd, delta, level, power)
@@ -129,7 +129,7 @@ def markdown(p: dict) -> str:
         f"α/{p['family_size']} = {p['level_per_comparison']:.4f} for {p['power']:.0%} power at half the "
         f"room (`real` − `anchors_only`), at least {p['min_seeds']} seeds.",
         "",
-        "| domain | room (pilot seeds) | method | paired s.d. | δ = room/2 | seeds needed | seeds fixed |",
+        "| domain | room: `real` − `anchors_only` (pilot seeds) | method | paired s.d. vs `anchors_only` | δ = room/2 | seeds needed | seeds fixed |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, d in p["domains"].items():

@@ -236,6 +236,11 @@ def paired(a: dict[int, float | None], b: dict[int, float | None]) -> dict | Non
 
 CONFIDENCE = 0.95  # one-sided
 VERDICTS = ("superior", "non-inferior", "not shown")
+MULTIPLICITY = (
+    "each verdict is one comparison at 95%, with no correction for the other comparisons beside it: "
+    "exploratory, unless a confirmatory family declared before the grid ran confirms it after Holm's "
+    "correction (`wmrl family`, docs/compare.md)"
+)
 
 
 def lower_bound_t(diffs: list[float], confidence: float = CONFIDENCE) -> float | None:
@@ -401,7 +406,8 @@ def summarise(out: Path, spec: GridSpec, cells: list[Cell]) -> dict:
                           and e.get("planned_at")), default=None) for s in spec.seeds}  # fmt: skip
     return {"grid": _shown_path(out), "spec": _plain_spec(spec), "seeds_fixed_at": fixed,
             "columns": {k: v[0] for k, v in COLUMNS.items()},
-            "column_notes": {k: v[1] for k, v in COLUMNS.items()}, "domains": domains}  # fmt: skip
+            "column_notes": {k: v[1] for k, v in COLUMNS.items()}, "multiplicity": MULTIPLICITY,
+            "domains": domains}  # fmt: skip
 
 
 def _is_tested(method: str) -> bool:
@@ -640,7 +646,7 @@ def markdown(report: dict, command: str | None = None) -> str:
 
 
 def _preamble(report: dict) -> list[str]:
-    out = []
+    out = [f"- verdicts: {report.get('multiplicity', MULTIPLICITY)}"]
     fixed = report.get("seeds_fixed_at") or {}
     seeds = report["spec"]["seeds"]
     times = sorted({t for t in fixed.values() if t})
@@ -990,6 +996,7 @@ def merge_reports(reports: list[dict], names: list[str], method_from: dict[str, 
         "seeds_fixed_at": {str(s): fixed.get(str(s)) for s in seeds},
         "columns": first["columns"],
         "column_notes": first["column_notes"],
+        "multiplicity": MULTIPLICITY,
         "domains": domains,
         "grid_wall_s": None,
     }

@@ -45,13 +45,6 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import draccus
 import numpy as np
 
-from wmrl.lazy import lazy
-
-if TYPE_CHECKING:
-    import torch
-else:
-    torch = lazy("torch")
-
 from wmrl.config import RunConfig, config_fingerprint, to_dict, upgrade_saved
 from wmrl.lazy import lazy
 from wmrl.signals import SIGNAL_GRACE_S, repeated_signal

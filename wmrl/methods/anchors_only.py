@@ -5,13 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from wmrl.lazy import lazy
-
-if TYPE_CHECKING:
-    import torch
-else:
-    torch = lazy("torch")
-
-from wmrl.lazy import lazy
 from wmrl.methods.base import Method, register_method
 
 if TYPE_CHECKING:
