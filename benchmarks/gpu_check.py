@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("MUJOCO_GL", "egl")
+from sims._gl import select_backend  # noqa: E402
+
+select_backend()  # MUJOCO_GL as `wmrl run` chooses it (EGL where no display and no choice of yours)
 
 import torch  # noqa: E402
 

@@ -25,7 +25,9 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("MUJOCO_GL", "egl")
+from sims._gl import select_backend  # noqa: E402
+
+select_backend()  # MUJOCO_GL as `wmrl run` chooses it (EGL where no display and no choice of yours)
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
