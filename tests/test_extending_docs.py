@@ -96,7 +96,7 @@ def test_the_method_and_the_domain_of_the_page_run_as_the_page_runs_them(tmp_pat
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     said = dict(part.split("\n", 1) for part in out.stdout.split("=== ")[1:])
@@ -106,6 +106,9 @@ def test_the_method_and_the_domain_of_the_page_run_as_the_page_runs_them(tmp_pat
     steps = [row for row in toy if "half_trust/wm_weight" in row]
     assert len(steps) == 60 and {row["half_trust/wm_weight"] for row in steps} == {0.5}
     assert "method: half_trust" in said["config toy --method=half_trust"]
+    placebo = (tmp_path / "runs/half-trust-placebo/metrics.jsonl").read_text().splitlines()
+    assert sum("half_trust/wm_weight" in json.loads(line) for line in placebo) == 60
+    assert "wm_placebo: true" in (tmp_path / "runs/half-trust-placebo/config.yaml").read_text()
 
     # The new domain: its tasks, and wmrl learning on it from the start the page quotes.
     assert said["tasks guess"].splitlines() == [f"guess/{k}\tguess\ttarget {k}" for k in range(10)]
