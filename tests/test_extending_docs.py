@@ -2,7 +2,8 @@
 installed as ``pip install -e`` installs them (a ``.dist-info`` folder with ``entry_points.txt`` on
 the path), and the page's own ``uv run wmrl ...`` commands run through the real command line: the
 new method trains on the toy, the toy's ``wmrl`` method and the new method train on the new domain,
-and the figure the page quotes is the run's.
+the figure the page quotes is the run's, and the new domain passes one round of the Domain
+contract's check (tests/test_domain_contract.py), as the page asks of a domain.
 
 Each fenced block whose info string names a path (```` ```python my_wmrl/my_wmrl/guess.py ````) is
 that file, written out as it is printed."""
@@ -23,13 +24,20 @@ FILE_BLOCK = re.compile(r"^```\w+ (\S+)\n(.*?)^```$", re.M | re.S)
 BASH_BLOCK = re.compile(r"^```bash\n(.*?)^```$", re.M | re.S)
 # One process runs the page's commands through wmrl's own entry function, in order, each announced.
 DRIVER = """
-import shlex, sys
+import os, shlex, sys
 from wmrl.cli import main
 for command in sys.argv[1:]:
     print("=== " + command, flush=True)
     rc = main(shlex.split(command))
     if rc:
         sys.exit(f"exit status {rc}: {command}")
+# The new domain, built from the page's preset, through one round of the Domain contract's test.
+sys.path.insert(0, os.environ["WMRL_TESTS"])
+from test_domain_contract import contract_round
+from wmrl.config import load_config
+cfg = load_config("my_wmrl/guess.yaml", [])
+contract_round(cfg.domain.build(cfg))
+print("=== contract round", "ok", sep="\\n", flush=True)
 """
 
 
@@ -89,7 +97,7 @@ def test_the_method_and_the_domain_of_the_page_run_as_the_page_runs_them(tmp_pat
     text = PAGE.read_text()
     root = install(page_files(text), tmp_path)
     commands = page_commands(text)
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = {**os.environ, "PYTHONPATH": str(root), "WMRL_TESTS": str(ROOT / "tests")}
     out = subprocess.run(
         [sys.executable, "-c", DRIVER, *commands],
         cwd=tmp_path,
@@ -100,6 +108,7 @@ def test_the_method_and_the_domain_of_the_page_run_as_the_page_runs_them(tmp_pat
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     said = dict(part.split("\n", 1) for part in out.stdout.split("=== ")[1:])
+    assert said["contract round"] == "ok\n"
 
     # The new method on the toy: its own hook's metric in every step's row.
     toy = [json.loads(line) for line in (tmp_path / "runs/half-trust/metrics.jsonl").read_text().splitlines()]
