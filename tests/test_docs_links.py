@@ -115,3 +115,11 @@ def test_no_file_cites_a_design_file_outside_the_repository():
         if needle in p.read_text(encoding="utf-8", errors="replace")
     ]
     assert hits == []
+
+
+if __name__ == "__main__":  # python tests/test_docs_links.py: every broken link, one a line; status 1 if any
+    problems = [
+        f"{md.relative_to(ROOT)}: {problem}" for md in markdown_files() for problem in broken_links(md)
+    ]
+    print("\n".join(problems))
+    raise SystemExit(1 if problems else 0)

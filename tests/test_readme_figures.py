@@ -1,9 +1,10 @@
-"""Every figure the README's results table quotes from a committed report equals that report.
+"""Every figure the results tables quote from a committed report equals that report.
 
-Each entry names a report (``benchmarks/results/<grid>/report.json``), the text the README writes
-(a format string) and where its values are in the report; the text must occur in the README's
-table row that links to that report. A report regenerated with other figures, or a README edited
-by hand, fails here with the row, the expected text and the report's values."""
+Each entry names a report (``benchmarks/results/<grid>/report.json``), the text the tables write
+(a format string) and where its values are in the report. The full table (docs/results/README.md,
+"Every grid") has one row linking to each report, which must hold the text; the README's summary
+table, where a row links to that report, must hold it too. A report regenerated with other figures,
+or a table edited by hand, fails here with the row, the expected text and the report's values."""
 
 import json
 import math
@@ -13,6 +14,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+# The section with every grid's row, and the prefix its links to benchmarks/results/ take there.
+INDEX = (ROOT / "docs" / "results" / "README.md").read_text().split("\n## Every grid\n")[1].split("\n## ")[0]
+TABLES = {
+    "docs/results/README.md": (INDEX, "../../benchmarks/results"),
+    "README.md": (README, "benchmarks/results"),
+}
 
 
 def _get(report: dict, path: str) -> float:
@@ -80,11 +87,10 @@ FIGURES = [
 ]  # fmt: skip
 
 
-def _row(grid: str) -> str:
-    link = f"](benchmarks/results/{grid}/report.md)"
-    rows = [line for line in README.splitlines() if line.startswith("|") and link in line]
-    assert len(rows) == 1, f"the README's results table has {len(rows)} rows linking to {grid}'s report"
-    return rows[0]
+def _rows(text: str, prefix: str, grid: str) -> list[str]:
+    """The table rows of ``text`` that link to ``grid``'s report (``prefix/<grid>/report.md``)."""
+    link = f"]({prefix}/{grid}/report.md)"
+    return [line for line in text.splitlines() if line.startswith("|") and link in line]
 
 
 @pytest.mark.parametrize(
@@ -97,7 +103,13 @@ def test_readme_figures_equal_their_report(grid, text, paths, transform):
         values = [transform(v) for v in values]
     assert all(isinstance(v, float | int) and math.isfinite(v) for v in values), values
     expected = text.format(*values)
-    assert expected in _row(grid), f"README row of {grid} should read {expected!r}"
+    index_rows = _rows(INDEX, TABLES["docs/results/README.md"][1], grid)
+    assert len(index_rows) == 1, (
+        f"docs/results/README.md has {len(index_rows)} rows linking to {grid}'s report"
+    )
+    for name, (table, prefix) in TABLES.items():
+        for row in _rows(table, prefix, grid):
+            assert expected in row, f"{name}'s row of {grid} should read {expected!r}"
 
 
 def test_the_quick_start_says_where_the_toy_starts_as_its_report_does():
