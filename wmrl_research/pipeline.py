@@ -517,21 +517,49 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         prompt_style=cfg.prompt_style,
         prior_groups=prior_groups,
     )
-    eval_path = (
-        cache
-        / f"sft_eval-{_key([cfg.eval_samples_per_task, cfg.eval_seed, [t.id for t in heldout], *_decoding_key(cfg), *_data_key()])}.json"
-    )
-    if eval_path.exists():
-        sft_eval = json.loads(eval_path.read_text())
-    else:
-        with _stage(run, f"evaluating the SFT policy on {len(heldout)} held-out tasks"):
-            sft_eval = domain.evaluate("eval")
-        eval_path.write_text(json.dumps(sft_eval, indent=2))
+    sft_eval = _sft_evaluation(cfg, run, domain, heldout, cache)
     domain.reference_scores = {
         "sft_score_mean": sft_eval["score_mean"],
         "sft_runnable_frac": sft_eval["runnable_frac"],
     }
     domain.remember_start_evaluation(sft_eval)
+    _write_build_info(
+        cfg, run, domain, cache, sft_info, wm_info, sft_examples, (random_path, random_examples), sft_eval
+    )
+    return domain
+
+
+def _sft_evaluation(
+    cfg: ResearchConfig, run: RunConfig, domain: ResearchDomain, heldout: list[Any], cache: Path
+) -> dict:
+    """The SFT policy's held-out evaluation (cached: it depends on the decoding, never on the method)."""
+    eval_path = (
+        cache
+        / f"sft_eval-{_key([cfg.eval_samples_per_task, cfg.eval_seed, [t.id for t in heldout], *_decoding_key(cfg), *_data_key()])}.json"
+    )
+    if eval_path.exists():
+        return json.loads(eval_path.read_text())
+    with _stage(run, f"evaluating the SFT policy on {len(heldout)} held-out tasks"):
+        sft_eval = domain.evaluate("eval")
+    eval_path.write_text(json.dumps(sft_eval, indent=2))
+    return sft_eval
+
+
+def _write_build_info(
+    cfg: ResearchConfig,
+    run: RunConfig,
+    domain: ResearchDomain,
+    cache: Path,
+    sft_info: dict,
+    wm_info: dict,
+    sft_examples: list,
+    random_log: tuple[Path, list],
+    sft_eval: dict,
+) -> None:
+    """``build_info.json`` (the build's measured figures) in the cache and on the domain, and the WM's
+    pretraining executions in the run directory (apart from the RL budget)."""
+    random_path, random_examples = random_log
+    examples = sft_examples + random_examples
     runnable = [e.reward > FAILURE_SCORE for e in examples]
     info = {
         "cache": str(cache),
@@ -555,4 +583,3 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         offline = {"executions": len(sft_examples) + info["log"]["random"]["n"]}
         Path(run.out_dir).mkdir(parents=True, exist_ok=True)
         (Path(run.out_dir) / OFFLINE_DATA).write_text(json.dumps(offline, indent=2))
-    return domain
