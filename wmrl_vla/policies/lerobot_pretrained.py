@@ -18,26 +18,32 @@ class LeRobotPretrained(PolicyKind):
 
     name = "lerobot_pretrained"
 
+    @property
+    def path(self) -> str:
+        """The user's policy folder (or hub id): ``domain.policy_path``."""
+        if self.cfg.policy_path is None:
+            raise ValueError("the lerobot_pretrained policy kind needs domain.policy_path")
+        return self.cfg.policy_path
+
     def cache_fields(self) -> dict[str, Any]:
         """No SFT fields: the folder (and its modification stamp) is the policy."""
         from wmrl_vla.lerobot_policy import folder_stamp
         from wmrl_vla.pipeline import POLICY_ARCH, _demo_fields
 
-        path = self.cfg.policy_path
-        return {**_demo_fields(self.cfg), "policy_path": str(path), "policy_stamp": folder_stamp(path),
+        return {**_demo_fields(self.cfg), "policy_path": str(self.path), "policy_stamp": folder_stamp(self.path),
                 "arch": POLICY_ARCH}  # fmt: skip
 
     def build(self):
         from wmrl_vla.lerobot_policy import PretrainedLeRobotPolicy
 
-        return PretrainedLeRobotPolicy(self.cfg.policy_path)
+        return PretrainedLeRobotPolicy(self.path)
 
     def prepare(self, demos: list[dict], device: torch.device, accelerator=None, progress: bool = True):
         return self.build().to(device)
 
     def words(self) -> str:
         """The user's own lerobot policy, which WMRL never fine-tuned by SFT."""
-        return f"your policy ({self.cfg.policy_path})"
+        return f"your policy ({self.path})"
 
     def lerobot_eval_command(self) -> str:
         """How ``lerobot-eval`` (or, at an image size its env does not render, WMRL's own evaluation
