@@ -44,6 +44,21 @@ class VLAEvaluation:
 
 
 @dataclass
+class VLAWMRefinement:
+    """How :class:`wmrl_vla.world_model.VLAWorldModel` refines the world model on each step's anchors:
+    :class:`VLAConfig`'s ``wm_update_steps``, ``wm_update_lr`` and ``wm_calibrate``, with the training
+    windows pretraining uses too (``wm_batch_size``, ``wm_horizon``, ``wm_state_horizon``), grouped for
+    its constructor (:attr:`VLAConfig.wm_refinement`)."""
+
+    update_steps: int = 20
+    lr: float = 3e-4
+    batch_size: int = 32
+    horizon: int = 8
+    state_horizon: int = 50
+    calibrate: bool = True
+
+
+@dataclass
 class VLAConfig(DomainConfig):
     HELDOUT_SCORE, HELDOUT_SIZE = "success", "eval_episodes_per_task"
     # Task ids (see `wmrl tasks vla`); tasks must share action and state dims. Any MetaWorld v3 task
@@ -191,6 +206,14 @@ class VLAConfig(DomainConfig):
         return VLAEvaluation(
             temperature=self.eval_temperature, sampled=self.eval_sampled, episodes_per_task=self.eval_episodes_per_task,
             combos=self.eval_combos, lockstep=self.eval_lockstep, n_videos=self.n_videos,
+        )  # fmt: skip
+
+    @property
+    def wm_refinement(self) -> VLAWMRefinement:
+        """The WM's online refinement fields as one object (flat on the command line, as ``evaluation``)."""
+        return VLAWMRefinement(
+            update_steps=self.wm_update_steps, lr=self.wm_update_lr, batch_size=self.wm_batch_size,
+            horizon=self.wm_horizon, state_horizon=self.wm_state_horizon, calibrate=self.wm_calibrate,
         )  # fmt: skip
 
     def bf16_unsupported(self) -> str | None:

@@ -410,15 +410,10 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
     wm = VLAWorldModel(
         model,
         episodes,
-        update_steps=cfg.wm_update_steps,
-        batch_size=cfg.wm_batch_size,
-        horizon=cfg.wm_horizon,
-        state_horizon=cfg.wm_state_horizon,
-        lr=cfg.wm_update_lr,
+        refinement=cfg.wm_refinement,
         dataset=(str(out / "anchors"), "wmrl/anchors") if cfg.record_anchors and main else None,
         seed=run.seed,
         calibration=(quality.get("var_scale", 1.0), quality.get("var_floor", 0.0)),
-        calibrate=cfg.wm_calibrate,
         progress=show,
     )
     domain = VLADomain(

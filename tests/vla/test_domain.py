@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from wmrl.config import load_config
-from wmrl_vla.config import VLAEvaluation
+from wmrl_vla.config import VLAEvaluation, VLAWMRefinement
 from wmrl_vla.rollout import replay_reward
 from world_models.vla_dynamics import instruction_ids, rollout_score
 
@@ -193,8 +193,10 @@ def test_a_resumed_world_model_refines_on_the_replay_it_was_saved_with(built, ba
 
     def fresh():
         return VLAWorldModel(
-            copy.deepcopy(base.model), base.initial_episodes, update_steps=2, batch_size=4,
-            horizon=base.horizon, state_horizon=base.state_horizon, max_episodes=n0, seed=3,
+            copy.deepcopy(base.model), base.initial_episodes,
+            refinement=VLAWMRefinement(update_steps=2, batch_size=4, horizon=base.refinement.horizon,
+                                       state_horizon=base.refinement.state_horizon),
+            max_episodes=n0, seed=3,
         )  # fmt: skip
 
     rewards = torch.tensor([p["reward"] for p in batch.payload[:4]])
@@ -540,7 +542,7 @@ def test_update_logs_the_success_auc_of_held_out_scores_over_the_window(built, b
     _, domain, _ = built
     # a copy (the module's other tests see the domain's WM untouched) that records no anchors
     wm = copy.deepcopy(domain.world_model, memo={id(domain.world_model.recorder): None})
-    wm.update_steps, wm.outcome_pairs = 1, []  # an empty window
+    wm.refinement.update_steps, wm.outcome_pairs = 1, []  # an empty window
     # successes and failures among the anchors, whatever this tiny policy achieved
     labelled = dataclasses.replace(
         batch, payload=[dict(p, success=float(k % 2)) for k, p in enumerate(batch.payload)]

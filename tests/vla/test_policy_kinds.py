@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from wmrl.config import ConfigError, load_config
-from wmrl_vla.config import POLICIES, VLAEvaluation
+from wmrl_vla.config import POLICIES, VLAEvaluation, VLAWMRefinement
 from wmrl_vla.policies import POLICY_KINDS, policy_kind
 
 
@@ -63,4 +63,14 @@ def test_the_flat_eval_fields_are_the_domains_evaluation():
     )  # fmt: skip
     assert cfg.evaluation == VLAEvaluation(
         temperature=0.0, sampled=True, episodes_per_task=3, combos="train", lockstep=5, n_videos=1
+    )
+
+
+def test_the_flat_wm_refinement_fields_are_the_world_models_refinement():
+    cfg = domain(
+        "--domain.wm_update_steps=7", "--domain.wm_update_lr=0.01", "--domain.wm_batch_size=5",
+        "--domain.wm_horizon=3", "--domain.wm_state_horizon=9", "--domain.wm_calibrate=false",
+    )  # fmt: skip
+    assert cfg.wm_refinement == VLAWMRefinement(
+        update_steps=7, lr=0.01, batch_size=5, horizon=3, state_horizon=9, calibrate=False
     )
