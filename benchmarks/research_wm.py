@@ -1,6 +1,6 @@
 """Outcome world models of the research domain side by side: how well does each rank edits of a task?
 
-Data: the random-edit execution log of the TRAIN tasks (``wmrl_research.pipeline.build_random_log``:
+Data: the random-edit execution log of the TRAIN tasks (``wmrl_research.execution_logs.build_random_log``:
 ``--per-task`` random 1-3-knob edits of each baseline, executed in the sandbox; built once and cached
 under ``--cache-dir``, shared with the research presets' builds of the same size). Held-out tasks
 are never touched (they evaluate the policy, not the WM).
@@ -257,8 +257,9 @@ def main(argv: list[str] | None = None) -> None:
     from wmrl.executors import make_executor
     from wmrl_research.config import ResearchConfig
     from wmrl_research.domain import wm_example
+    from wmrl_research.execution_logs import build_random_log, random_log_path
     from wmrl_research.lm import build_tokenizer
-    from wmrl_research.pipeline import build_random_log, random_log_path, select_tasks, tokenizer_corpus
+    from wmrl_research.pipeline import select_tasks, tokenizer_corpus
     from wmrl_research.tasks import list_tasks
 
     cfg = ResearchConfig(log_random_per_task=args.per_task, log_random_seed=args.log_seed,

@@ -6,7 +6,7 @@ Data (train tasks of ``research-tiny`` by default; held-out tasks never touched)
   (``wmrl_research.code_edits``: code mutations outside the knobs block, half of them with a knob
   edit too), executed in the sandbox, cached under ``--cache-dir`` (resumable);
 - the **knob log**: the random knob-edit log of ``benchmarks/research_wm.py``
-  (``pipeline.build_random_log``, ``--knob-per-task`` per task), the data of today's table.
+  (``execution_logs.build_random_log``, ``--knob-per-task`` per task), the data of today's table.
 
 Protocol: ``research_wm.py``'s, on each log apart: k folds grouped by (task, solution text), each
 kind trained as the pipeline trains it (fit on 80%, variance calibrated on 20%, refined on it),
@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     from wmrl.executors import make_executor
     from wmrl_research.code_edits import build_code_log, code_log_path
     from wmrl_research.config import ResearchConfig
-    from wmrl_research.pipeline import build_random_log, random_log_path, select_tasks
+    from wmrl_research.execution_logs import build_random_log, random_log_path
+    from wmrl_research.pipeline import select_tasks
 
     cfg = ResearchConfig(log_random_per_task=args.knob_per_task, log_random_seed=0, cache_dir=args.cache_dir,
                          train_tasks=args.train_tasks)  # fmt: skip

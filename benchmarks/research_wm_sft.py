@@ -38,14 +38,13 @@ def main() -> None:
     from wmrl.executors import make_executor
     from wmrl_research.config import ResearchConfig
     from wmrl_research.diagnose import within_group_stats
+    from wmrl_research.execution_logs import build_execution_log, random_log_path
     from wmrl_research.pipeline import (
         _key,
         _policy_fields,
-        build_execution_log,
         build_policy,
         build_world_model,
         log_paths,
-        random_log_path,
         select_tasks,
     )
     from world_models.outcome import ExecutionLog

@@ -24,8 +24,10 @@ from sklearn.ensemble import RandomForestRegressor as R
 
 from wmrl_research.config import ResearchConfig
 from wmrl_research.diagnose import within_group_stats
-from wmrl_research.pipeline import random_log_path, select_tasks, surrogate_tasks
+from wmrl_research.execution_logs import random_log_path
+from wmrl_research.pipeline import select_tasks
 from wmrl_research.tasks import list_tasks
+from wmrl_research.wm_kinds import surrogate_tasks
 from world_models.knob_surrogate import KnobSpace
 from world_models.outcome import ExecutionLog
 

@@ -1,6 +1,6 @@
 """Random free-form code edits of a solution: mutations outside the knobs block, as SEARCH/REPLACE text.
 
-The knob log (``pipeline.build_random_log``) only moves a program inside its knob space; a research
+The knob log (``execution_logs.build_random_log``) only moves a program inside its knob space; a research
 agent in ``free`` mode edits code. :func:`sample_code_edit` draws what such an agent might write, one
 to ``max_mutations`` mutations of the lines outside the knobs block (and outside the module
 docstring and imports), each drawn among the operators that apply to the program:
@@ -372,7 +372,7 @@ def random_code_sources(task: Any, n: int, rng: random.Random, max_mutations: in
 def code_log_path(
     cache_dir: str | Path, train: Sequence[Any], per_task: int, seed: int, timeout_s: float
 ) -> Path:
-    """The free-form-edit log's cache file, keyed like the knob log (``pipeline.random_log_path``):
+    """The free-form-edit log's cache file, keyed like the knob log (``execution_logs.random_log_path``):
     the train tasks' definitions, size, seed, sandbox timeout, the generator and the data layout."""
     tasks = [
         (t.id, t.data_version, hashlib.sha256(t.baseline_source.encode()).hexdigest()[:12]) for t in train

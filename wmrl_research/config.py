@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wmrl.config import ConfigError, DomainConfig, check_ids
+from wmrl_research.wm_kinds import WM_KINDS
 
-WORLD_MODELS = ("surrogate", "surrogate_hgb", "code", "encoder", "lm")
+# The registered outcome world models (wmrl_research/wm_kinds.py), the choices of domain.world_model.
+WORLD_MODELS = tuple(WM_KINDS)
 # What an unset (null) task list means.
 DEFAULT_TASKS = {
     "train_tasks": "every train task, heavy ones included",

@@ -137,9 +137,9 @@ def anchor_groups(run_dir: Path) -> list[list[OutcomeExample]]:
 def load_pretrained_wm(preset: str, seed: int, overrides: list[str]) -> tuple[Any, Any]:
     """The cached pretrained outcome WM (and the domain config) of ``preset`` at ``seed``."""
     from wmrl.config import load_config
+    from wmrl_research.execution_logs import log_name
     from wmrl_research.pipeline import (
         _key,
-        _log_name,
         _policy_fields,
         build_policy,
         build_world_model,
@@ -164,7 +164,7 @@ def load_pretrained_wm(preset: str, seed: int, overrides: list[str]) -> tuple[An
     random_examples = ExecutionLog(random_path).load()
     examples = ExecutionLog(log_path).load() + random_examples
     wm = build_world_model(cfg, run, policy.tokenizer)
-    pretrain_world_model(cfg, run, wm, examples, cache, _log_name(log_path, random_examples, random_path))
+    pretrain_world_model(cfg, run, wm, examples, cache, log_name(log_path, random_examples, random_path))
     return wm, cfg
 
 

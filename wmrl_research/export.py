@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wmrl_research.wm_kinds import wm_kind
+
 if TYPE_CHECKING:
     from wmrl.config import RunConfig
     from wmrl_research.config import ResearchConfig
@@ -31,19 +33,13 @@ if TYPE_CHECKING:
 def export_research(
     cfg: ResearchConfig, run: RunConfig, state: dict, out: Path, adapter: bool = False
 ) -> dict[str, Any]:
-    from wmrl_research.pipeline import (
-        build_world_model,
-        policy_cache,
-        select_tasks,
-        surrogate_tasks,
-        untrained_policy,
-    )
-    from wmrl_research.prompts import build_prompt
+    from wmrl_research.pipeline import build_world_model, policy_cache, select_tasks, untrained_policy
 
     if adapter and not cfg.lora:
         raise ValueError("--adapter exports LoRA adapters; this run trained every weight (domain.lora=false)")
     train, heldout = select_tasks(cfg)
     cache = policy_cache(cfg, run)
+    kind = wm_kind(cfg)
     with tempfile.TemporaryDirectory(prefix="wmrl-export-") as tmp:
         # The tokenizer the run trained with is in its cache; rebuilt (deterministically) if gone.
         where = (
@@ -53,12 +49,27 @@ def export_research(
         policy.load_state_dict(state["policy"], strict=True)
         wm = build_world_model(cfg, run, policy.tokenizer)
     wm_state = state["domain"]["world_model"]
-    surrogate = cfg.world_model in ("surrogate", "surrogate_hgb")
-    if surrogate:
-        wm.load_state_dict_full(wm_state)
-    else:
-        wm.load_state_dict(wm_state["params"], strict=True)
+    kind.load_checkpoint(wm, wm_state)
     policy.eval()
+    policy_info = _save_agent(cfg, policy, out, adapter)
+    agent = _agent_card(cfg, policy.tokenizer, train, heldout)
+    (out / "wmrl_agent.json").write_text(json.dumps(agent, indent=2))
+    policy_info["files"] = [*policy_info["files"], "wmrl_agent.json"]
+
+    wm_dir = out / "world_model"
+    wm_info = kind.export(wm, wm_state, run, train + heldout, wm_dir)
+    wm_info["files"] = sorted(p.relative_to(out).as_posix() for p in wm_dir.rglob("*") if p.is_file())
+    return {
+        "policy": policy_info,
+        "world_model": wm_info,
+        "tags": ["text-generation", "autoresearch", *(["lora"] if cfg.lora else [])],
+        "notes": [_prompting_note(cfg, agent)],
+    }
+
+
+def _save_agent(cfg: ResearchConfig, policy, out: Path, adapter: bool) -> dict[str, Any]:
+    """The agent's model and tokenizer in ``out``: a transformers folder (LoRA merged), or with
+    ``adapter`` the peft adapter alone; its ``export.json`` entry."""
     tok = policy.tokenizer
     base = None
     if cfg.lora and adapter:
@@ -87,6 +98,20 @@ def export_research(
     files = sorted(
         set(files) | {p.name for p in out.iterdir() if p.is_file() and p.name.startswith(("tok", "special"))}
     )
+    return {
+        "type": cfg.policy,
+        "format": fmt,
+        "library": "peft" if (cfg.lora and adapter) else "transformers",
+        "base_model": base if base and not str(base).startswith(("/", ".")) else None,
+        "files": files,
+        "load": load,
+    }
+
+
+def _agent_card(cfg: ResearchConfig, tok, train: list[Any], heldout: list[Any]) -> dict[str, Any]:
+    """``wmrl_agent.json``: how the run prompted and sampled, and an example prompt."""
+    from wmrl_research.prompts import build_prompt
+
     example = build_prompt(heldout[0] if heldout else train[0], (heldout or train)[0].baseline_source,
                            cfg.edit_mode, cfg.prompt_style)  # fmt: skip
     agent = {
@@ -105,58 +130,16 @@ def export_research(
         "train_tasks": [t.id for t in train],
         "heldout_tasks": [t.id for t in heldout],
     }
-    (out / "wmrl_agent.json").write_text(json.dumps(agent, indent=2))
-    files.append("wmrl_agent.json")
+    return agent
 
-    wm_dir = out / "world_model"
-    if surrogate:
-        # scikit-learn trees are refitted from the executions they learned from (deterministic for
-        # the seed), so the export is that plain data, no pickle.
-        wm_dir.mkdir(parents=True, exist_ok=True)
-        spec = {
-            "estimator": wm.estimator,
-            "members": cfg.wm_members,
-            "seed": run.seed,
-            "tasks": surrogate_tasks(train + heldout),
-            "state": wm_state,
-        }
-        (wm_dir / "knob_surrogate.json").write_text(json.dumps(spec, indent=1))
-        wm_info = {
-            "format": "JSON: task knob spaces and the executions the scikit-learn surrogate refits on",
-            "class": "world_models.knob_surrogate.KnobSurrogateOutcomeModel",
-            "load": "from world_models.knob_surrogate import KnobSurrogateOutcomeModel\n"
-            "wm = KnobSurrogateOutcomeModel.from_export(f'{DIR}/world_model/knob_surrogate.json')",
-        }
-    elif cfg.world_model == "encoder":
-        wm.var_scale = float(wm_state.get("var_scale", 1.0))
-        wm.save_pretrained(wm_dir)
-        wm_info = {
-            "format": "safetensors + config.json + tokenizer",
-            "class": "world_models.outcome.EncoderOutcomeModel",
-            "load": "from world_models.outcome import EncoderOutcomeModel\n"
-            "wm = EncoderOutcomeModel.from_pretrained(f'{DIR}/world_model')\n"
-            "mean, var = wm.predict(task_texts, solution_texts)   # wmrl_research.domain.task_text / solution_text",
-        }
-    else:
-        wm.lm.model.save_pretrained(str(wm_dir))
-        wm.lm.tokenizer.save_pretrained(str(wm_dir))
-        (wm_dir / "wmrl_outcome_lm.json").write_text(
-            json.dumps(
-                {"samples": wm.samples, "lo": wm.lo, "hi": wm.hi, "failure_score": wm.failure_score}, indent=2
-            )
-        )
-        wm_info = {
-            "format": "transformers causal LM (safetensors) answering `runs: ..; valid: ..; quality: q`",
-            "class": "world_models.outcome.LMOutcomeModel",
-            "load": "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-            "wm = AutoModelForCausalLM.from_pretrained(f'{DIR}/world_model')   # prompt: LMOutcomeModel.prompt",
-        }
-    wm_info["files"] = sorted(p.relative_to(out).as_posix() for p in wm_dir.rglob("*") if p.is_file())
-    notes = [
+
+def _prompting_note(cfg: ResearchConfig, agent: dict[str, Any]) -> str:
+    """The folder README's note on prompting and decoding the agent as the run did."""
+    return (
         "Prompts: `wmrl_agent.json` holds the run's prompt format and an example prompt "
         "(`wmrl_research.prompts.build_prompt`); the agent answers with SEARCH/REPLACE blocks. Sample at "
         f"temperature {cfg.temperature} with at most {cfg.max_new_tokens} new tokens, "
-        + ("a BOS token first. " if tok.bos_token_id is not None else "")
+        + ("a BOS token first. " if agent["bos_first"] else "")
         + (
             "Training decoded SEARCH texts under the knob-line constraint "
             "(`wmrl_research.constrain`); plain `generate` does not apply it. "
@@ -166,17 +149,4 @@ def export_research(
         + "For edits that apply, in one call: `from wmrl_research.agent import propose_edits; "
         "propose_edits(DIR, TASK_ID, n=8)` (the constraint as a transformers logits processor, "
         "`wmrl_research.agent.KnobEditLogitsProcessor`, for your own `generate`)."
-    ]
-    return {
-        "policy": {
-            "type": cfg.policy,
-            "format": fmt,
-            "library": "peft" if (cfg.lora and adapter) else "transformers",
-            "base_model": base if base and not str(base).startswith(("/", ".")) else None,
-            "files": files,
-            "load": load,
-        },
-        "world_model": wm_info,
-        "tags": ["text-generation", "autoresearch", *(["lora"] if cfg.lora else [])],
-        "notes": notes,
-    }
+    )

@@ -8,7 +8,6 @@ quality on held-out log executions, the SFT policy's held-out score.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -29,31 +28,33 @@ from wmrl.methods import method_of
 from wmrl.tracking import OFFLINE_DATA, say, stage
 from wmrl_research.cache_keys import cache_key as _key
 from wmrl_research.cache_keys import data_key as _data_key
-from wmrl_research.code_edits import build_code_log, code_log_path, sample_code_edit
-from wmrl_research.config import DEFAULT_TASKS, WORLD_MODELS
+from wmrl_research.code_edits import sample_code_edit
+from wmrl_research.config import DEFAULT_TASKS
 from wmrl_research.domain import (
     ResearchDomain,
     ResearchWorldModel,
     solution_text,
     task_text,
-    to_example,
     wm_example,
 )
 from wmrl_research.edits import (
-    apply_edits,
-    format_value,
-    knobs_block,
-    parse_knobs,
     sample_knob_edit,
     synthetic_task,
+)
+from wmrl_research.execution_logs import (
+    build_execution_log,
+    build_random_log,
+    log_name,
+    random_info,
+    random_log_path,
 )
 from wmrl_research.lm import add_lora, build_tokenizer, load_lm, return_freed_memory
 from wmrl_research.policy import ResearchPolicy
 from wmrl_research.prompts import build_prompt
 from wmrl_research.sft import SFTConfig, edit_validity, run_sft
 from wmrl_research.tasks import FAILURE_SCORE, list_tasks
-from world_models.knob_surrogate import KnobSurrogateOutcomeModel
-from world_models.outcome import EncoderOutcomeModel, ExecutionLog, LMOutcomeModel, outcome_metrics
+from wmrl_research.wm_kinds import lm_size, wm_kind
+from world_models.outcome import ExecutionLog, outcome_metrics
 
 if TYPE_CHECKING:
     from wmrl.config import RunConfig
@@ -169,7 +170,7 @@ def untrained_policy(
         tokenizer,
         Path(cfg.cache_dir),
         seed=run.seed,
-        **({"hidden": cfg.tiny_hidden, "layers": cfg.tiny_layers} if cfg.policy == "tiny" else {}),
+        **lm_size(cfg),
     )
     checkpointing = cfg.gradient_checkpointing
     wanted = checkpointing if checkpointing is not None else cfg.policy != "tiny"
@@ -279,203 +280,13 @@ def sft_data_parallel(cfg: ResearchConfig, run: RunConfig, accelerator) -> None:
     build_policy(cfg, run, train, heldout, cache, accelerator)
 
 
-def surrogate_tasks(tasks: list[Any]) -> dict[str, tuple[dict[str, list[str]], dict[str, str]]]:
-    """What the knob surrogate is given of each task: task text -> (knob space, baseline values), as
-    Python value sources (``format_value``; the baseline's as written in its knobs block)."""
-    out = {}
-    for t in tasks:
-        space = {k: [format_value(v) for v in vs] for k, vs in t.knob_space.items()}
-        out[task_text(t)] = (space, parse_knobs(knobs_block(t.baseline_source)))
-    return out
-
-
 def build_world_model(
     cfg: ResearchConfig, run: RunConfig, tokenizer: Any = None, device: torch.device | str = "cpu"
 ):
-    """The outcome WM named by ``cfg.world_model``, untrained; the text kinds read with ``tokenizer``
-    (the policy's) and sit on ``device`` (the policy's; the knob surrogate is scikit-learn's)."""
-    if cfg.world_model not in WORLD_MODELS:
-        raise ValueError(f"world_model={cfg.world_model!r} is not one of {', '.join(WORLD_MODELS)}")
-    if cfg.world_model in ("surrogate", "surrogate_hgb"):
-        estimator = "hgb" if cfg.world_model == "surrogate_hgb" else "extra_trees"
-        return KnobSurrogateOutcomeModel(
-            surrogate_tasks(list_tasks()), estimator=estimator, members=cfg.wm_members, seed=run.seed
-        )
-    if cfg.world_model == "code":
-        from world_models.code_outcome import CodeOutcomeModel, MiniLMEmbedder
-
-        return CodeOutcomeModel(surrogate_tasks(list_tasks()), MiniLMEmbedder(cfg.cache_dir), seed=run.seed)
-    if tokenizer is None:
-        raise ValueError(f"world_model={cfg.world_model!r} needs the policy's tokenizer")
-    if cfg.world_model == "encoder":
-        return EncoderOutcomeModel(
-            tokenizer,
-            members=cfg.wm_members,
-            dim=cfg.wm_dim,
-            batch_size=cfg.wm_batch_size,
-            lr=cfg.wm_lr,
-            seed=run.seed,
-        ).to(device)
-    # A causal LM of the policy's architecture, initialised from the SFT policy (shares the tokenizer).
-    lm_model, tok = load_lm(
-        cfg.policy,
-        tokenizer,
-        Path(cfg.cache_dir),
-        seed=run.seed + 1,
-        **({"hidden": cfg.tiny_hidden, "layers": cfg.tiny_layers} if cfg.policy == "tiny" else {}),
-    )
-    lm = ResearchPolicy(lm_model, tok, temperature=1.0, max_new_tokens=48)
-    return LMOutcomeModel(
-        lm,
-        samples=cfg.wm_lm_samples,
-        failure_score=FAILURE_SCORE,
-        batch_size=cfg.wm_batch_size,
-        lr=cfg.wm_lr,
-        seed=run.seed,
-    ).to(device)
-
-
-def build_execution_log(
-    cfg: ResearchConfig, run: RunConfig, policy: ResearchPolicy, train: list[Any], executor, path: Path
-) -> ExecutionLog:
-    """Sample ``log_samples_per_task`` edits per train task from the SFT policy, execute them all,
-    and write them (with each baseline) to the JSONL log at ``path``. Rejected edits are not logged."""
-    elog = ExecutionLog(path)
-    if path.exists():
-        return elog
-    tmp = ExecutionLog(path.with_suffix(".partial"))
-    tmp.path.unlink(missing_ok=True)
-    domain = ResearchDomain(
-        policy,
-        None,  # type: ignore[arg-type]
-        train,
-        train,
-        executor,
-        cfg.edit_mode,
-        cfg.sandbox_timeout_s,
-        cfg.max_prompt_tokens,
-        seed=run.seed,
-        prompt_style=cfg.prompt_style,
-    )
-    gen = torch.Generator().manual_seed(run.seed + 11)
-    t0 = time.perf_counter()
-    with _stage(run, f"execution log: sampling {cfg.log_samples_per_task} edits per train task"):
-        batch = domain.rollouts(train, cfg.log_samples_per_task, gen)
-    rows = [i for i, p in enumerate(batch.payload) if p.applied]
-    what = (
-        f"execution log: executing {len(rows)} applied edits + {len(train)} baselines (sandbox start first)"
-    )
-    with _stage(run, what):
-        rewards = domain.execute(batch, rows)
-    examples = [
-        to_example(batch.tasks[i // cfg.log_samples_per_task], batch.payload[i].source, r, "log")
-        for i, r in zip(rows, rewards.tolist(), strict=True)
-        if r == r
-    ]
-    examples += [
-        to_example(t, t.baseline_source, 0.0, "log", "ok") for t in train
-    ]  # normalised baseline is 0
-    tmp.append(examples)
-    tmp.path.rename(path)
-    _say(run, f"execution log: {len(examples)} records in {time.perf_counter() - t0:.1f}s")
-    return elog
-
-
-RANDOM_LOG_MAX_CHANGES = 3
-
-
-def random_edit_sources(
-    task: Any, n: int, rng: random.Random, max_changes: int = RANDOM_LOG_MAX_CHANGES
-) -> list[str]:
-    """``n`` random points of ``task``'s knob space near its baseline: each sets 1..``max_changes``
-    knobs (uniform count, uniform knobs, uniform other values) of the baseline source."""
-    out = []
-    for _ in range(n):
-        res = apply_edits(
-            task.baseline_source,
-            sample_knob_edit(task.baseline_source, task.knob_space, rng, max_changes),
-            "knobs",
-        )
-        assert res.ok and res.source is not None, res.reason  # knob_edit writes valid edits
-        out.append(res.source)
-    return out
-
-
-def random_log_path(cfg: ResearchConfig, train: list[Any]) -> Path:
-    """The random-edit log's cache file: shared by every run (any policy, any seed) with the same
-    train tasks (and their definitions), size, seed and sandbox timeout. Free mode: the free-form
-    code-edit log's (:func:`wmrl_research.code_edits.code_log_path`)."""
-    if cfg.edit_mode == "free":
-        return code_log_path(cfg.cache_dir, train, cfg.log_random_per_task, cfg.log_random_seed,
-                             cfg.sandbox_timeout_s)  # fmt: skip
-    tasks = [
-        (t.id, t.data_version, hashlib.sha256(t.baseline_source.encode()).hexdigest()[:12], t.baseline_score,
-         t.reference_score, sorted((k, [repr(v) for v in vs]) for k, vs in t.knob_space.items()))
-        for t in train
-    ]  # fmt: skip
-    key = _key(
-        [
-            tasks,
-            cfg.log_random_per_task,
-            cfg.log_random_seed,
-            RANDOM_LOG_MAX_CHANGES,
-            cfg.sandbox_timeout_s,
-            1,
-            *_data_key(),
-        ]
-    )
-    return Path(cfg.cache_dir) / f"random_log-{key}.jsonl"
-
-
-def build_random_log(
-    cfg: ResearchConfig, train: list[Any], executor, path: Path, progress: bool = True
-) -> ExecutionLog:
-    """Execute ``log_random_per_task`` random knob-space edits of each train task's baseline
-    (:func:`random_edit_sources`) through ``executor`` and write them to the JSONL log at ``path``
-    (``source = "random"``). Built once: an existing file is returned as it is. Ungraded executions
-    (sandbox failures) are left out. ``<path>.json`` records how many executions it took and how long,
-    so that they are reported apart from the RL budget.
-
-    Free mode: the edits are random free-form code edits instead (:func:`wmrl_research.code_edits.
-    build_code_log`, ``source = "code"``; resumable), what a free-form agent's WM pretrains on."""
-    from wmrl.domain import Job
-    from wmrl_research.grading import reward
-
-    elog = ExecutionLog(path)
-    if path.exists() or cfg.log_random_per_task == 0:
-        return elog
-    if cfg.edit_mode == "free":
-        return build_code_log(
-            train, cfg.log_random_per_task, cfg.log_random_seed, cfg.sandbox_timeout_s, executor, path,
-            say=lambda msg: say(f"[research] {msg}", progress),
-        )  # fmt: skip
-    rng = random.Random(cfg.log_random_seed)
-    jobs, owners = [], []
-    for t in train:
-        for src in random_edit_sources(t, cfg.log_random_per_task, rng):
-            jobs.append(Job(fn=reward, args=(t.id, src, cfg.sandbox_timeout_s)))
-            owners.append((t, src))
-    t0 = time.perf_counter()
-    what = (
-        f"[research] random log: executing {len(jobs)} random knob edits ({cfg.log_random_per_task} per task)"
-    )
-    with stage(what, progress):
-        results = executor.run(jobs)
-    examples = [
-        to_example(t, src, r.reward, "random")
-        for (t, src), r in zip(owners, results, strict=True)
-        if r.reward == r.reward
-    ]
-    seconds = time.perf_counter() - t0
-    tmp = ExecutionLog(path.with_suffix(".partial"))
-    tmp.path.unlink(missing_ok=True)
-    tmp.append(examples)
-    info = {"executions": len(jobs), "records": len(examples), "seconds": seconds,
-            "per_task": cfg.log_random_per_task, "seed": cfg.log_random_seed}  # fmt: skip
-    path.with_suffix(".json").write_text(json.dumps(info, indent=2))
-    tmp.path.rename(path)
-    say(f"[research] random log: {len(examples)} records in {seconds:.1f}s", progress)
-    return elog
+    """The outcome WM named by ``cfg.world_model`` (its registered kind, :mod:`wmrl_research.wm_kinds`),
+    untrained; the text kinds read with ``tokenizer`` (the policy's) and sit on ``device`` (the
+    policy's; the knob surrogate is scikit-learn's)."""
+    return wm_kind(cfg).build(run, tokenizer, device)
 
 
 def log_paths(cfg: ResearchConfig, run: RunConfig, train: list[Any]) -> tuple[Path, Path]:
@@ -600,24 +411,6 @@ def prior_anchor_groups(
     return groups
 
 
-def _log_name(log_path: Path, random_examples: list, random_path: Path) -> str:
-    """The pretraining logs' names for the WM's cache key (the SFT log's alone without random edits,
-    so the WMs cached before the random log existed stay valid)."""
-    return log_path.name + (f"+{random_path.name}" if random_examples else "")
-
-
-def _random_info(path: Path, examples: list) -> dict[str, Any]:
-    meta = path.with_suffix(".json")
-    info = json.loads(meta.read_text()) if meta.exists() else {}
-    runnable = [e.reward > FAILURE_SCORE for e in examples]
-    return {
-        **info,
-        "n": len(examples),
-        "runnable_frac": sum(runnable) / max(len(runnable), 1),
-        "path": str(path),
-    }
-
-
 def unset_task_notes(cfg: ResearchConfig, train: list[Any], heldout: list[Any]) -> list[str]:
     """One line per task list left unset (null), saying which tasks it stands for: a run says so
     when it starts, since the whole train split includes the heavy tier."""
@@ -687,7 +480,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
     examples = sft_examples + random_examples
     wm = build_world_model(cfg, run, policy.tokenizer, module_device(policy))
     wm_info = pretrain_world_model(
-        cfg, run, wm, examples, cache, _log_name(log_path, random_examples, random_path)
+        cfg, run, wm, examples, cache, log_name(log_path, random_examples, random_path)
     )
     # The run's own log: the pretraining log's records, then every anchor execution of this run.
     # Data-parallel: every rank refines its WM on the same anchors; the main process alone logs them.
@@ -705,7 +498,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
             sft_examples,
             random_examples,
             cache,
-            _log_name(log_path, random_examples, random_path),
+            log_name(log_path, random_examples, random_path),
             policy.tokenizer,
             module_device(policy),
         )
@@ -724,21 +517,49 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         prompt_style=cfg.prompt_style,
         prior_groups=prior_groups,
     )
-    eval_path = (
-        cache
-        / f"sft_eval-{_key([cfg.eval_samples_per_task, cfg.eval_seed, [t.id for t in heldout], *_decoding_key(cfg), *_data_key()])}.json"
-    )
-    if eval_path.exists():
-        sft_eval = json.loads(eval_path.read_text())
-    else:
-        with _stage(run, f"evaluating the SFT policy on {len(heldout)} held-out tasks"):
-            sft_eval = domain.evaluate("eval")
-        eval_path.write_text(json.dumps(sft_eval, indent=2))
+    sft_eval = _sft_evaluation(cfg, run, domain, heldout, cache)
     domain.reference_scores = {
         "sft_score_mean": sft_eval["score_mean"],
         "sft_runnable_frac": sft_eval["runnable_frac"],
     }
     domain.remember_start_evaluation(sft_eval)
+    _write_build_info(
+        cfg, run, domain, cache, sft_info, wm_info, sft_examples, (random_path, random_examples), sft_eval
+    )
+    return domain
+
+
+def _sft_evaluation(
+    cfg: ResearchConfig, run: RunConfig, domain: ResearchDomain, heldout: list[Any], cache: Path
+) -> dict:
+    """The SFT policy's held-out evaluation (cached: it depends on the decoding, never on the method)."""
+    eval_path = (
+        cache
+        / f"sft_eval-{_key([cfg.eval_samples_per_task, cfg.eval_seed, [t.id for t in heldout], *_decoding_key(cfg), *_data_key()])}.json"
+    )
+    if eval_path.exists():
+        return json.loads(eval_path.read_text())
+    with _stage(run, f"evaluating the SFT policy on {len(heldout)} held-out tasks"):
+        sft_eval = domain.evaluate("eval")
+    eval_path.write_text(json.dumps(sft_eval, indent=2))
+    return sft_eval
+
+
+def _write_build_info(
+    cfg: ResearchConfig,
+    run: RunConfig,
+    domain: ResearchDomain,
+    cache: Path,
+    sft_info: dict,
+    wm_info: dict,
+    sft_examples: list,
+    random_log: tuple[Path, list],
+    sft_eval: dict,
+) -> None:
+    """``build_info.json`` (the build's measured figures) in the cache and on the domain, and the WM's
+    pretraining executions in the run directory (apart from the RL budget)."""
+    random_path, random_examples = random_log
+    examples = sft_examples + random_examples
     runnable = [e.reward > FAILURE_SCORE for e in examples]
     info = {
         "cache": str(cache),
@@ -751,7 +572,7 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
             "runnable_frac": sum(runnable) / max(len(runnable), 1),
             # executions made before training, apart from the RL budget (exec/real_total)
             "sft_samples": len(sft_examples),
-            "random": _random_info(random_path, random_examples),
+            "random": random_info(random_path, random_examples),
         },
         "wm": wm_info,
         "sft_eval": sft_eval,
@@ -762,4 +583,3 @@ def build_domain(cfg: ResearchConfig, run: RunConfig) -> ResearchDomain:
         offline = {"executions": len(sft_examples) + info["log"]["random"]["n"]}
         Path(run.out_dir).mkdir(parents=True, exist_ok=True)
         (Path(run.out_dir) / OFFLINE_DATA).write_text(json.dumps(offline, indent=2))
-    return domain

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 
 from wmrl.config import ConfigError, DomainConfig, did_you_mean
 from wmrl_vla.lerobot_env import LeRobotEnvConfig
+from wmrl_vla.policies import POLICY_KINDS, policy_kind
 
 OWN_TASKS_DEFAULT = ["wmrl/ReachColor-v0", "wmrl/PushColor-v0", "wmrl/PressButton-v0"]
-POLICIES = ("small_vla", "lerobot_act", "lerobot_smolvla")
+# The registered policy kinds (wmrl_vla/policies/), the choices of domain.policy.
+POLICIES = tuple(POLICY_KINDS)
 WORLD_MODELS = ("deterministic", "diffusion")
 IMAGINE_INPUTS = ("pixels", "latent", "first_frame")
 # What the world model's state and outcome heads read (world_models.vla_dynamics.OUTCOME_INPUTS).
@@ -25,6 +27,35 @@ WM_OUTCOME_READS = ("scene", "geometry")
 # policy cooler and hotter than it samples during RL, and two perturbed copies of it (docs/vla.md).
 WM_OFFLINE_MIX = ["expert:0.3", "expert:0.6", "expert:1.0", "expert:1.5", "policy:0.5", "policy:1.5",
                   "perturbed:0.05", "perturbed:0.15"]  # fmt: skip
+
+
+@dataclass
+class VLAEvaluation:
+    """How :class:`wmrl_vla.domain.VLADomain` evaluates the policy on held-out episodes: the
+    ``domain.eval_*`` fields and ``n_videos`` of :class:`VLAConfig` (documented there), grouped for the
+    domain's constructor (:attr:`VLAConfig.evaluation`)."""
+
+    temperature: float = 1.0
+    sampled: bool = False
+    episodes_per_task: int = 10
+    combos: str = "test"
+    lockstep: int = 64
+    n_videos: int = 2
+
+
+@dataclass
+class VLAWMRefinement:
+    """How :class:`wmrl_vla.world_model.VLAWorldModel` refines the world model on each step's anchors:
+    :class:`VLAConfig`'s ``wm_update_steps``, ``wm_update_lr`` and ``wm_calibrate``, with the training
+    windows pretraining uses too (``wm_batch_size``, ``wm_horizon``, ``wm_state_horizon``), grouped for
+    its constructor (:attr:`VLAConfig.wm_refinement`)."""
+
+    update_steps: int = 20
+    lr: float = 3e-4
+    batch_size: int = 32
+    horizon: int = 8
+    state_horizon: int = 50
+    calibrate: bool = True
 
 
 @dataclass
@@ -66,7 +97,7 @@ class VLAConfig(DomainConfig):
     n_bins: int = 21
     d_model: int = 64
     n_layers: int = 2
-    # SmallVLA's full-resolution target locator (wmrl_vla.policy.TargetLocator), trained by the
+    # SmallVLA's full-resolution target locator (wmrl_vla.vision.TargetLocator), trained by the
     # sft_aux_goal loss on labels from the simulator.
     locator: bool = True
     # Behaviour cloning.
@@ -168,9 +199,26 @@ class VLAConfig(DomainConfig):
     eval_lockstep: int = 64
     n_videos: int = 2
 
+    @property
+    def evaluation(self) -> VLAEvaluation:
+        """The held-out evaluation's fields as one object (they stay flat on the command line:
+        ``--domain.eval_episodes_per_task`` and the rest, as committed specs and run dirs spell them)."""
+        return VLAEvaluation(
+            temperature=self.eval_temperature, sampled=self.eval_sampled, episodes_per_task=self.eval_episodes_per_task,
+            combos=self.eval_combos, lockstep=self.eval_lockstep, n_videos=self.n_videos,
+        )  # fmt: skip
+
+    @property
+    def wm_refinement(self) -> VLAWMRefinement:
+        """The WM's online refinement fields as one object (flat on the command line, as ``evaluation``)."""
+        return VLAWMRefinement(
+            update_steps=self.wm_update_steps, lr=self.wm_update_lr, batch_size=self.wm_batch_size,
+            horizon=self.wm_horizon, state_horizon=self.wm_state_horizon, calibrate=self.wm_calibrate,
+        )  # fmt: skip
+
     def bf16_unsupported(self) -> str | None:
         """A lerobot policy runs in float32 only (``--precision=bf16`` is refused when parsed)."""
-        if self.policy == "small_vla" and self.policy_path is None:
+        if not policy_kind(self).lerobot:
             return None
         setting = (
             f"domain.policy_path={self.policy_path}" if self.policy_path else f"domain.policy={self.policy}"
@@ -178,6 +226,15 @@ class VLAConfig(DomainConfig):
         return f"{setting} (a lerobot policy) is run in float32 only"
 
     def __post_init__(self) -> None:
+        self._resolve_sources()
+        self._check_tasks()
+        self._check_policy()
+        self._check_world_model()
+        self._check_sampling()
+
+    def _resolve_sources(self) -> None:
+        """The lerobot env (it replaces ``tasks``), the user's policy folder (it sets ``policy``) and
+        dataset, each checked before anything is built."""
         if isinstance(self.env, dict):  # from a YAML preset
             self.env = LeRobotEnvConfig(**self.env)
         if self.env.type is not None:
@@ -209,6 +266,8 @@ class VLAConfig(DomainConfig):
                 check_dataset(self.dataset_root)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+
+    def _check_tasks(self) -> None:
         if not self.tasks:
             raise ConfigError("domain.tasks is empty; list task ids (see `wmrl tasks vla`)")
         from sims.registry import TASKS, all_task_ids, close_names, unknown_task_message
@@ -225,13 +284,16 @@ class VLAConfig(DomainConfig):
                     f"lists the {len(known)} ids)"
                 )
         self._check_task_specs()
+
+    def _check_policy(self) -> None:
+        """The policy kind, what it sees in imagination, its demos and behaviour cloning."""
         if self.policy not in POLICIES:
             raise ConfigError(f"domain.policy={self.policy!r} is not one of {', '.join(POLICIES)}")
         if self.imagine_input not in IMAGINE_INPUTS:
             raise ConfigError(
                 f"domain.imagine_input={self.imagine_input!r} is not one of {', '.join(IMAGINE_INPUTS)}"
             )
-        if self.imagine_input == "latent" and self.policy != "small_vla":
+        if self.imagine_input == "latent" and not policy_kind(self).reads_latent:
             raise ConfigError(
                 f"domain.imagine_input=latent needs domain.policy=small_vla (the latent adapter predicts "
                 f"its visual features), not {self.policy}; use domain.imagine_input=pixels"
@@ -241,16 +303,8 @@ class VLAConfig(DomainConfig):
                 f"domain.latent_adapter_steps={self.latent_adapter_steps} must be >= 1 and "
                 f"domain.latent_refresh_steps={self.latent_refresh_steps} >= 0"
             )
-        if self.world_model not in WORLD_MODELS:
-            raise ConfigError(
-                f"domain.world_model={self.world_model!r} is not one of {', '.join(WORLD_MODELS)}"
-            )
         if self.image_size % 16 != 0:
             raise ConfigError(f"domain.image_size={self.image_size} must be a multiple of 16")
-        if self.eval_lockstep < 1:
-            raise ConfigError(f"domain.eval_lockstep={self.eval_lockstep} must be >= 1")
-        if self.eval_combos not in ("test", "train"):
-            raise ConfigError(f"domain.eval_combos={self.eval_combos!r} is not one of test, train")
         if self.demo_split not in ("train", "all"):
             raise ConfigError(f"domain.demo_split={self.demo_split!r} is not one of train, all")
         if self.demos_per_task < 1:
@@ -259,6 +313,12 @@ class VLAConfig(DomainConfig):
             raise ConfigError(
                 f"domain.dagger_rounds={self.dagger_rounds} must be >= 0, dagger_episodes_per_task="
                 f"{self.dagger_episodes_per_task} and dagger_epochs={self.dagger_epochs} >= 1"
+            )
+
+    def _check_world_model(self) -> None:
+        if self.world_model not in WORLD_MODELS:
+            raise ConfigError(
+                f"domain.world_model={self.world_model!r} is not one of {', '.join(WORLD_MODELS)}"
             )
         if self.wm_members < 1:
             raise ConfigError(f"domain.wm_members={self.wm_members} must be >= 1")
@@ -287,6 +347,13 @@ class VLAConfig(DomainConfig):
                 "domain.wm_outcome_reads=geometry needs domain.wm_outcome=state and "
                 f"domain.wm_instruction_buckets > 0 (got {self.wm_outcome!r}, {self.wm_instruction_buckets})"
             )
+
+    def _check_sampling(self) -> None:
+        """Sampling temperatures and the held-out evaluation."""
+        if self.eval_lockstep < 1:
+            raise ConfigError(f"domain.eval_lockstep={self.eval_lockstep} must be >= 1")
+        if self.eval_combos not in ("test", "train"):
+            raise ConfigError(f"domain.eval_combos={self.eval_combos!r} is not one of test, train")
         if self.temperature <= 0 or self.eval_temperature < 0:
             raise ConfigError(
                 f"domain.temperature={self.temperature} must be > 0 and "

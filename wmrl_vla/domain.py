@@ -43,7 +43,7 @@ from wmrl.device import module_device
 from wmrl.domain import Job, RolloutBatch
 from wmrl_vla import latent, media
 from wmrl_vla.batch import collate, sim_payload
-from wmrl_vla.config import IMAGINE_INPUTS
+from wmrl_vla.config import IMAGINE_INPUTS, VLAEvaluation
 from wmrl_vla.latent import LatentActor, LatentAdapter
 from wmrl_vla.media import save_gif
 from wmrl_vla.policy import SmallVLA
@@ -82,12 +82,7 @@ class VLADomain:
         tasks: Sequence[str],
         image_size: int,
         temperature: float = 1.0,
-        eval_temperature: float = 1.0,
-        eval_sampled: bool = False,
-        eval_episodes_per_task: int = 10,
-        eval_combos: str = "test",
-        eval_lockstep: int = 64,
-        n_videos: int = 2,
+        evaluation: VLAEvaluation | None = None,
         regrade: bool = False,
         max_steps: int | None = None,
         out_dir: str | Path | None = None,
@@ -107,11 +102,12 @@ class VLADomain:
                 f"adapter predicts), not {type(policy).__name__}; use imagine_input=pixels"
             )
 
-        if eval_combos not in ("test", "train"):
-            raise ValueError(f"eval_combos={eval_combos!r} is not one of test, train")
-        if eval_lockstep < 1:
-            raise ValueError(f"eval_lockstep={eval_lockstep} must be >= 1")
-        if eval_sampled and eval_temperature == temperature:
+        ev = evaluation if evaluation is not None else VLAEvaluation()
+        if ev.combos not in ("test", "train"):
+            raise ValueError(f"eval_combos={ev.combos!r} is not one of test, train")
+        if ev.lockstep < 1:
+            raise ValueError(f"eval_lockstep={ev.lockstep} must be >= 1")
+        if ev.sampled and ev.temperature == temperature:
             raise ValueError(
                 f"eval_sampled: the evaluation already samples at temperature {temperature} (eval_temperature)"
             )
@@ -124,12 +120,7 @@ class VLADomain:
         self.tasks = list(tasks)
         self.image_size = image_size
         self.temperature = temperature
-        self.eval_temperature = eval_temperature
-        self.eval_sampled = eval_sampled
-        self.eval_episodes_per_task = eval_episodes_per_task
-        self.eval_combos = eval_combos
-        self.eval_lockstep = eval_lockstep
-        self.n_videos = n_videos
+        self.evaluation = ev
         self.regrade = regrade
         self.max_steps = max_steps
         self.horizon = {t: max_steps or sims.task_info(t)["max_steps"] for t in self.tasks}
@@ -380,7 +371,7 @@ class VLADomain:
         """The real rollout ``r`` | the WM replaying its actions | the policy in the WM, side by side
         (:func:`wmrl_vla.media.real_vs_imagined`, at the evaluation temperature)."""
         return media.real_vs_imagined(
-            self.world_model.model, self.policy, r, self.horizon[r.task_id], self.eval_temperature
+            self.world_model.model, self.policy, r, self.horizon[r.task_id], self.evaluation.temperature
         )
 
     # ------------------------------------------------------------------ execution
@@ -415,16 +406,17 @@ class VLADomain:
         ``reward_sampled`` and ``success_sampled/<task>``."""
         self.policy.eval()
         lo, _ = EVAL_SEEDS if split != "train" else TRAIN_SEEDS
-        env_split = ENV_SPLIT["train"] if split == "train" else self.eval_combos
-        specs = [(t, lo + 7919 * k) for t in self.tasks for k in range(self.eval_episodes_per_task)]
+        env_split = ENV_SPLIT["train"] if split == "train" else self.evaluation.combos
+        specs = [(t, lo + 7919 * k) for t in self.tasks for k in range(self.evaluation.episodes_per_task)]
         film = set()  # indices of the filmed episodes
-        if self.out_dir is not None and self.n_videos > 0:
-            film = set(range(0, len(specs), max(1, len(specs) // self.n_videos))[: self.n_videos])
-        rows, videos = self._run_evaluation(specs, env_split, self.eval_temperature, film)
+        if self.out_dir is not None and self.evaluation.n_videos > 0:
+            n = self.evaluation.n_videos
+            film = set(range(0, len(specs), max(1, len(specs) // n))[:n])
+        rows, videos = self._run_evaluation(specs, env_split, self.evaluation.temperature, film)
         out = self._evaluation_scores(rows, "")
         # training cost so far (evaluation episodes not counted)
         out |= {"sim_steps_train": float(self.sim_steps), "imagined_steps_train": float(self.imagined_steps)}
-        if self.eval_sampled:
+        if self.evaluation.sampled:
             out |= self._evaluation_scores(
                 self._run_evaluation(specs, env_split, self.temperature, set())[0], "_sampled"
             )
@@ -448,8 +440,8 @@ class VLADomain:
         for those only)."""
         actor = policy_actor(self.policy, temperature, torch.Generator().manual_seed(12345))
         rows, videos = [], []
-        for first in range(0, len(specs), self.eval_lockstep):
-            chunk = run_episodes(actor, specs[first : first + self.eval_lockstep], self.pool, env_split)
+        for first in range(0, len(specs), self.evaluation.lockstep):
+            chunk = run_episodes(actor, specs[first : first + self.evaluation.lockstep], self.pool, env_split)
             for k, r in enumerate(chunk, start=first):
                 rows.append((r.task_id, float(r.success.max()), float(r.reward), float(r.length)))
                 if k in film:

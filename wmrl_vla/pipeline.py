@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from wmrl.device import DeviceError, resolve_device
+from wmrl.device import resolve_device
 from wmrl.distributed import writes_run_dir
 from wmrl.methods import method_of
 from wmrl.tracking import OFFLINE_DATA, stage
 from wmrl_vla.domain import VLADomain, VLAWorldModel
-from wmrl_vla.policy import SmallVLA, SmallVLAConfig
-from wmrl_vla.sft import SFTConfig, sft
+from wmrl_vla.policies import policy_kind
+from wmrl_vla.policy import SmallVLA
 from world_models.vla_dynamics import (
     VLADynamics,
     VLADynamicsConfig,
@@ -113,22 +113,8 @@ def prepare_demos(cfg: VLAConfig, progress: bool = True) -> list[dict]:
 
 
 def _policy_fields(cfg: VLAConfig) -> dict[str, Any]:
-    if cfg.policy_path is not None:  # a lerobot policy folder, post-trained as is: no SFT fields
-        from wmrl_vla.lerobot_policy import folder_stamp
-
-        return {**_demo_fields(cfg), "policy_path": str(cfg.policy_path),
-                "policy_stamp": folder_stamp(cfg.policy_path), "arch": POLICY_ARCH}  # fmt: skip
-    fields = {**_demo_fields(cfg), "policy": cfg.policy, "n_bins": cfg.n_bins, "d_model": cfg.d_model,
-              "n_layers": cfg.n_layers, "sft_epochs": cfg.sft_epochs, "sft_batch_size": cfg.sft_batch_size,
-              "sft_lr": cfg.sft_lr, "arch": POLICY_ARCH}  # fmt: skip
-    if cfg.policy == "small_vla":  # only non-default extras, which keeps the keys of plain-BC caches
-        fields.update({k: getattr(cfg, k) for k in ("sft_shift", "sft_aux_goal") if getattr(cfg, k)})
-        if not cfg.locator:
-            fields["locator"] = False
-    if cfg.dagger_rounds > 0 and cfg.policy == "small_vla":
-        fields.update(dagger_rounds=cfg.dagger_rounds, dagger_episodes_per_task=cfg.dagger_episodes_per_task,
-                      dagger_epochs=cfg.dagger_epochs)  # fmt: skip
-    return fields
+    """The fields of the SFT stage's cache key (its policy kind's, :mod:`wmrl_vla.policies`)."""
+    return policy_kind(cfg).cache_fields()
 
 
 def prepare_policy(
@@ -138,86 +124,18 @@ def prepare_policy(
     accelerator=None,
     progress: bool = True,
 ):
-    """The SFT policy on ``device`` (trained there once, then cached). With an ``accelerator`` (every
-    process of a data-parallel run calls this; small VLA only) behaviour cloning runs data-parallel
-    (:func:`wmrl_vla.sft.sft`) and the main process alone writes the cache."""
-    device = torch.device(device)
-    fields = _policy_fields(cfg)
-    path = Path(cfg.cache_dir) / f"sft-{_key(fields)}.pt"
-    if cfg.policy_path is not None:
-        from wmrl_vla.lerobot_policy import PretrainedLeRobotPolicy
-
-        return PretrainedLeRobotPolicy(cfg.policy_path).to(device)
-    if cfg.policy == "lerobot_act":
-        return _prepare_act(cfg, demos, path, fields, device)
-    if cfg.policy == "lerobot_smolvla":
-        if device.type != "cpu":
-            raise DeviceError(
-                f"domain.policy=lerobot_smolvla runs on the CPU only (device={device}); use --device=cpu"
-            )
-        return _prepare_smolvla(cfg, demos, path, fields)
-    if cfg.policy != "small_vla":
-        from wmrl_vla.config import POLICIES
-
-        raise ValueError(f"domain.policy={cfg.policy!r} is not one of {', '.join(POLICIES)}")
-    if path.exists():
-        return SmallVLA.load(path).to(device)
-    state_dim, action_dim = _dims(cfg.tasks)
-    torch.manual_seed(cfg.demo_seed)
-    policy = SmallVLA(
-        SmallVLAConfig(
-            image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, n_bins=cfg.n_bins,
-            d_model=cfg.d_model, n_layers=cfg.n_layers, locator=cfg.locator,
-        )
-    ).to(device)  # fmt: skip
-    t0 = time.perf_counter()
-    if cfg.locator and cfg.sft_aux_goal > 0:
-        demos = label_goals(list(demos), split=cfg.demo_split)
-    hist = sft(
-        policy,
-        demos,
-        SFTConfig(
-            epochs=cfg.sft_epochs,
-            batch_size=cfg.sft_batch_size,
-            lr=cfg.sft_lr,
-            seed=cfg.demo_seed,
-            shift=cfg.sft_shift,
-            aux_goal=cfg.sft_aux_goal,
-        ),  # fmt: skip
-        progress=progress,
-        accelerator=accelerator,
-    )
-    relabelled: list[dict] = []
-    for r in range(cfg.dagger_rounds):
-        new = dagger_records(policy, cfg.tasks, cfg.dagger_episodes_per_task, cfg.image_size,
-                             DAGGER_SEED0 + 1000 * r, max_steps=cfg.max_steps)  # fmt: skip
-        hist.setdefault("dagger_success", []).append(float(mean_success(new)))
-        relabelled += new
-        h = sft(
-            policy,
-            list(demos) + relabelled,
-            SFTConfig(epochs=cfg.dagger_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr / 2,
-                      seed=cfg.demo_seed + 1 + r, aux_goal=cfg.sft_aux_goal if cfg.locator else 0.0),
-            progress=progress,
-            accelerator=accelerator,
-        )  # fmt: skip
-        hist.setdefault("dagger_accuracy", []).append(h["accuracy"][-1])
-    if accelerator is None or accelerator.is_main_process:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        policy.save(path)
-        path.with_suffix(".json").write_text(
-            json.dumps({**hist, "seconds": time.perf_counter() - t0, **fields})
-        )
-    if accelerator is not None:
-        accelerator.wait_for_everyone()
-    return policy
+    """The SFT policy on ``device`` (trained there once, then cached) by its registered kind
+    (:mod:`wmrl_vla.policies`). With an ``accelerator`` (every process of a data-parallel run calls
+    this; small VLA only) behaviour cloning runs data-parallel (:func:`wmrl_vla.sft.sft`) and the
+    main process alone writes the cache."""
+    return policy_kind(cfg).prepare(demos, torch.device(device), accelerator, progress)
 
 
 def sft_data_parallel(cfg: VLAConfig, run: RunConfig, accelerator) -> None:
     """Behaviour cloning on every process of a data-parallel run (``wmrl run`` with N processes
     calls this before the domain is built; the build then reads the cached SFT policy). The lerobot
     bridges train in the main process during the build, as with one process."""
-    if cfg.policy != "small_vla":
+    if not policy_kind(cfg).sft_data_parallel:
         return
     with accelerator.main_process_first():  # the demos are recorded once
         records = prepare_demos(cfg, run.tracking.progress)
@@ -339,55 +257,6 @@ def dagger_records(
         finally:
             env.close()
     return out
-
-
-def _prepare_act(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict, device: torch.device):
-    """lerobot ACT with a Gaussian head (see :mod:`wmrl_vla.lerobot_bridge`), cloned by max-likelihood."""
-    from wmrl_vla.lerobot_bridge import ACTBridgeConfig, ACTGaussianPolicy
-
-    if path.exists():
-        return ACTGaussianPolicy.load(path).to(device)
-    state_dim, action_dim = _dims(cfg.tasks)
-    torch.manual_seed(cfg.demo_seed)
-    policy = ACTGaussianPolicy(
-        ACTBridgeConfig(image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, dim_model=cfg.d_model,
-                        n_encoder_layers=cfg.n_layers)
-    ).to(device)  # fmt: skip
-    return _sft_gaussian_and_save(cfg, policy, demos, path, fields)
-
-
-def _prepare_smolvla(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict):
-    """lerobot SmolVLA built offline with a Gaussian head (see :mod:`wmrl_vla.smolvla_bridge`), cloned
-    by max-likelihood plus its flow-matching loss. Its local SmolVLM directory lives under cache_dir."""
-    from wmrl_vla.smolvla_bridge import SmolVLABridgeConfig, SmolVLAGaussianPolicy, default_instruction_corpus
-
-    vlm_cache = str(Path(cfg.cache_dir) / "smolvlm")
-    if path.exists():
-        return SmolVLAGaussianPolicy.load(path, vlm_cache_dir=vlm_cache)
-    state_dim, action_dim = _dims(cfg.tasks)
-    corpus = sorted(set(default_instruction_corpus()) | {d["instruction"] for d in demos})
-    torch.manual_seed(cfg.demo_seed)
-    policy = SmolVLAGaussianPolicy(
-        SmolVLABridgeConfig(image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim,
-                            text_hidden=cfg.d_model, text_layers=max(2, cfg.n_layers), corpus=corpus,
-                            vlm_cache_dir=vlm_cache)
-    )  # fmt: skip
-    return _sft_gaussian_and_save(cfg, policy, demos, path, fields)
-
-
-def _sft_gaussian_and_save(cfg: VLAConfig, policy, demos: list[dict], path: Path, fields: dict):
-    """SFT of a lerobot bridge (:func:`wmrl_vla.lerobot_bridge.sft_gaussian`); the checkpoint and its
-    per-epoch NLL + seconds are cached at ``path`` / ``path.json``."""
-    from wmrl_vla.lerobot_bridge import sft_gaussian
-
-    t0 = time.perf_counter()
-    nll = sft_gaussian(policy, demos, cfg.sft_epochs, cfg.sft_batch_size, cfg.sft_lr, cfg.demo_seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    policy.save(path)
-    path.with_suffix(".json").write_text(
-        json.dumps({"nll": nll, "seconds": time.perf_counter() - t0, **fields})
-    )
-    return policy
 
 
 def _rollout_fields(cfg: VLAConfig) -> dict[str, Any]:
@@ -541,15 +410,10 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
     wm = VLAWorldModel(
         model,
         episodes,
-        update_steps=cfg.wm_update_steps,
-        batch_size=cfg.wm_batch_size,
-        horizon=cfg.wm_horizon,
-        state_horizon=cfg.wm_state_horizon,
-        lr=cfg.wm_update_lr,
+        refinement=cfg.wm_refinement,
         dataset=(str(out / "anchors"), "wmrl/anchors") if cfg.record_anchors and main else None,
         seed=run.seed,
         calibration=(quality.get("var_scale", 1.0), quality.get("var_floor", 0.0)),
-        calibrate=cfg.wm_calibrate,
         progress=show,
     )
     domain = VLADomain(
@@ -558,12 +422,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         cfg.tasks,
         cfg.image_size,
         temperature=cfg.temperature,
-        eval_temperature=cfg.eval_temperature,
-        eval_sampled=cfg.eval_sampled,
-        eval_episodes_per_task=cfg.eval_episodes_per_task,
-        eval_combos=cfg.eval_combos,
-        eval_lockstep=cfg.eval_lockstep,
-        n_videos=cfg.n_videos,
+        evaluation=cfg.evaluation,
         regrade=cfg.regrade,
         max_steps=cfg.max_steps,
         out_dir=out if main else None,
@@ -583,9 +442,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
 def policy_words(cfg: VLAConfig) -> str:
     """What a run's messages call its starting policy: the SFT policy WMRL cloned from demos, or the
     user's own lerobot policy (``domain.policy_path``), which WMRL never fine-tuned by SFT."""
-    if cfg.policy_path is not None:
-        return f"your policy ({cfg.policy_path})"
-    return "the SFT policy"
+    return policy_kind(cfg).words()
 
 
 def mean_success(records: list[dict]) -> float:

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from wmrl.distributed import task_shares
-from wmrl_vla.policy import LOC_UNIT, SmallVLA, SmallVLAConfig, actions_to_bins
+from wmrl_vla.policy import SmallVLA, SmallVLAConfig, actions_to_bins
+from wmrl_vla.vision import LOC_UNIT
 
 
 @dataclass
@@ -82,7 +83,7 @@ def flatten_demos(records: Sequence[dict], policy: SmallVLA) -> dict[str, torch.
 
 
 def locator_loss(loc: dict[str, torch.Tensor], goal: torch.Tensor, goal_px: torch.Tensor) -> torch.Tensor:
-    """Auxiliary loss of a :class:`~wmrl_vla.policy.TargetLocator` output: squared error of its table
+    """Auxiliary loss of a :class:`~wmrl_vla.vision.TargetLocator` output: squared error of its table
     xy (in ``LOC_UNIT``) + cross-entropy of its attention map against the goal's pixel (rows whose
     ``goal_px`` is known)."""
     loss = F.mse_loss(loc["xy"], goal / LOC_UNIT)

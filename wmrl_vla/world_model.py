@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from wmrl.domain import Prediction, RolloutBatch
+from wmrl_vla.config import VLAWMRefinement
 from wmrl_vla.rollout import SimRollout
 from world_models.vla_dynamics import (
     VLADynamics,
@@ -40,36 +41,27 @@ class VLAWorldModel:
         self,
         model: VLADynamics,
         episodes: list[dict],
-        update_steps: int = 20,
-        batch_size: int = 32,
-        horizon: int = 8,
-        state_horizon: int = 50,
-        lr: float = 3e-4,
+        refinement: VLAWMRefinement | None = None,
         max_episodes: int = 2000,
         dataset: tuple[str, str] | None = None,
         seed: int = 0,
         calibration: tuple[float, float] = (1.0, 0.0),
-        calibrate: bool = True,
         calib_window: int = 256,
         progress: bool = True,
     ) -> None:
         self.model = model
         self.var_scale, self.var_floor = (float(c) for c in calibration)
-        self.calibrate = calibrate
+        self.refinement = refinement if refinement is not None else VLAWMRefinement()
         self.calib_window = calib_window
         self.calib_pairs: list[tuple[float, float]] = []  # (squared error, raw variance) of anchors
         self.outcome_pairs: list[tuple[float, float]] = []  # (held-out score, real success) of anchors
         self.initial_episodes = list(episodes)  # demos and the offline dataset, as built
         self.episodes = list(episodes)  # replay: demos, then anchor rollouts
         self.n_anchor_episodes = 0  # the replay's tail that anchors appended (a checkpoint keeps it)
-        self.update_steps = update_steps
-        self.batch_size = batch_size
-        self.horizon = horizon
-        self.state_horizon = state_horizon
         self.max_episodes = max_episodes
         # anchor rollouts go to the LeRobot dataset ``dataset`` = (root, repo_id), when given
         self.recorder = None if dataset is None else AnchorRecorder(*dataset, progress=progress)
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=self.refinement.lr)
         self.n_updates = 0
         self.seed = seed
 
@@ -131,7 +123,7 @@ class VLAWorldModel:
         new = [r for r in new if r is not None]
         if not new:
             return {}
-        calib = self._calibrate(batch, indices, rewards) if self.calibrate else {}
+        calib = self._calibrate(batch, indices, rewards) if self.refinement.calibrate else {}
         self.episodes.extend(r.as_episode() for r in new)
         self.n_anchor_episodes += len(new)
         self._trim_replay()
@@ -144,12 +136,12 @@ class VLAWorldModel:
         _, hist = train_dynamics(
             self.model,
             self.episodes,
-            self.update_steps,
-            self.batch_size,
-            self.horizon,
+            self.refinement.update_steps,
+            self.refinement.batch_size,
+            self.refinement.horizon,
             seed=self.seed + self.n_updates,
             optimizer=self.optimizer,
-            state_horizon=self.state_horizon,
+            state_horizon=self.refinement.state_horizon,
         )
         self.n_updates += 1
         return {

@@ -3,7 +3,7 @@
 from wmrl.config import ExecutorConfig
 from wmrl.executors import make_executor
 from wmrl_research.config import ResearchConfig
-from wmrl_research.pipeline import build_random_log, random_log_path
+from wmrl_research.execution_logs import build_random_log, random_log_path
 from wmrl_research.tasks import get_task
 
 

@@ -15,7 +15,8 @@ from wmrl.domain import RolloutBatch
 from wmrl_research.code_edits import code_log_path
 from wmrl_research.domain import EditRollout, ResearchWorldModel, solution_text
 from wmrl_research.edits import apply_edits, knobs_block, knobs_span, parse_edits
-from wmrl_research.pipeline import random_log_path, select_tasks
+from wmrl_research.execution_logs import random_log_path
+from wmrl_research.pipeline import select_tasks
 from wmrl_research.prompts import build_prompt
 from wmrl_research.sft import sft_examples
 from wmrl_research.tasks import FAILURE_SCORE, get_task

@@ -12,14 +12,10 @@ from wmrl.executors import make_executor
 from wmrl_research.config import WORLD_MODELS, ResearchConfig
 from wmrl_research.domain import EditRollout, ResearchWorldModel, to_example
 from wmrl_research.edits import knobs_block, parse_knobs
-from wmrl_research.pipeline import (
-    build_random_log,
-    build_world_model,
-    random_edit_sources,
-    random_log_path,
-    surrogate_tasks,
-)
+from wmrl_research.execution_logs import build_random_log, random_edit_sources, random_log_path
+from wmrl_research.pipeline import build_world_model
 from wmrl_research.tasks import get_task, list_tasks
+from wmrl_research.wm_kinds import surrogate_tasks
 from world_models.knob_surrogate import KnobSurrogateOutcomeModel
 from world_models.outcome import EncoderOutcomeModel
 

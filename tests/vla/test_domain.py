@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from wmrl.config import load_config
+from wmrl_vla.config import VLAEvaluation, VLAWMRefinement
 from wmrl_vla.rollout import replay_reward
 from world_models.vla_dynamics import instruction_ids, rollout_score
 
@@ -192,8 +193,10 @@ def test_a_resumed_world_model_refines_on_the_replay_it_was_saved_with(built, ba
 
     def fresh():
         return VLAWorldModel(
-            copy.deepcopy(base.model), base.initial_episodes, update_steps=2, batch_size=4,
-            horizon=base.horizon, state_horizon=base.state_horizon, max_episodes=n0, seed=3,
+            copy.deepcopy(base.model), base.initial_episodes,
+            refinement=VLAWMRefinement(update_steps=2, batch_size=4, horizon=base.refinement.horizon,
+                                       state_horizon=base.refinement.state_horizon),
+            max_episodes=n0, seed=3,
         )  # fmt: skip
 
     rewards = torch.tensor([p["reward"] for p in batch.payload[:4]])
@@ -285,16 +288,18 @@ def test_eval_combos_picks_the_combinations_of_the_held_out_seeds(built, monkeyp
 
     real = vla_domain.run_episodes
     monkeypatch.setattr(vla_domain, "run_episodes", record)
-    monkeypatch.setattr(domain, "n_videos", 0)
-    monkeypatch.setattr(domain, "eval_episodes_per_task", 1)
+    monkeypatch.setattr(domain.evaluation, "n_videos", 0)
+    monkeypatch.setattr(domain.evaluation, "episodes_per_task", 1)
     for combos in ("test", "train"):
-        monkeypatch.setattr(domain, "eval_combos", combos)
+        monkeypatch.setattr(domain.evaluation, "combos", combos)
         domain.evaluate("eval")
     (test_split, test_seeds), (train_split, train_seeds) = seen
     assert (test_split, train_split) == ("test", "train") and test_seeds == train_seeds
     assert min(test_seeds) >= vla_domain.EVAL_SEEDS[0]
     with pytest.raises(ValueError, match="eval_combos"):
-        vla_domain.VLADomain(domain.policy, domain.world_model, domain.tasks, 32, eval_combos="all")
+        vla_domain.VLADomain(
+            domain.policy, domain.world_model, domain.tasks, 32, evaluation=VLAEvaluation(combos="all")
+        )
     from wmrl.config import ConfigError
 
     with pytest.raises(ConfigError, match="eval_combos='all' is not one of test, train"):
@@ -316,12 +321,12 @@ def test_evaluation_runs_in_lockstep_chunks_with_the_same_result(built, monkeypa
         return real(actor, specs, pool, env_split)
 
     monkeypatch.setattr(vla_domain, "run_episodes", record)
-    for k, v in {"n_videos": 0, "eval_episodes_per_task": 3, "eval_temperature": 0.0}.items():
-        monkeypatch.setattr(domain, k, v)
+    for k, v in {"n_videos": 0, "episodes_per_task": 3, "temperature": 0.0}.items():
+        monkeypatch.setattr(domain.evaluation, k, v)
     n = 3 * len(domain.tasks)
-    monkeypatch.setattr(domain, "eval_lockstep", 64)
+    monkeypatch.setattr(domain.evaluation, "lockstep", 64)
     whole = domain.evaluate("eval")
-    monkeypatch.setattr(domain, "eval_lockstep", 2)
+    monkeypatch.setattr(domain.evaluation, "lockstep", 2)
     chunked = domain.evaluate("eval")
     assert sizes == [n] + [2] * (n // 2) + [1] * (n % 2)
     assert chunked == whole
@@ -333,13 +338,13 @@ def test_eval_sampled_adds_the_sampled_policys_success_on_the_same_episodes(buil
     from wmrl.config import ConfigError
 
     _, domain, _ = built
-    for k, v in {"n_videos": 0, "eval_episodes_per_task": 2, "eval_temperature": 0.0}.items():
-        monkeypatch.setattr(domain, k, v)
+    for k, v in {"n_videos": 0, "episodes_per_task": 2, "temperature": 0.0}.items():
+        monkeypatch.setattr(domain.evaluation, k, v)
     greedy = domain.evaluate("eval")
-    monkeypatch.setattr(domain, "eval_sampled", True)
+    monkeypatch.setattr(domain.evaluation, "sampled", True)
     both = domain.evaluate("eval")
-    monkeypatch.setattr(domain, "eval_sampled", False)
-    monkeypatch.setattr(domain, "eval_temperature", domain.temperature)
+    monkeypatch.setattr(domain.evaluation, "sampled", False)
+    monkeypatch.setattr(domain.evaluation, "temperature", domain.temperature)
     sampled = domain.evaluate("eval")
     assert {k: v for k, v in both.items() if "_sampled" not in k} == greedy
     names = [f"success/{t.split('/')[-1]}" for t in domain.tasks]
@@ -537,7 +542,7 @@ def test_update_logs_the_success_auc_of_held_out_scores_over_the_window(built, b
     _, domain, _ = built
     # a copy (the module's other tests see the domain's WM untouched) that records no anchors
     wm = copy.deepcopy(domain.world_model, memo={id(domain.world_model.recorder): None})
-    wm.update_steps, wm.outcome_pairs = 1, []  # an empty window
+    wm.refinement.update_steps, wm.outcome_pairs = 1, []  # an empty window
     # successes and failures among the anchors, whatever this tiny policy achieved
     labelled = dataclasses.replace(
         batch, payload=[dict(p, success=float(k % 2)) for k, p in enumerate(batch.payload)]

@@ -228,7 +228,7 @@ def test_trailing_padding_changes_nothing():
 def test_frame_colours_is_torch_unique_of_the_frame_colour_key(b):
     """The locator's distinct (frame, colour) pairs, taken over blocks of int32 keys, are exactly one
     ``torch.unique`` over the int64 key ``(frame << 24) | colour``: same pairs, same order, same inverse."""
-    from wmrl_vla.policy import frame_colours
+    from wmrl_vla.vision import frame_colours
 
     gen = torch.Generator().manual_seed(b)
     palette = torch.randint(0, 256, (40, 3), generator=gen, dtype=torch.uint8)

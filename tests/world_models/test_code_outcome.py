@@ -121,8 +121,8 @@ def test_plugs_into_the_research_domain(tmp_path, embedder):
     from wmrl_research.code_edits import sample_code_edit
     from wmrl_research.domain import EditRollout, ResearchWorldModel, task_text
     from wmrl_research.edits import apply_edits
-    from wmrl_research.pipeline import surrogate_tasks
     from wmrl_research.tasks import FAILURE_SCORE, get_task
+    from wmrl_research.wm_kinds import surrogate_tasks
     from world_models.outcome import ExecutionLog
 
     task = get_task("iris_cls")

@@ -1,0 +1,76 @@
+"""The VLA policy kinds (wmrl_vla/policies/): --domain.policy selects a registered class that owns the
+kind's cache key, network, flags and export; unknown names list the registered ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from wmrl.config import ConfigError, load_config
+from wmrl_vla.config import POLICIES, VLAEvaluation, VLAWMRefinement
+from wmrl_vla.policies import POLICY_KINDS, policy_kind
+
+
+def domain(*overrides: str):
+    return load_config("vla-debug", list(overrides)).domain
+
+
+def test_every_policy_choice_is_a_registered_kind_with_its_flags():
+    assert POLICIES == tuple(POLICY_KINDS) == ("small_vla", "lerobot_act", "lerobot_smolvla")
+    kinds = {p: policy_kind(domain(f"--domain.policy={p}")) for p in POLICIES}
+    assert {p: k.name for p, k in kinds.items()} == {p: p for p in POLICIES}
+    assert [p for p, k in kinds.items() if k.lerobot] == ["lerobot_act", "lerobot_smolvla"]
+    assert [p for p, k in kinds.items() if k.reads_latent] == ["small_vla"]
+    assert [p for p, k in kinds.items() if k.sft_data_parallel] == ["small_vla"]
+    assert domain().bf16_unsupported() is None
+    assert domain("--domain.policy=lerobot_act").bf16_unsupported() == (
+        "domain.policy=lerobot_act (a lerobot policy) is run in float32 only"
+    )
+    with pytest.raises(
+        ConfigError, match="domain.policy='act' is not one of small_vla, lerobot_act, lerobot_smolvla"
+    ):
+        domain("--domain.policy=act")
+    with pytest.raises(ConfigError, match="imagine_input=latent needs domain.policy=small_vla"):
+        domain("--domain.policy=lerobot_act", "--domain.imagine_input=latent")
+
+
+def test_only_the_small_vla_keys_its_sft_cache_on_its_own_sft_fields():
+    extras = ["--domain.sft_shift=2", "--domain.dagger_rounds=1", "--domain.locator=false"]
+    small = policy_kind(domain(*extras)).cache_fields()
+    assert small["sft_shift"] == 2 and small["dagger_rounds"] == 1 and small["locator"] is False
+    plain = domain("--domain.sft_shift=0", "--domain.sft_aux_goal=0", "--domain.locator=true")
+    assert not {"sft_shift", "sft_aux_goal", "locator", "dagger_rounds"} & set(
+        policy_kind(plain).cache_fields()
+    )
+    act = policy_kind(domain("--domain.policy=lerobot_act", *extras)).cache_fields()
+    assert act == policy_kind(domain("--domain.policy=lerobot_act")).cache_fields()
+
+
+def test_the_small_vla_kind_builds_the_configured_network():
+    cfg = domain("--domain.d_model=32", "--domain.n_bins=11", "--domain.locator=false")
+    net = policy_kind(cfg).build()
+    assert (net.cfg.d_model, net.cfg.n_bins, net.cfg.locator, net.cfg.image_size) == (
+        32,
+        11,
+        False,
+        cfg.image_size,
+    )
+
+
+def test_the_flat_eval_fields_are_the_domains_evaluation():
+    cfg = domain(
+        "--domain.eval_episodes_per_task=3", "--domain.eval_combos=train", "--domain.eval_temperature=0",
+        "--domain.eval_sampled=true", "--domain.eval_lockstep=5", "--domain.n_videos=1",
+    )  # fmt: skip
+    assert cfg.evaluation == VLAEvaluation(
+        temperature=0.0, sampled=True, episodes_per_task=3, combos="train", lockstep=5, n_videos=1
+    )
+
+
+def test_the_flat_wm_refinement_fields_are_the_world_models_refinement():
+    cfg = domain(
+        "--domain.wm_update_steps=7", "--domain.wm_update_lr=0.01", "--domain.wm_batch_size=5",
+        "--domain.wm_horizon=3", "--domain.wm_state_horizon=9", "--domain.wm_calibrate=false",
+    )  # fmt: skip
+    assert cfg.wm_refinement == VLAWMRefinement(
+        update_steps=7, lr=0.01, batch_size=5, horizon=3, state_horizon=9, calibrate=False
+    )
