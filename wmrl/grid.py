@@ -16,7 +16,7 @@ the runs' own ExecutorConfig). ``wmrl compare SPEC --out-dir DIR``:
    policy on ``reeval_episodes`` held-out episodes or samples per task (``reeval.json`` in the run
    directory, kept while the run and the re-evaluation settings are unchanged; where those settings
    are the run's own, its final in-run evaluation is reused, not repeated);
-4. writes ``report.md``, ``report.html`` and ``report.json`` (wmrl/report.py), whose evidence
+4. writes ``report.md``, ``report.html`` and ``report.json`` (wmrl/report/), whose evidence
    table holds every WM method to the evidence standard (docs/design.md section 7): its paired
    difference to ``anchors_only`` with a one-sided 95% lower bound, a non-inferiority verdict at the
    domain's margin, and whether it clears its controls.

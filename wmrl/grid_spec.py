@@ -1,7 +1,7 @@
 """What a comparison grid is made of: its spec, its cells, their controls, margins and ledger.
 
 Plain data and the functions that read a cell's state from its run directory. The grid that runs
-the cells (wmrl/grid.py) and the report that reads them (wmrl/report.py) both import this module;
+the cells (wmrl/grid.py) and the report that reads them (wmrl/report/) both import this module;
 neither imports the other at module level.
 """
 
