@@ -57,6 +57,7 @@ from typing import Any
 
 import draccus
 
+from wmrl.checkpoints import config_diff
 from wmrl.config import ConfigError, ExecutorConfig, did_you_mean, load_config, presets
 from wmrl.domain import check_domain
 from wmrl.grid_spec import (
@@ -79,7 +80,6 @@ from wmrl.tracking import (
     CHECKPOINT,
     START_POLICY,
     RunDirError,
-    _diff,
     exclusive,
     policy_fingerprint,
     read_metrics,
@@ -291,7 +291,7 @@ def _final_inrun_eval(c: Cell) -> dict | None:
     run_cfg = result_fields(load_config(c.preset, c.overrides))
     reeval_cfg = result_fields(load_config(c.preset, [*c.overrides, *c.reeval_overrides]))
     rows = read_metrics(c.run_dir)
-    if _diff(run_cfg, reeval_cfg) or not rows:
+    if config_diff(run_cfg, reeval_cfg) or not rows:
         return None
     scores = {k.removeprefix("eval/"): float(v) for k, v in rows[-1].items() if k.startswith("eval/")}
     if not scores:

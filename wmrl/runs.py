@@ -11,6 +11,7 @@ import logging
 import tempfile
 from pathlib import Path
 
+from wmrl.checkpoints import config_diff
 from wmrl.config import RunConfig, load_config, save_config, to_dict, upgrade_saved
 from wmrl.domain import DomainCapabilities
 from wmrl.tracking import (
@@ -18,7 +19,6 @@ from wmrl.tracking import (
     LOCK,
     START_POLICY,
     RunDirError,
-    _diff,
     check_fresh,
     check_resumable_config,
     exclusive,
@@ -260,4 +260,4 @@ def config_diffs(path: Path, want: RunConfig) -> list[str]:
     import yaml
 
     got = result_fields(upgrade_saved(yaml.safe_load(path.read_text()) or {}))
-    return [f"{k}: {a!r} there vs {b!r} now" for k, a, b in _diff(got, result_fields(want))]
+    return [f"{k}: {a!r} there vs {b!r} now" for k, a, b in config_diff(got, result_fields(want))]
