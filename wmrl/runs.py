@@ -13,7 +13,7 @@ from pathlib import Path
 
 from wmrl.checkpoints import config_diff
 from wmrl.config import RunConfig, load_config, save_config, to_dict, upgrade_saved
-from wmrl.domain import DomainCapabilities
+from wmrl.domain import DomainCapabilities, check_domain_config
 from wmrl.tracking import (
     CHECKPOINT,
     LOCK,
@@ -125,7 +125,7 @@ def _train_locked(cfg: RunConfig, acc, resume: bool, restart: bool, start_policy
     if acc is None:
         domain = cfg.domain.build(build_cfg)
     else:  # SFT on every rank; then the main process builds first and the others read its caches
-        sft = getattr(cfg.domain, "sft_data_parallel", None)
+        sft = check_domain_config(cfg.domain).sft_data_parallel
         if sft is not None and acc.num_processes > 1:  # SFT on every process, cached by the main one
             sft(build_cfg, acc)
         with acc.main_process_first():

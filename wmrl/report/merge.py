@@ -4,8 +4,8 @@ their seeds."""
 
 from __future__ import annotations
 
-from wmrl.config import ConfigError, DomainConfig, load_config
-from wmrl.grid_spec import DEFAULT_MARGINS
+from wmrl.config import ConfigError, load_config
+from wmrl.domain import check_domain_config
 from wmrl.report.aggregate import aggregate_domain, is_tested
 from wmrl.report.figures import REACH_KEYS
 from wmrl.report.stats import MULTIPLICITY
@@ -158,13 +158,13 @@ def _take_cells(
 
 
 def _default_margin(preset: str) -> float | None:
-    """The default non-inferiority margin of the preset's domain type (a report from before
-    margins were recorded); None for a type without one."""
+    """The default non-inferiority margin the preset's domain config declares (a report from before
+    margins were recorded); None for a domain without one."""
     try:
-        kind = DomainConfig.get_choice_name(type(load_config(preset).domain))
+        domain = load_config(preset).domain
     except ConfigError:
         return None
-    return DEFAULT_MARGINS.get(kind)
+    return check_domain_config(domain).margin
 
 
 def _check_same_evaluation(r: dict, name: str, first: dict, first_name: str) -> None:
