@@ -20,6 +20,7 @@ from wmrl.config_messages import malformed_yaml
 from wmrl.domain import check_domain_config
 from wmrl.methods import controls as method_controls
 from wmrl.methods import wm_methods
+from wmrl.methods.base import method_with_role
 from wmrl.tracking import CHECKPOINT, read_metrics
 
 
@@ -63,12 +64,14 @@ def controls_of(method: str) -> list[str]:
 
 
 def with_control(methods: list[str]) -> list[str]:
-    """``methods`` plus ``anchors_only`` (right after ``real``, else first) when a WM method is among
-    them: GRPO on the same real executions without a WM is the bar every WM method must clear."""
-    if "anchors_only" in methods or not any(m in wm_methods() for m in methods):
+    """``methods`` plus the registry's baseline, ``anchors_only`` (right after its reference,
+    ``real``, else first; :data:`wmrl.methods.base.ROLES`) when a WM method is among them: GRPO on
+    the same real executions without a WM is the bar every WM method must clear."""
+    baseline, reference = method_with_role("baseline"), method_with_role("reference")
+    if baseline is None or baseline in methods or not any(m in wm_methods() for m in methods):
         return list(methods)
-    at = methods.index("real") + 1 if "real" in methods else 0
-    return [*methods[:at], "anchors_only", *methods[at:]]
+    at = methods.index(reference) + 1 if reference in methods else 0
+    return [*methods[:at], baseline, *methods[at:]]
 
 
 @dataclass

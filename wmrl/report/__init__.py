@@ -56,8 +56,9 @@ from wmrl.report.merge import merge_reports
 from wmrl.report.plots import plot, plot_wm_quality
 from wmrl.report.render import (
     ABSENT,
-    EVIDENCE_HEAD,
-    EVIDENCE_NOTES,
+    control_kinds,
+    evidence_head,
+    evidence_notes,
     evidence_rows,
     fmt_cell,
     fmt_value,
@@ -83,13 +84,13 @@ if TYPE_CHECKING:
     from wmrl.grid_spec import Cell, GridSpec
 
 __all__ = [
-    "ABSENT", "COLUMNS", "CONFIDENCE", "EVIDENCE_HEAD", "EVIDENCE_NOTES", "MULTIPLICITY", "REACH_KEYS",
-    "SMOOTH_STEPS", "TABLES", "TIME_KEYS", "VERDICTS", "WM_QUALITY", "aggregate_domain", "cell_figures",
-    "clears", "cost_to_reach", "domain_evidence", "evidence_rows", "fmt_cell", "fmt_value", "html_report",
-    "lower_bound_bootstrap", "lower_bound_t", "markdown", "mean_se", "merge_reports", "paired",
-    "paired_evidence", "plot", "plot_wm_quality", "rolling_mean", "seed_list", "start_mismatches",
-    "starts_by_policy", "summarise", "table_rows", "verdict", "wm_quality_curve", "write_report",
-    "write_report_files",
+    "ABSENT", "COLUMNS", "CONFIDENCE", "MULTIPLICITY", "REACH_KEYS", "SMOOTH_STEPS", "TABLES",
+    "TIME_KEYS", "VERDICTS", "WM_QUALITY", "aggregate_domain", "cell_figures", "clears",
+    "control_kinds", "cost_to_reach", "domain_evidence", "evidence_head", "evidence_notes",
+    "evidence_rows", "fmt_cell", "fmt_value", "html_report", "lower_bound_bootstrap", "lower_bound_t",
+    "markdown", "mean_se", "merge_reports", "paired", "paired_evidence", "plot", "plot_wm_quality",
+    "rolling_mean", "seed_list", "start_mismatches", "starts_by_policy", "summarise", "table_rows",
+    "verdict", "wm_quality_curve", "write_report", "write_report_files"
 ]  # fmt: skip
 
 

@@ -19,7 +19,8 @@ from wmrl.grid_spec import (
     reeval_current,
 )
 from wmrl.methods import wm_methods
-from wmrl.report.figures import COLUMNS, cell_figures, cost_to_reach, finite, wm_quality_curve
+from wmrl.methods.base import method_with_role
+from wmrl.report.figures import COLUMNS, DIFF_KEYS, cell_figures, cost_to_reach, finite, wm_quality_curve
 from wmrl.report.stats import MULTIPLICITY, VERDICTS, clears, mean_se, paired, paired_evidence, verdict
 from wmrl.tracking import OFFLINE_DATA, START_POLICY, read_metrics
 
@@ -33,8 +34,9 @@ def domain_evidence(per_cell: dict, methods: list[str], seeds: list[int], margin
     ``verdict`` at ``margin``, ``exploratory_seeds`` (left out) and, for a method that is not itself
     a control, ``vs_controls``, ``clears_controls`` (:func:`clears`) and ``gain_counts`` (superior
     and clears every control: without controls run it does not count). Empty without
-    ``anchors_only``."""
-    if "anchors_only" not in methods:
+    ``anchors_only``: the registry's baseline, :func:`wmrl.methods.base.method_with_role`."""
+    baseline = method_with_role("baseline")
+    if baseline is None or baseline not in methods:
         return {}
 
     def final(m: str) -> dict[int, float | None]:
@@ -46,7 +48,7 @@ def domain_evidence(per_cell: dict, methods: list[str], seeds: list[int], margin
             continue
         exploratory = [s for s in seeds if per_cell[(m, s)].get("exploratory")]
         fresh = [s for s in seeds if s not in exploratory]
-        vs = paired_evidence(final(m), final("anchors_only"), fresh)
+        vs = paired_evidence(final(m), final(baseline), fresh)
         entry = {
             "exploratory_seeds": exploratory,
             "vs_anchors_only": vs,
@@ -169,12 +171,14 @@ def aggregate_domain(
     ``per_cell[(method, seed)]``: ``{"status", **cell_figures(...)}``; ``curves[(method, seed)]``: that
     cell's in-run evaluations (``cost_to_reach``). Returns ``heldout_start`` and
     ``real_final_inrun`` (mean +- s.e. over seeds), ``methods[m]`` = ``{"figures", "per_seed"}`` with
-    the paired differences against ``real`` and ``anchors_only`` and the share of ``real``'s gain,
+    the paired differences against ``real`` and ``anchors_only`` (the registry's reference and
+    baseline, :data:`wmrl.methods.base.ROLES`) and the share of ``real``'s gain,
     the curves keyed ``"<method>/seed<seed>"``, and the ``evidence`` (:func:`domain_evidence` at
     ``margin``). ``wm_curves[(method, seed)]``: that cell's :func:`wm_quality_curve`, kept as
     ``wm_curves`` keyed as the curves. ``start_mismatch``: :func:`start_mismatches`.
     """
-    real_final = mean_se([v["final_inrun"] for (m, _), v in per_cell.items() if m == "real"])
+    reference = method_with_role("reference")  # `real`: every group executed
+    real_final = mean_se([v["final_inrun"] for (m, _), v in per_cell.items() if m == reference])
     target = real_final["mean"] if real_final else None
     for key, v in per_cell.items():
         execs, sim_steps = cost_to_reach(curves.get(key, []), target)
@@ -185,17 +189,18 @@ def aggregate_domain(
         by_seed = {s: per_cell[(m, s)] for s in seeds}
         figs = {k: mean_se([v[k] for v in by_seed.values()]) for k in by_seed[seeds[0]]
                 if k not in ("status", "exploratory", "start_policy")}  # fmt: skip
-        for ref in ("real", "anchors_only"):
-            figs[f"diff_vs_{ref}"] = (
+        for role, key in DIFF_KEYS.items():
+            ref = method_with_role(role)
+            figs[key] = (
                 paired(
                     {s: v["heldout_final"] for s, v in by_seed.items()},
                     {s: per_cell[(ref, s)]["heldout_final"] for s in seeds},
                 )
-                if ref != m and ref in methods
+                if ref is not None and ref != m and ref in methods
                 else None
             )
         out_methods[m] = {"figures": figs, "per_seed": {str(s): v for s, v in by_seed.items()}}
-    real_gain = (out_methods.get("real") or {}).get("figures", {}).get("gain")
+    real_gain = (out_methods.get(reference or "") or {}).get("figures", {}).get("gain")
     for entry in out_methods.values():
         gain = entry["figures"]["gain"]
         ok = gain is not None and real_gain is not None and real_gain["mean"] > 0  # else no gain to keep

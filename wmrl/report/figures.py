@@ -68,6 +68,9 @@ TABLES = {
     ],
 }  # fmt: skip
 REACH_KEYS = ("execs_to_real_final", "sim_steps_to_real_final")  # against the merged seeds' real
+# The paired differences against the comparison's reference and baseline methods (the registry's
+# roles, wmrl.methods.base.ROLES: `real` and `anchors_only`), under their JSON field names.
+DIFF_KEYS = {"reference": "diff_vs_real", "baseline": "diff_vs_anchors_only"}
 TIME_KEYS = ("wall_clock_s", "time_generate", "time_execute", "time_wm", "time_update", "grid_wall_s")
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import base64
 import html
 
-from wmrl.grid_spec import base_method, grid_controls
+from wmrl.grid_spec import grid_controls
+from wmrl.methods import controls as method_controls
+from wmrl.methods.base import method_with_role
 from wmrl.report.figures import COLUMNS, TABLES
 from wmrl.report.stats import MULTIPLICITY
 
@@ -48,23 +50,44 @@ def table_rows(report: dict, keys: list[str]) -> tuple[list[str], list[list[str]
     return head, rows
 
 
-EVIDENCE_HEAD = [
-    "domain", "method", "seeds", "Δ vs anchors_only", "95% LB (t)", "95% LB (BCa)", "ahead on",
-    "margin", "verdict", "LB vs placebo", "LB vs λ=0", "clears controls", "gain counts",
-]  # fmt: skip
-EVIDENCE_NOTES = [
-    "Paired over seeds: the method's held-out final minus `anchors_only`'s (the same real executions, "
-    "no WM). **95% LB**: one-sided 95% lower bound of the mean difference (t: scipy's one-sample t "
-    "test; BCa: bootstrap, narrower than t with few seeds).",
-    "**verdict** at the domain's margin: superior (LB > 0), non-inferior (-margin < LB <= 0), "
-    "not shown (LB <= -margin).",
-    "**LB vs placebo / λ=0**: the same bound for the method minus its controls (`<method>_placebo`: "
-    "its WM's scores permuted within each group; `ppi_lambda0`: ppi with λ = 0). **clears controls**: "
-    "every control's bound > 0. **gain counts**: superior and clears its controls.",
-    "**seeds** are the method's fresh seeds; seeds whose results were seen before the method was "
-    "chosen (ledger.json, the spec's seen_seeds) are named and left out. Each verdict is one "
-    "comparison at 95%; no correction for the number of comparisons in the table.",
-]
+def control_kinds() -> dict[str, str]:
+    """The kinds of control the registry's methods declare, in its order: label (the evidence
+    table's column "LB vs <label>") -> one line on what it is (:class:`wmrl.methods.Control`)."""
+    kinds: dict[str, str] = {}
+    for c in method_controls().values():
+        kinds.setdefault(c.label, c.note)
+    return kinds
+
+
+def evidence_head() -> list[str]:
+    """The evidence table's columns: against the registry's baseline, then one per kind of control."""
+    return [
+        "domain", "method", "seeds", f"Δ vs {_baseline()}", "95% LB (t)", "95% LB (BCa)", "ahead on",
+        "margin", "verdict", *(f"LB vs {k}" for k in control_kinds()), "clears controls", "gain counts",
+    ]  # fmt: skip
+
+
+def evidence_notes() -> list[str]:
+    """The evidence table's notes (Markdown), naming the baseline and the kinds of control."""
+    kinds = control_kinds()
+    return [
+        f"Paired over seeds: the method's held-out final minus `{_baseline()}`'s (the same real executions, "
+        "no WM). **95% LB**: one-sided 95% lower bound of the mean difference (t: scipy's one-sample t "
+        "test; BCa: bootstrap, narrower than t with few seeds).",
+        "**verdict** at the domain's margin: superior (LB > 0), non-inferior (-margin < LB <= 0), "
+        "not shown (LB <= -margin).",
+        f"**LB vs {' / '.join(kinds)}**: the same bound for the method minus its controls "
+        f"({'; '.join(kinds.values())}). **clears controls**: "
+        "every control's bound > 0. **gain counts**: superior and clears its controls.",
+        "**seeds** are the method's fresh seeds; seeds whose results were seen before the method was "
+        "chosen (ledger.json, the spec's seen_seeds) are named and left out. Each verdict is one "
+        "comparison at 95%; no correction for the number of comparisons in the table.",
+    ]
+
+
+def _baseline() -> str:
+    """The registry's baseline method (``anchors_only``), the evidence's reference point."""
+    return method_with_role("baseline") or "baseline"
 
 
 def seed_list(seeds: list[int]) -> str:
@@ -82,7 +105,7 @@ def seed_list(seeds: list[int]) -> str:
 
 
 def evidence_rows(report: dict) -> list[list[str]]:
-    """One row per domain and WM method or control (the evidence table, EVIDENCE_HEAD)."""
+    """One row per domain and WM method or control (the evidence table, :func:`evidence_head`)."""
     rows = []
     for dname, dom in report["domains"].items():
         for m, e in (dom.get("evidence") or {}).items():
@@ -95,12 +118,14 @@ def evidence_rows(report: dict) -> list[list[str]]:
             def lb(x: dict | None, key: str = "lb_t") -> str:
                 return fmt_value(x[key]) if x and x.get(key) is not None else ABSENT
 
-            placebo = ctl.get(f"{base_method(m)}_placebo") if m not in grid_controls() else None
+            # m's own control of each kind (none for a control itself)
+            own = {c.label: name for name, c in method_controls().items() if c.base.name == m}
             yes_no = {True: "yes", False: "no", None: ABSENT}
             rows.append([
                 dname, m, seeds, fmt_cell(vs), lb(vs), lb(vs, "lb_bootstrap"),
                 f"{vs['wins']} of {vs['n']}" if vs else ABSENT,
-                fmt_value(e["margin"]), e["verdict"] or ABSENT, lb(placebo), lb(ctl.get("ppi_lambda0")),
+                fmt_value(e["margin"]), e["verdict"] or ABSENT,
+                *(lb(ctl.get(own[k])) if k in own else ABSENT for k in control_kinds()),
                 "(a control)" if m in grid_controls() else yes_no[e["clears_controls"]] if ctl else "not run",
                 yes_no[e.get("gain_counts")] if m not in grid_controls() else ABSENT,
             ])  # fmt: skip
@@ -114,9 +139,10 @@ def markdown(report: dict, command: str | None = None) -> str:
     lines += _preamble(report) + [""]
     rows = evidence_rows(report)
     if rows:
-        lines += ["## Evidence against anchors_only", "", "| " + " | ".join(EVIDENCE_HEAD) + " |"]
-        lines += ["|" + "---|" * len(EVIDENCE_HEAD)] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
-        lines += [f"- {x}" for x in EVIDENCE_NOTES] + [""]
+        head = evidence_head()
+        lines += [f"## Evidence against {_baseline()}", "", "| " + " | ".join(head) + " |"]
+        lines += ["|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
+        lines += [f"- {x}" for x in evidence_notes()] + [""]
     for title, keys in TABLES.items():
         head, rows = table_rows(report, keys)
         lines += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -208,13 +234,13 @@ def html_report(report: dict, png: bytes | None, command: str | None = None) -> 
     rows = evidence_rows(report)
     if rows:
         parts.append(
-            "<h2>Evidence against anchors_only</h2><table><tr>"
-            + "".join(f"<th>{esc(h)}</th>" for h in EVIDENCE_HEAD)
+            f"<h2>Evidence against {esc(_baseline())}</h2><table><tr>"
+            + "".join(f"<th>{esc(h)}</th>" for h in evidence_head())
             + "</tr>"
         )
         parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows]
         parts.append(
-            "</table><ul>" + "".join(f"<li>{_inline_html(x)}</li>" for x in EVIDENCE_NOTES) + "</ul>"
+            "</table><ul>" + "".join(f"<li>{_inline_html(x)}</li>" for x in evidence_notes()) + "</ul>"
         )
     for title, keys in TABLES.items():
         head, rows = table_rows(report, keys)
