@@ -71,7 +71,7 @@ def export_run(run_dir: str | Path, out: str | Path, adapter: bool = False) -> d
     declared = check_domain_config(cfg.domain)
     hook = declared.export
     if hook is None:
-        raise ConfigError(f"domain {domain!r} has no export (no `export` on its config class)")
+        raise ConfigError(f"domain {domain!r} has no export (its config class declares no `export` hook)")
     state = load_checkpoint(run_dir, cfg)
     out.mkdir(parents=True, exist_ok=True)
     written = hook(cfg, state, out, adapter=adapter)

@@ -46,6 +46,7 @@ def train_run(cfg: RunConfig, resume: bool = False, start_policy: tuple[str, str
     from wmrl.distributed import make_accelerator, wants_distributed
 
     check_precision(cfg.precision, resolve_device(cfg.device))  # fails here, before any preparation
+    check_domain_config(cfg.domain)  # what the domain's config declares, refused before anything is written
     acc = make_accelerator(cfg) if wants_distributed(cfg) else None
     main = acc is None or acc.is_main_process
     out = Path(cfg.out_dir)
