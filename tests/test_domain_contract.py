@@ -12,20 +12,23 @@ import os
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import dataclasses  # noqa: E402
 import math  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from wmrl.config import load_config  # noqa: E402
+from wmrl.config import DomainConfig, load_config, load_domains  # noqa: E402
 from wmrl.device import module_device  # noqa: E402
 from wmrl.domain import (  # noqa: E402
     DomainCapabilities,
+    DomainConfigCapabilities,
     DomainContractError,
     Job,
     Prediction,
     RolloutBatch,
     check_domain,
+    check_domain_config,
 )
 from wmrl.ppi import ppi_rows  # noqa: E402
 from wmrl.toy import ToyConfig, ToyDomain  # noqa: E402
@@ -204,6 +207,66 @@ def test_a_closed_loop_domains_rewards_reach_the_trainer_without_an_execution_jo
         assert a["exec/step"] == b["exec/step"] > 0 and a["exec/ungraded"] == 0
         assert a["reward/anchor_true"] == b["reward/anchor_true"]
     assert torch.equal(closed.policy.theta, jobs.policy.theta)
+
+
+# ---- what a domain's config declares -------------------------------------------------------------
+def test_every_registered_domain_config_declares_its_margin_name_and_hooks():
+    """The built-in domains' configs, as the core reads them through check_domain_config: each its
+    margin and name for people; the research and VLA configs their export and data-parallel SFT
+    hooks (called by `wmrl export` and a data-parallel run), the toy neither."""
+    want = {  # type -> (margin, display name, has hooks)
+        "toy": (0.005, "toy", False),
+        "research": (0.02, "AutoResearch agent", True),
+        "vla": (0.01, "VLA", True),
+    }
+    known = load_domains()
+    assert set(want) <= set(known)
+    for kind, (margin, name, hooks) in want.items():
+        declared = check_domain_config(DomainConfig.get_choice_class(kind)())
+        assert (declared.margin, declared.display_name) == (margin, name), kind
+        assert (declared.export is not None, declared.sft_data_parallel is not None) == (hooks, hooks), kind
+    for kind in set(known) - {"toy_bad_margin"}:  # every other registered one, tests' toys included
+        check_domain_config(DomainConfig.get_choice_class(kind)())
+
+
+def test_a_domain_config_declaring_the_wrong_kind_is_refused_in_one_line():
+    def toy(**members):
+        cfg = ToyConfig()
+        for k, v in members.items():
+            object.__setattr__(cfg, k, v)
+        return cfg
+
+    cases = {
+        "has NONINFERIORITY_MARGIN -0.1, not a number >= 0": toy(NONINFERIORITY_MARGIN=-0.1),
+        "has NONINFERIORITY_MARGIN '0.01', not a number >= 0": toy(NONINFERIORITY_MARGIN="0.01"),
+        "has DISPLAY_NAME '', not a non-empty str": toy(DISPLAY_NAME=""),
+        "has export, but it is not a method taking export(run, state, out)": toy(export=lambda run: {}),
+        "has sft_data_parallel, but it is not a method taking sft_data_parallel(run, accelerator)": toy(
+            sft_data_parallel="sft"
+        ),
+    }
+    for want, cfg in cases.items():
+        with pytest.raises(DomainContractError) as e:
+            check_domain_config(cfg)
+        assert str(e.value) == f"domain config ToyConfig {want} (the Domain contract, wmrl/domain.py)"
+    undeclared = type("Undeclared", (DomainConfig,), {})()  # declares nothing: every field None
+    assert check_domain_config(undeclared) == DomainConfigCapabilities()
+
+
+@DomainConfig.register_subclass("toy_bad_margin")
+@dataclasses.dataclass
+class BadMarginToy(ToyConfig):
+    NONINFERIORITY_MARGIN = -1
+
+
+def test_a_run_of_a_domain_config_declaring_the_wrong_kind_is_refused_before_writing_anything(tmp_path):
+    from wmrl.runs import train_run
+
+    cfg = load_config("toy", [f"--out_dir={tmp_path / 'run'}", "--tracking.wandb=disabled"])
+    cfg.domain = BadMarginToy()
+    with pytest.raises(DomainContractError, match="domain config BadMarginToy has NONINFERIORITY_MARGIN -1"):
+        train_run(cfg)
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_row_map_needs_no_group_layout():

@@ -12,15 +12,20 @@ learner the same small batch structure, :class:`RolloutBatch`.
   ``prior_anchor_groups``, ``bf16_unsupported``, ``close``.
 - :func:`check_domain` inspects a domain once, when the trainer starts, and refuses one that lacks
   a required member or has a member of the wrong kind, in one line naming both.
+- **Declared by the domain's config class** (:class:`DomainConfigCapabilities`, checked by
+  :func:`check_domain_config`): its default non-inferiority margin (``NONINFERIORITY_MARGIN``), its
+  name for people (``DISPLAY_NAME``) and the optional hooks ``export`` and ``sft_data_parallel``.
 - **Closed-loop domains** (a robot whose real rollout *is* its execution) return the true rewards
   of the rows they rolled out for real in ``RolloutBatch.real_rewards``; the trainer takes them as
   they are and asks ``execution_jobs`` only for anchor rows without one.
 
 To add a domain: implement :class:`Domain` (and the capabilities it needs); register a config
 dataclass on :class:`wmrl.config.DomainConfig` (``@DomainConfig.register_subclass("name")``) whose
-``build(run)`` returns the domain, in a light module (``wmrl_vla/plugin.py``,
-``wmrl_research/plugin.py``) named under ``[project.entry-points."wmrl.domains"]``; add it to
-``tests/test_domain_contract.py``, which runs each domain through :func:`check_domain` and one round.
+``build(run)`` returns the domain and which declares what it has of
+:class:`DomainConfigCapabilities` (its margin, its name, its hooks), in a light module
+(``wmrl_vla/plugin.py``, ``wmrl_research/plugin.py``) named under
+``[project.entry-points."wmrl.domains"]``; add it to ``tests/test_domain_contract.py``, which runs
+each domain through :func:`check_domain`, :func:`check_domain_config` and one round.
 
 Shapes: ``N`` rollouts in ``N // G`` groups of ``G`` (group ``g`` holds rows ``g*G .. g*G+G-1``),
 ``T`` action tokens per rollout (padded; ``mask`` marks the real ones).
@@ -405,3 +410,68 @@ def check_domain(domain: object) -> DomainCapabilities:
     if bf16 is not None and not isinstance(bf16, str):
         raise refuse(f"has bf16_unsupported {bf16!r}, not a str saying why")
     return DomainCapabilities(executor=executor, extras_padding=padding, bf16_unsupported=bf16, **found)
+
+
+# ---- what a domain's config class declares ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DomainConfigCapabilities:
+    """What a domain's config class (registered on :class:`wmrl.config.DomainConfig`) declares besides
+    ``build``, as :func:`check_domain_config` found it (None: not declared). The core reads them here,
+    never from the config by name."""
+
+    # ``NONINFERIORITY_MARGIN``: the default non-inferiority margin on the domain's held-out score (a
+    # grid's ``DomainEntry.margin`` overrides it): a WM method is non-inferior to the baseline where
+    # the one-sided 95% lower bound of their paired difference is above -margin. Without it, a grid
+    # of the domain must state its margin.
+    margin: float | None = None
+    # ``DISPLAY_NAME``: the domain's name for people (the title of an exported model card); None: its
+    # registered type name.
+    display_name: str | None = None
+    # ``export(run, state, out, adapter=False) -> dict``: ``wmrl export`` of a run's checkpoint, the
+    # policy and the world model written under ``out`` (:class:`wmrl.export.Exporter`). Without it,
+    # ``wmrl export`` refuses the domain's runs.
+    export: Callable[..., dict[str, Any]] | None = None
+    # ``sft_data_parallel(run, accelerator)``: the SFT stage on every process of a data-parallel run,
+    # before ``build`` (which then reads the cached SFT policy). Without it, only the main process
+    # builds first and the others read its caches.
+    sft_data_parallel: Callable[[Any, Any], None] | None = None
+
+
+# The domain config's optional hooks: name -> the positional arguments it is called with.
+CONFIG_CALLS: dict[str, tuple[str, ...]] = {
+    "export": ("run", "state", "out"),
+    "sft_data_parallel": ("run", "accelerator"),
+}
+
+
+def check_domain_config(cfg: object) -> DomainConfigCapabilities:
+    """Check what the domain config ``cfg`` (an instance of a registered
+    :class:`wmrl.config.DomainConfig`) declares and return it.
+
+    Raises :class:`DomainContractError`, one line naming the config's class and the declaration of
+    the wrong kind, e.g. ``domain config MyConfig has NONINFERIORITY_MARGIN -1, not a number >= 0
+    (the Domain contract, wmrl/domain.py)``.
+    """
+    name = type(cfg).__name__
+
+    def refuse(what: str) -> DomainContractError:
+        return DomainContractError(f"domain config {name} {what} (the Domain contract, wmrl/domain.py)")
+
+    found: dict[str, Any] = {}
+    for member, args in CONFIG_CALLS.items():
+        value = getattr(cfg, member, None)
+        if value is not None and not _takes(value, args):
+            raise refuse(f"has {member}, but it is not a method taking {_call_form(member, args)}")
+        found[member] = value
+    margin = getattr(cfg, "NONINFERIORITY_MARGIN", None)
+    number = isinstance(margin, (int, float)) and not isinstance(margin, bool)
+    if margin is not None and not (number and 0 <= margin < float("inf")):
+        raise refuse(f"has NONINFERIORITY_MARGIN {margin!r}, not a number >= 0")
+    display = getattr(cfg, "DISPLAY_NAME", None)
+    if display is not None and not (isinstance(display, str) and display.strip()):
+        raise refuse(f"has DISPLAY_NAME {display!r}, not a non-empty str")
+    return DomainConfigCapabilities(
+        margin=None if margin is None else float(margin), display_name=display, **found
+    )

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from wmrl.config import ConfigError, DomainConfig, load_config
+from wmrl.domain import check_domain_config
 from wmrl.methods import METHODS
 from wmrl.tracking import CHECKPOINT, load_checkpoint, read_metrics
 
@@ -33,13 +34,13 @@ if TYPE_CHECKING:
     from wmrl.config import RunConfig
 
 CARD = "README.md"
-DOMAIN_NAMES = {"vla": "VLA", "research": "AutoResearch agent", "toy": "toy"}
 MANIFEST = "wmrl_export.json"
 
 
 @runtime_checkable
 class Exporter(Protocol):
-    """A domain config that can export a run: ``cfg.domain.export(run, state, out, adapter=...)``.
+    """A domain config that can export a run: ``cfg.domain.export(run, state, out, adapter=...)``, a
+    hook it declares (:class:`wmrl.domain.DomainConfigCapabilities`, checked before it is called).
 
     ``state`` is the run's checkpoint (policy, domain state, ...); the hook writes the policy and the
     world model under ``out`` and returns a description for the model card:
@@ -67,9 +68,10 @@ def export_run(run_dir: str | Path, out: str | Path, adapter: bool = False) -> d
         raise ConfigError(f"--out-dir {out} is not empty; export into a new directory")
     cfg = load_config(run_dir / "config.yaml", [f"--out_dir={run_dir}"])
     domain = DomainConfig.get_choice_name(type(cfg.domain))
-    hook = getattr(cfg.domain, "export", None)
+    declared = check_domain_config(cfg.domain)
+    hook = declared.export
     if hook is None:
-        raise ConfigError(f"domain {domain!r} has no export (no `export` on its config class)")
+        raise ConfigError(f"domain {domain!r} has no export (its config class declares no `export` hook)")
     state = load_checkpoint(run_dir, cfg)
     out.mkdir(parents=True, exist_ok=True)
     written = hook(cfg, state, out, adapter=adapter)
@@ -84,7 +86,8 @@ def export_run(run_dir: str | Path, out: str | Path, adapter: bool = False) -> d
         **written,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
-    (out / CARD).write_text(model_card(manifest, (run_dir / "config.yaml").read_text()))
+    card = model_card(manifest, (run_dir / "config.yaml").read_text(), declared.display_name)
+    (out / CARD).write_text(card)
     return manifest
 
 
@@ -134,8 +137,9 @@ def _fmt(v: float) -> str:
     return "nan" if isinstance(v, float) and math.isnan(v) else f"{v:.4g}"
 
 
-def model_card(m: dict[str, Any], config_yaml: str) -> str:
-    """README.md for the export folder: Hub metadata header, how to load, figures, the run's config."""
+def model_card(m: dict[str, Any], config_yaml: str, domain_name: str | None = None) -> str:
+    """README.md for the export folder: Hub metadata header, how to load, figures, the run's config.
+    ``domain_name``: the domain's name for people (its config's ``DISPLAY_NAME``), else its type."""
     from huggingface_hub import ModelCard, ModelCardData
 
     pol = m.get("policy", {})
@@ -150,7 +154,7 @@ def model_card(m: dict[str, Any], config_yaml: str) -> str:
     held = {k: v for k, v in figs.items() if k.startswith("eval/") and not k.endswith("_train")}
     start = {k[len("start/") :]: v for k, v in figs.items() if k.startswith("start/")}
     lines = [
-        f"# WMRL {DOMAIN_NAMES.get(m['domain'], m['domain'])} policy: method `{m['method']}`, seed {m['seed']}",
+        f"# WMRL {domain_name or m['domain']} policy: method `{m['method']}`, seed {m['seed']}",
         "",
         f"Post-trained with WMRL GRPO (`wmrl run`, method `{m['method']}`) for "
         f"{m['step']} steps, with **{m['real_executions']} real executions** "

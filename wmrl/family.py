@@ -156,8 +156,9 @@ class FamilySpec:
     name: str = ""
     # The methods tested against the baseline in every grid (the family: methods x grids).
     methods: list[str] = field(default_factory=list)
-    # The comparison every method must beat: the same real executions without a world model.
-    baseline: str = "anchors_only"
+    # The comparison every method must beat: the same real executions without a world model (""
+    # the registry's baseline method, anchors_only: wmrl.methods.base.ROLES).
+    baseline: str = ""
     # The family-wise error rate; each test is one-sided at this level after Holm's correction.
     alpha: float = 0.05
     # A gain counts only where the method also beats each of its controls on at least this many seeds.
@@ -165,6 +166,11 @@ class FamilySpec:
     grids: list[FamilyGrid] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        from wmrl.methods.base import method_with_role
+
+        self.baseline = self.baseline or method_with_role("baseline") or ""
+        if not self.baseline:
+            raise ConfigError("family: baseline is empty and no registered method is the baseline")
         if not self.methods:
             raise ConfigError("family: methods is empty (name the methods tested, e.g. [wmrl, ppi])")
         if not self.grids:
@@ -216,8 +222,10 @@ def payoff(dom: dict, method: str, margin: float, alpha: float) -> dict | None:
     it never did); the median ratio, the seeds at >= 3x, the wall-clock ratio, the offline data spent
     apart (once, shared by every run) and whether ``method``'s final is non-inferior to ``real``'s at
     ``margin`` (one-sided paired t at ``alpha``). None where ``real`` did not run."""
+    from wmrl.methods.base import method_with_role
+
     per = lambda m: (dom.get("methods", {}).get(m) or {}).get("per_seed", {})  # noqa: E731
-    real, mine = per("real"), per(method)
+    real, mine = per(method_with_role("reference") or ""), per(method)  # the reference: `real`
     seeds = sorted(int(s) for s in set(real) & set(mine)
                    if real[s].get("heldout_final") is not None and mine[s].get("heldout_final") is not None)  # fmt: skip
     if not seeds:

@@ -16,7 +16,7 @@ the runs' own ExecutorConfig). ``wmrl compare SPEC --out-dir DIR``:
    policy on ``reeval_episodes`` held-out episodes or samples per task (``reeval.json`` in the run
    directory, kept while the run and the re-evaluation settings are unchanged; where those settings
    are the run's own, its final in-run evaluation is reused, not repeated);
-4. writes ``report.md``, ``report.html`` and ``report.json`` (wmrl/report.py), whose evidence
+4. writes ``report.md``, ``report.html`` and ``report.json`` (wmrl/report/), whose evidence
    table holds every WM method to the evidence standard (docs/design.md section 7): its paired
    difference to ``anchors_only`` with a one-sided 95% lower bound, a non-inferiority verdict at the
    domain's margin, and whether it clears its controls.
@@ -57,6 +57,7 @@ from typing import Any
 
 import draccus
 
+from wmrl.checkpoints import config_diff
 from wmrl.config import ConfigError, ExecutorConfig, did_you_mean, load_config, presets
 from wmrl.domain import check_domain
 from wmrl.grid_spec import (
@@ -79,7 +80,6 @@ from wmrl.tracking import (
     CHECKPOINT,
     START_POLICY,
     RunDirError,
-    _diff,
     exclusive,
     policy_fingerprint,
     read_metrics,
@@ -291,7 +291,7 @@ def _final_inrun_eval(c: Cell) -> dict | None:
     run_cfg = result_fields(load_config(c.preset, c.overrides))
     reeval_cfg = result_fields(load_config(c.preset, [*c.overrides, *c.reeval_overrides]))
     rows = read_metrics(c.run_dir)
-    if _diff(run_cfg, reeval_cfg) or not rows:
+    if config_diff(run_cfg, reeval_cfg) or not rows:
         return None
     scores = {k.removeprefix("eval/"): float(v) for k, v in rows[-1].items() if k.startswith("eval/")}
     if not scores:

@@ -1,7 +1,7 @@
 """What a comparison grid is made of: its spec, its cells, their controls, margins and ledger.
 
 Plain data and the functions that read a cell's state from its run directory. The grid that runs
-the cells (wmrl/grid.py) and the report that reads them (wmrl/report.py) both import this module;
+the cells (wmrl/grid.py) and the report that reads them (wmrl/report/) both import this module;
 neither imports the other at module level.
 """
 
@@ -17,8 +17,10 @@ from draccus.utils import DraccusException
 
 from wmrl.config import ConfigError, DomainConfig, ExecutorConfig, did_you_mean, load_methods
 from wmrl.config_messages import malformed_yaml
+from wmrl.domain import check_domain_config
 from wmrl.methods import controls as method_controls
 from wmrl.methods import wm_methods
+from wmrl.methods.base import method_with_role
 from wmrl.tracking import CHECKPOINT, read_metrics
 
 
@@ -46,9 +48,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# Non-inferiority margin on the held-out score per domain type (DomainEntry.margin overrides it):
-# toy true reward 0.005; VLA success rate (a fraction) 0.01, i.e. 1 point; research score 0.02.
-DEFAULT_MARGINS = {"toy": 0.005, "vla": 0.01, "research": 0.02}
 LEDGER = "ledger.json"
 START = "start.json"  # DIR/<domain>/start.json: the SHA-1 of the policy every cell of the domain starts from
 
@@ -65,12 +64,14 @@ def controls_of(method: str) -> list[str]:
 
 
 def with_control(methods: list[str]) -> list[str]:
-    """``methods`` plus ``anchors_only`` (right after ``real``, else first) when a WM method is among
-    them: GRPO on the same real executions without a WM is the bar every WM method must clear."""
-    if "anchors_only" in methods or not any(m in wm_methods() for m in methods):
+    """``methods`` plus the registry's baseline, ``anchors_only`` (right after its reference,
+    ``real``, else first; :data:`wmrl.methods.base.ROLES`) when a WM method is among them: GRPO on
+    the same real executions without a WM is the bar every WM method must clear."""
+    baseline, reference = method_with_role("baseline"), method_with_role("reference")
+    if baseline is None or baseline in methods or not any(m in wm_methods() for m in methods):
         return list(methods)
-    at = methods.index("real") + 1 if "real" in methods else 0
-    return [*methods[:at], "anchors_only", *methods[at:]]
+    at = methods.index(reference) + 1 if reference in methods else 0
+    return [*methods[:at], baseline, *methods[at:]]
 
 
 @dataclass
@@ -94,8 +95,8 @@ class DomainEntry:
     # before any cell trains: copy the cache_dir of the machine that built it (docs/compare.md).
     start_sha1: str = ""
     # Non-inferiority margin on that score: a WM method is non-inferior to anchors_only where the
-    # one-sided 95% lower bound of their paired difference is above -margin (None: the domain
-    # type's default, toy 0.005, vla 0.01 = 1 point of success, research 0.02).
+    # one-sided 95% lower bound of their paired difference is above -margin (None: the default its
+    # domain's config declares, NONINFERIORITY_MARGIN, e.g. vla 0.01 = 1 point of success).
     margin: float | None = None
 
 
@@ -237,16 +238,18 @@ class Cell:
 
 
 def domain_margin(d: DomainEntry, cfg) -> float:
-    """The domain's non-inferiority margin: its own, else its type's default (DEFAULT_MARGINS)."""
+    """The domain's non-inferiority margin: its own, else the default its config declares
+    (``NONINFERIORITY_MARGIN``, :class:`wmrl.domain.DomainConfigCapabilities`)."""
     if d.margin is not None:
         return d.margin
-    kind = DomainConfig.get_choice_name(type(cfg.domain))
-    if kind not in DEFAULT_MARGINS:
+    margin = check_domain_config(cfg.domain).margin
+    if margin is None:
+        kind = DomainConfig.get_choice_name(type(cfg.domain))
         raise ConfigError(
             f"domain {d.name!r} (type {kind}) has no default non-inferiority margin: "
             "state one in the spec (margin: ...)"
         )
-    return DEFAULT_MARGINS[kind]
+    return margin
 
 
 def read_json(path: Path) -> dict | None:

@@ -11,14 +11,14 @@ import logging
 import tempfile
 from pathlib import Path
 
+from wmrl.checkpoints import config_diff
 from wmrl.config import RunConfig, load_config, save_config, to_dict, upgrade_saved
-from wmrl.domain import DomainCapabilities
+from wmrl.domain import DomainCapabilities, check_domain_config
 from wmrl.tracking import (
     CHECKPOINT,
     LOCK,
     START_POLICY,
     RunDirError,
-    _diff,
     check_fresh,
     check_resumable_config,
     exclusive,
@@ -46,6 +46,7 @@ def train_run(cfg: RunConfig, resume: bool = False, start_policy: tuple[str, str
     from wmrl.distributed import make_accelerator, wants_distributed
 
     check_precision(cfg.precision, resolve_device(cfg.device))  # fails here, before any preparation
+    check_domain_config(cfg.domain)  # what the domain's config declares, refused before anything is written
     acc = make_accelerator(cfg) if wants_distributed(cfg) else None
     main = acc is None or acc.is_main_process
     out = Path(cfg.out_dir)
@@ -125,7 +126,7 @@ def _train_locked(cfg: RunConfig, acc, resume: bool, restart: bool, start_policy
     if acc is None:
         domain = cfg.domain.build(build_cfg)
     else:  # SFT on every rank; then the main process builds first and the others read its caches
-        sft = getattr(cfg.domain, "sft_data_parallel", None)
+        sft = check_domain_config(cfg.domain).sft_data_parallel
         if sft is not None and acc.num_processes > 1:  # SFT on every process, cached by the main one
             sft(build_cfg, acc)
         with acc.main_process_first():
@@ -260,4 +261,4 @@ def config_diffs(path: Path, want: RunConfig) -> list[str]:
     import yaml
 
     got = result_fields(upgrade_saved(yaml.safe_load(path.read_text()) or {}))
-    return [f"{k}: {a!r} there vs {b!r} now" for k, a, b in _diff(got, result_fields(want))]
+    return [f"{k}: {a!r} there vs {b!r} now" for k, a, b in config_diff(got, result_fields(want))]

@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 class ToyConfig(DomainConfig):
     HELDOUT_SCORE = "true_reward"  # exact expected reward over every context (no sampling)
     HAS_EXECUTION_LOG = True  # `log_groups` groups of the starting policy (ppi.prior_from_log)
+    # The default non-inferiority margin on the true reward, and the domain's name for people
+    # (wmrl.domain.DomainConfigCapabilities).
+    NONINFERIORITY_MARGIN = 0.005
+    DISPLAY_NAME = "toy"
     n_contexts: int = 64
     n_actions: int = 8
     # Seed of the problem itself (rewards, distortion, noise levels): fixed across run seeds.

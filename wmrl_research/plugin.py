@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 class ResearchPlugin(ResearchConfig):
     """:class:`ResearchConfig` with the build, SFT and export hooks of the ``research`` domain."""
 
+    # The default non-inferiority margin on the held-out score (score_mean), and the domain's name
+    # for people (wmrl.domain.DomainConfigCapabilities).
+    NONINFERIORITY_MARGIN = 0.02
+    DISPLAY_NAME = "AutoResearch agent"
+
     def build(self, run: RunConfig) -> ResearchDomain:
         from wmrl_research.pipeline import build_domain
 

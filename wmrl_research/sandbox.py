@@ -121,49 +121,39 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 
-import wmrl_research
+from wmrl_research.sandbox_config import DEFAULT_PRELOAD as DEFAULT_PRELOAD
+from wmrl_research.sandbox_config import STATUSES as STATUSES
+from wmrl_research.sandbox_config import THREAD_ENV, SandboxConfig, SandboxResult
+from wmrl_research.sandbox_host import MAX_SLOTS as MAX_SLOTS
+from wmrl_research.sandbox_host import UID_BASE as UID_BASE
+from wmrl_research.sandbox_host import (
+    SandboxError,
+    _cgroup_tree,
+    _remove_stale,
+    bwrap_path,
+    cgroup_support,
+    job_uid,
+)
+from wmrl_research.sandbox_mounts import BUNDLED_DATA as BUNDLED_DATA
+from wmrl_research.sandbox_mounts import RUNTIME_DATA as RUNTIME_DATA
+from wmrl_research.sandbox_mounts import VENV_DIR as VENV_DIR
+from wmrl_research.sandbox_mounts import (
+    WORKER_DIR,
+    _python_layout,
+    _refuse_a_mounted_data_root,
+    bwrap_argv,
+)
+from wmrl_research.sandbox_mounts import package_data_files as package_data_files
+from wmrl_research.sandbox_mounts import task_data_packages as task_data_packages
 from wmrl_research.tasks.base import DATA_ENV, PREDICTIONS_FILE, data_root
 
-STATUSES = ("ok", "error", "timeout", "invalid", "killed")
-DEFAULT_PRELOAD = (
-    "numpy",
-    "scipy",
-    "scipy.signal",
-    "pandas",
-    "sklearn",
-    "sklearn.linear_model",
-    "sklearn.ensemble",
-    "sklearn.preprocessing",
-    "sklearn.pipeline",
-    "sklearn.metrics",
-    "sklearn.neighbors",
-    "sklearn.svm",
-    "sklearn.tree",
-    "sklearn.impute",
-    "sklearn.decomposition",
-    "sklearn.model_selection",
-    "torch",
-    "torch.nn",
-    "torch.nn.functional",
-    "torch.optim",
-    "torch._dynamo",  # imported lazily by the first optimizer step: seconds per job if not here
-)
-THREAD_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "NUMEXPR_NUM_THREADS": "1",
-    "VECLIB_MAXIMUM_THREADS": "1",
-}
 TAIL_CHARS = 4000
 # cgroup memory for the worker process itself (its pre-imported libraries), on top of the job's.
 WORKER_MEMORY_MB = 1536
@@ -172,150 +162,7 @@ SUPERVISOR_TRIES = 2  # a job whose supervisor or worker was lost runs again onc
 _WORKER_IDS = itertools.count()  # process-wide: names each worker's cgroups uniquely
 
 
-# Where the sandbox sees the virtual environment and the worker script (not at their host paths,
-# which lie inside the project's folder).
-VENV_DIR = Path("/opt/venv")
-WORKER_DIR = Path("/opt/wmrl")
 CGROUP_DIR = "/tmp/cgroup"  # the worker's memory/cpuacct cgroups, inside (worker.CGROUP_DIR)
-# Besides the data files of every package a task draws from (derived: :func:`task_data_packages`,
-# :func:`package_data_files`), these bundled copies of datasets (and test folders, which hold more
-# copies: iris in scipy's and statsmodels' tests), relative to a site-packages folder, are covered
-# by empty mounts too: packages no built-in task imports, whose data a user's task might draw on.
-BUNDLED_DATA = (
-    "sklearn/datasets/data",
-    "sklearn/datasets/descr",
-    "sklearn/datasets/images",
-    "sklearn/datasets/tests",
-    "statsmodels/datasets/*/*.csv",
-    "statsmodels/datasets/*/*.s",
-    "statsmodels/datasets/*/src",
-    "statsmodels/**/tests",
-    "scipy/**/tests",
-    "vega_datasets/_data",
-    "palmerpenguins/data",
-    "pydataset/resources",
-    "sktime/datasets/data",
-    "seaborn/data",
-)
-# What a file of a package counts as code (never masked); every other file in a folder without code
-# is data, and so is, next to code, a file in one of DATA_SUFFIXES (after a compression suffix).
-CODE_SUFFIXES = (".py", ".pyc", ".pyi", ".pxd", ".pxi", ".pyx", ".so", ".pyd", ".h", ".hpp", ".c", ".cpp")
-DATA_SUFFIXES = frozenset(
-    ".csv .tsv .txt .dat .data .dta .sav .xpt .sas7bdat .por .arff .npz .npy .mat .h5 .hdf5 .nc"
-    " .parquet .feather .xls .xlsx .ods .json .rda .rdata .rds .pkl .pickle .joblib .svmlight .libsvm"
-    " .s .asc .rst .jpg .jpeg .png .gif .bmp .pgm .tif .tiff .wav .zip .tar".split()
-)
-COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lzma")
-# Data files a package reads at run time that hold no dataset (masking them would break it).
-RUNTIME_DATA = (
-    "scipy/stats/_sobol_direction_numbers.npz",  # scipy.stats.qmc.Sobol's table
-    *(
-        f"vega_datasets/{n}.json" for n in ("datasets", "dataset_info", "local_datasets")
-    ),  # names, read on import
-)
-
-UID_BASE = 200_000
-MAX_SLOTS = 64
-
-
-def job_uid(slot: int, pid: int | None = None) -> int:
-    """The unprivileged uid of jobs run by worker ``slot`` of host process ``pid`` (default: this one).
-
-    Distinct per host process and slot: ``RLIMIT_NPROC`` counts processes per uid, so jobs that ran
-    under a shared uid could exhaust each other's process limit.
-    """
-    if not 0 <= slot < MAX_SLOTS:
-        raise ValueError(f"worker slot must be in [0, {MAX_SLOTS}), got {slot}")
-    return UID_BASE + (((os.getpid() if pid is None else pid) % 65536) * MAX_SLOTS) + slot
-
-
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (not the solution): the job is ungraded."""
-
-
-@dataclass
-class SandboxConfig:
-    """Limits and mode of a :class:`Sandbox`. Budgets of the *task* are in steps/epochs; these are
-    safety limits, generous enough that a sane solution never meets them."""
-
-    # Keep pre-imported workers and fork per job (fast); False: a fresh interpreter per job.
-    warm: bool = True
-    # Maximum number of concurrent jobs (one worker each).
-    max_workers: int = 1
-    # Memory a job may add (heap, MiB; also the cgroup limit on top of the worker's own memory).
-    mem_mb: int = 2048
-    # Size of the job's tmpfs working folder and the largest file it may write (MiB).
-    disk_mb: int = 64
-    # CPU seconds per job; None: 2 x the wall-clock timeout + 1.
-    cpu_s: float | None = None
-    # Processes/threads a job may run at once (RLIMIT_NPROC for its uid and the pids cgroup).
-    nproc: int = 64
-    # Modules a warm worker imports before forking jobs.
-    preload: tuple[str, ...] = DEFAULT_PRELOAD
-    # Use cgroup v1 memory/pids (and cpuacct) controllers when writable ("auto"), always ("on"),
-    # never ("off").
-    cgroups: str = "auto"
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.max_workers <= MAX_SLOTS:
-            raise ValueError(f"SandboxConfig.max_workers must be in [1, {MAX_SLOTS}], got {self.max_workers}")
-        if self.cgroups not in ("auto", "on", "off"):
-            raise ValueError(f"SandboxConfig.cgroups must be auto|on|off, got {self.cgroups!r}")
-        for name in ("mem_mb", "disk_mb", "nproc"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"SandboxConfig.{name} must be > 0, got {getattr(self, name)}")
-
-
-@dataclass
-class SandboxResult:
-    """The outcome of one execution.
-
-    ``status``: ``ok`` (exit 0 and a predictions file), ``error`` (non-zero exit: an exception),
-    ``timeout`` (killed at the wall-clock limit), ``invalid`` (exit 0 but no usable predictions
-    file), ``killed`` (died from a signal: out of memory, CPU limit, killed itself).
-    """
-
-    status: str
-    stdout: str  # the last TAIL_CHARS characters
-    stderr: str
-    seconds: float  # the solution's own wall-clock time, from start to exit or kill
-    predictions_path: Path | None  # kept until KEEP_JOB_DIRS later jobs, or the sandbox closes
-    exit_code: int | None = None
-    message: str = ""
-    cpu_s: float = 0.0  # CPU time of the job's processes, measured outside it (module doc: Accounting)
-    maxrss_mb: float = 0.0  # its peak memory, measured likewise (MiB)
-    overhead_s: float = 0.0  # host-side wall time beyond the job's own (fork, IO, messaging)
-
-
-def bwrap_path() -> str | None:
-    return shutil.which("bwrap")
-
-
-@cache
-def cgroup_support() -> dict[str, Path | None]:
-    """Parent folders under which this process may create memory/pids/cpuacct cgroups (v1), or None
-    each.
-
-    Detected by creating and removing a probe group; a read-only or v2-only system yields Nones.
-    """
-    out: dict[str, Path | None] = {"memory": None, "pids": None, "cpuacct": None}
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        for ctl in controllers.split(","):
-            if ctl in out:
-                parent = Path("/sys/fs/cgroup") / ctl / path.lstrip("/")
-                probe = parent / f"wmrl-probe-{os.getpid()}"
-                try:
-                    probe.mkdir()
-                    probe.rmdir()
-                    out[ctl] = parent
-                except OSError:
-                    pass
-    return out
 
 
 class _Worker:
@@ -671,307 +518,13 @@ class Sandbox:
         return env
 
     def _bwrap_argv(self) -> list[str]:
-        """bubblewrap arguments: an empty root with read-only binds of what Python needs.
-
-        Mounted: ``/usr``, ``/etc``, the base interpreter's installation, the virtual environment
-        (at :data:`VENV_DIR`: its ``lib`` and ``pyvenv.cfg`` only), this module's worker script (at
-        :data:`WORKER_DIR`) and the public data root; never the project tree or the host's cwd. The
-        packages' bundled copies of datasets (:data:`BUNDLED_DATA`) are covered by empty mounts.
-        """
-        argv = [
-            bwrap_path() or "bwrap",
-            "--unshare-ipc",
-            "--unshare-pid",
-            "--unshare-net",
-            "--unshare-uts",
-            "--unshare-cgroup-try",
-            "--die-with-parent",
-            "--new-session",
-            # kept only by the worker and the per-job supervisor; the job drops them all
-            *("--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"),
-            *("--cap-add", "CAP_KILL", "--cap-add", "CAP_DAC_READ_SEARCH", "--cap-add", "CAP_NET_ADMIN"),
-            *("--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"),
-        ]
-        for link in ("bin", "lib", "lib64", "sbin"):
-            p = Path("/") / link
-            if p.is_symlink():
-                argv += ["--symlink", os.readlink(p), str(p)]
-            elif p.is_dir():
-                argv += ["--ro-bind", str(p), str(p)]
-        made: set[Path] = {Path("/"), Path("/usr"), Path("/etc"), Path("/tmp")}
-
-        def parents(dst: Path) -> list[str]:
-            out = []
-            for parent in reversed(dst.parents):
-                if parent not in made:
-                    out += ["--perms", "0755", "--dir", str(parent)]
-                    made.add(parent)
-            made.add(dst)
-            return out
-
-        def bind_ro(src: Path, dst: Path | None = None) -> list[str]:
-            dst = src if dst is None else dst
-            return [*parents(dst), "--ro-bind", str(src), str(dst)]
-
-        tmp = Path("/tmp")
-        layout = _python_layout()
-        binds = [(src, dst) for src, dst in layout.binds if tmp not in dst.parents]
-        late = [(src, dst) for src, dst in layout.binds if tmp in dst.parents]
-        for src, dst in binds:
-            argv += bind_ro(src, dst)
-        for target, dst in layout.symlinks:
-            argv += [*parents(dst), "--symlink", target, str(dst)]
-        argv += bind_ro(Path(wmrl_research.__file__).resolve().parent / "worker.py", WORKER_DIR / "worker.py")
-        argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "0755", "--tmpfs", "/tmp"]
-        argv += ["--perms", "0755", "--dir", "/tmp/work", "--perms", "0755", "--dir", "/tmp/jobs"]
-        # An interpreter that lives under /tmp (a CI runner's, say) is bound in after /tmp's tmpfs.
-        for src, dst in late:
-            argv += bind_ro(src, dst)
-        for path in layout.masked_dirs:
-            argv += ["--tmpfs", str(path)]
-        for path in layout.masked_files:
-            argv += ["--ro-bind", "/dev/null", str(path)]
-        argv += ["--ro-bind", str(self.data_root), "/tmp/data", "--bind", str(self.jobs_root), "/tmp/jobs"]
-        argv += ["--chdir", "/tmp"]
-        return argv
+        """bubblewrap arguments: an empty root with read-only binds of what Python needs
+        (:func:`wmrl_research.sandbox_mounts.bwrap_argv`)."""
+        return bwrap_argv(self.data_root, self.jobs_root)
 
     def _python(self) -> str:
         """The interpreter's path inside the sandbox."""
         return str(_python_layout().python)
-
-
-def _mounted_sources() -> list[Path]:
-    """The host folders and files every sandbox mounts (read-only), resolved."""
-    out = [Path("/usr"), Path("/etc")]
-    out += [Path("/") / link for link in ("bin", "lib", "lib64", "sbin") if (Path("/") / link).is_dir()]
-    out += [src for src, _ in _python_layout().binds]
-    out.append(Path(wmrl_research.__file__).resolve().parent / "worker.py")
-    return [p.resolve() for p in out]
-
-
-def _refuse_a_mounted_data_root(root: Path) -> None:
-    """Raise :class:`SandboxError` (one line) if the data root lies under a folder that every job
-    sees: there, the hidden test labels and split secrets would be readable by path (a job finds the
-    root in ``/proc/self/mountinfo``)."""
-    where = root.resolve()
-    for src in _mounted_sources():
-        if where == src or src in where.parents:
-            raise SandboxError(
-                f"data root {str(where)!r} ($WMRL_RESEARCH_DATA) lies under {str(src)!r}, which every "
-                "sandboxed job can read: its hidden test labels would be readable; put it elsewhere "
-                "(default ~/.cache/wmrl/research)"
-            )
-
-
-def _remove_stale() -> None:
-    """Remove the jobs folders and (empty) cgroups of sandboxes whose host process died unclean
-    (e.g. a pool worker killed at its timeout never runs ``close``)."""
-    roots = [Path(tempfile.gettempdir())] + [p for p in cgroup_support().values() if p is not None]
-    for root in roots:
-        try:
-            entries = list(root.glob("wmrl-sbx-*"))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                pid = int(entry.name.split("-")[2])
-            except (IndexError, ValueError):
-                continue
-            if pid == os.getpid() or _pid_alive(pid):
-                continue
-            if entry.parent == Path(tempfile.gettempdir()):
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                for member in reversed(_cgroup_tree(entry)):
-                    try:
-                        member.rmdir()
-                    except OSError:
-                        pass
-
-
-def _cgroup_tree(group: Path) -> list[Path]:
-    """``group`` and the job groups inside it (parents first)."""
-    try:
-        return [group, *(p for p in group.iterdir() if p.is_dir())]
-    except OSError:
-        return [group]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _project_root() -> Path:
-    return Path(wmrl_research.__file__).resolve().parent.parent
-
-
-@dataclass(frozen=True)
-class _Layout:
-    python: Path  # the interpreter, as the sandbox sees it
-    binds: tuple[tuple[Path, Path], ...]  # (host path, sandbox path), read-only
-    symlinks: tuple[tuple[str, Path], ...]  # (target, sandbox path)
-    masked_dirs: tuple[Path, ...]  # sandbox paths covered by an empty tmpfs
-    masked_files: tuple[Path, ...]  # sandbox paths covered by an empty file
-
-
-def _skip(path: Path) -> bool:
-    return str(path).startswith(("/usr", "/etc", "/proc", "/dev", "/sys")) or path in (
-        Path("/"),
-        Path("/tmp"),
-    )
-
-
-@cache
-def _python_layout() -> _Layout:
-    """What a sandboxed interpreter needs: the base installation (at its own path) and, when this
-    process runs in a virtual environment, the venv's ``lib`` and ``pyvenv.cfg`` at
-    :data:`VENV_DIR` (so no path of the project that holds the venv exists inside), minus the
-    bundled datasets (:data:`BUNDLED_DATA`) and anything that names the project's location."""
-    base = Path(sys.base_prefix).resolve()
-    binds: list[tuple[Path, Path]] = [] if _skip(base) else [(base, base)]
-    symlinks: list[tuple[str, Path]] = []
-    site_dirs: list[tuple[Path, Path]] = [(Path(p), Path(p)) for p in _site_dirs(base)]
-    python = Path(sys.executable).resolve()
-    venv = Path(sys.prefix)
-    if venv.resolve() != base and (venv / "pyvenv.cfg").exists():
-        binds += [
-            (venv / "pyvenv.cfg", VENV_DIR / "pyvenv.cfg"),
-            ((venv / "lib").resolve(), VENV_DIR / "lib"),
-        ]
-        if (venv / "lib64").exists():
-            symlinks.append(("lib", VENV_DIR / "lib64"))
-        symlinks.append((str(python), VENV_DIR / "bin" / "python"))
-        site_dirs += [(s, VENV_DIR / s.relative_to(venv.resolve())) for s in _site_dirs(venv.resolve())]
-        python = VENV_DIR / "bin" / "python"
-    dirs: list[Path] = []
-    files: list[Path] = []
-    project = str(_project_root())
-    for host, inside in site_dirs:
-        found = {p for pattern in BUNDLED_DATA for p in host.glob(pattern)}
-        for name in task_data_packages():
-            if (host / name).is_dir():
-                pkg_dirs, pkg_files = package_data_files(host / name)
-                found.update(pkg_dirs, pkg_files)
-        for p in sorted(found, key=lambda p: len(p.parts)):
-            (dirs if p.is_dir() else files).append(inside / p.relative_to(host))
-        # an editable install names the project's folder: hide those files too
-        for p in list(host.glob("*.pth")) + list(host.glob("*.dist-info/direct_url.json")):
-            try:
-                if project in p.read_text(errors="replace"):
-                    files.append(inside / p.relative_to(host))
-            except OSError:
-                pass
-    # a mask's own folder must not be masked already (e.g. a tests folder inside a masked one)
-    dirs = _outermost(dirs)
-    masked = set(dirs)
-    files = [f for f in files if not _under(f, masked)]
-    return _Layout(python, tuple(binds), tuple(symlinks), tuple(dirs), tuple(files))
-
-
-@cache
-def task_data_packages() -> tuple[str, ...]:
-    """The top-level packages any task's data builder can draw from: every non-standard-library
-    package imported by a task folder's code (its ``__init__.py`` and helpers, not its solutions),
-    built-in and user folders alike, and by the tasks' shared helpers. Read from their source, not
-    listed by hand."""
-    import ast
-
-    from wmrl_research.task_folders import task_folders
-
-    tasks_dir = Path(wmrl_research.__file__).resolve().parent / "tasks"
-    files = [p for p in tasks_dir.glob("*.py")]
-    try:
-        folders = list(task_folders().values())
-    except Exception:  # noqa: BLE001 (a bad user folder is reported where tasks are listed)
-        folders = [p.parent for p in tasks_dir.glob("*/__init__.py")]
-    for folder in folders:
-        files += [p for p in folder.rglob("*.py") if p.name not in ("solution.py", "reference.py")]
-    names: set[str] = set()
-    for path in files:
-        try:
-            tree = ast.parse(path.read_text(errors="replace"))
-        except (OSError, SyntaxError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names.update(a.name.split(".")[0] for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names.add(node.module.split(".")[0])
-    skip = set(sys.stdlib_module_names) | {"wmrl_research", "__future__"}
-    return tuple(sorted(n for n in names if n not in skip))
-
-
-def _under(path: Path, folders: set[Path]) -> bool:
-    """Whether one of ``path``'s parents is in ``folders``."""
-    return any(parent in folders for parent in path.parents)
-
-
-def _outermost(folders: list[Path]) -> list[Path]:
-    """``folders`` less those inside another of them (order kept)."""
-    keep: list[Path] = []
-    seen: set[Path] = set()
-    for d in sorted(set(folders), key=lambda p: len(p.parts)):
-        if not _under(d, seen):
-            keep.append(d)
-        seen.add(d)
-    return keep
-
-
-def _is_code(path: Path) -> bool:
-    name = path.name
-    return name.endswith(CODE_SUFFIXES) or ".so." in name or name == "py.typed"
-
-
-def _data_suffix(path: Path) -> bool:
-    name = path.name.lower()
-    for comp in COMPRESSION_SUFFIXES:
-        if name.endswith(comp):
-            return True  # a compressed file in a package is data
-    return Path(name).suffix in DATA_SUFFIXES
-
-
-def package_data_files(package_dir: Path) -> tuple[list[Path], list[Path]]:
-    """``(folders, files)`` to mask in one package: every folder whose whole tree holds no code
-    (one mount each), and next to code every file with a data suffix, less :data:`RUNTIME_DATA`."""
-    root = package_dir.parent
-    keep = {root / p for p in RUNTIME_DATA}
-    has_code: dict[Path, bool] = {}
-    listing: dict[Path, list[Path]] = {}
-    for dirpath, dirnames, filenames in os.walk(package_dir, topdown=False):
-        d = Path(dirpath)
-        listing[d] = [d / f for f in filenames]
-        has_code[d] = (
-            any(_is_code(d / f) for f in filenames)
-            or any(has_code.get(d / sub, True) for sub in dirnames)
-            or any(f in keep for f in listing[d])
-        )
-    dirs: list[Path] = []
-    masked: set[Path] = set()
-    files: list[Path] = []
-    for d in sorted(listing, key=lambda p: len(p.parts)):
-        if _under(d, masked):
-            continue
-        if not has_code[d] and d != package_dir:
-            dirs.append(d)
-            masked.add(d)
-            continue
-        files += [f for f in listing[d] if f not in keep and not _is_code(f) and _data_suffix(f)]
-    return dirs, files
-
-
-def _site_dirs(prefix: Path) -> list[Path]:
-    """``lib/python3.X/site-packages`` (and ``dist-packages``) folders under ``prefix``."""
-    out = []
-    for lib in ("lib", "lib64"):
-        for name in ("site-packages", "dist-packages"):
-            out += [p.resolve() for p in (prefix / lib).glob(f"python3*/{name}") if p.is_dir()]
-    return sorted(set(out))
 
 
 def _tail(path: Path) -> str:

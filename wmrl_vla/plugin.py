@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 class VLAPlugin(VLAConfig):
     """:class:`VLAConfig` with the build, SFT and export hooks of the ``vla`` domain."""
 
+    # The default non-inferiority margin on the held-out success rate (0.01: one point), and the
+    # domain's name for people (wmrl.domain.DomainConfigCapabilities).
+    NONINFERIORITY_MARGIN = 0.01
+    DISPLAY_NAME = "VLA"
+
     def build(self, run: RunConfig) -> VLADomain:
         from wmrl_vla.pipeline import build_domain
 

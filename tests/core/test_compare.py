@@ -434,7 +434,7 @@ def test_the_wm_quality_trend_is_a_centred_rolling_mean_shortened_at_the_ends():
 
 
 def test_the_plot_names_the_offline_data_under_the_axes_it_would_add_to():
-    from wmrl.report import _offline_note
+    from wmrl.report.plots import _offline_note
 
     figures = {"offline_executions": {"mean": 280.0}, "offline_sim_steps": {"mean": 12345.0}}
     dom = {"methods": {"real": {"figures": {"offline_executions": None}}, "ppi": {"figures": figures}}}
@@ -638,7 +638,7 @@ def test_a_part_with_fewer_methods_merges_and_its_missing_methods_count_fewer_se
 
 
 def test_the_report_reads_a_grid_without_the_grid_runner():
-    """wmrl/report.py takes the grid's spec and cells from wmrl/grid_spec.py: importing it loads
+    """wmrl/report/ takes the grid's spec and cells from wmrl/grid_spec.py: importing it loads
     neither wmrl/grid.py (no grid <-> report circle) nor the run machinery."""
     code = "import sys, wmrl.report; print(sorted(m for m in sys.modules if m in ('wmrl.grid', 'wmrl.runs')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -348,3 +348,26 @@ def test_a_method_registered_after_the_grid_spec_was_imported_is_in_the_grid(wm_
     assert {"wm_rank", "wm_rank_placebo"} <= set(grid_methods())
     assert grid_controls()["wm_rank_placebo"] == ("wm_rank", ["--wm_placebo=true"])
     assert base_method("wm_rank_placebo") == "wm_rank" and controls_of("wm_rank") == ["wm_rank_placebo"]
+
+
+def test_the_comparisons_reference_baseline_and_controls_are_declared_on_the_registry():
+    """What the grid and the reports read of a method instead of its name: `real` is the reference
+    (every group executed), `anchors_only` the baseline (its real executions, no WM), one method each;
+    a control names its kind and what it is, and the report's evidence columns follow them."""
+    from wmrl.methods.base import ROLES, method_with_role
+    from wmrl.report import control_kinds, evidence_head
+
+    assert {r: method_with_role(r) for r in ROLES} == {"reference": "real", "baseline": "anchors_only"}
+    assert get_method("real").executes == "all" and not get_method("anchors_only").uses_wm
+    assert [m for m in DOCUMENTED if get_method(m).role] == ["real", "anchors_only"]
+    assert control_kinds() == {
+        "placebo": "`<method>_placebo`: its WM's scores permuted within each group",
+        "λ=0": "`ppi_lambda0`: ppi with λ = 0",
+    }
+    assert evidence_head()[3] == "Δ vs anchors_only"
+    assert evidence_head()[9:11] == ["LB vs placebo", "LB vs λ=0"]
+    for role in ("reference", "auditor"):  # a second method in a role, or a role that is none
+        cls = type("Another", (Method,), {"name": "another", "role": role})
+        with pytest.raises(ValueError, match=f"role={role!r}"):
+            register_method(cls)
+        assert "another" not in METHODS

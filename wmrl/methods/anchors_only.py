@@ -22,6 +22,7 @@ class AnchorsOnly(Method):
     summary = "GRPO on the anchor groups alone (the WM methods' real executions, no world model)"
     uses_wm = False
     config_sections = ("anchors",)
+    role = "baseline"
 
     def select_tasks(self, tasks: list, anchor_groups: torch.Tensor) -> tuple[list, torch.Tensor]:
         kept = [t for t, a in zip(tasks, anchor_groups.tolist(), strict=True) if a]

@@ -45,6 +45,10 @@ if TYPE_CHECKING:
     from wmrl.domain import Domain
 
 EXECUTES = ("all", "anchors", "none")
+# A method's part in a comparison (docs/design.md section 7), one method each: "reference" executes
+# every group (the figures the others are measured against, `real`); "baseline" has the WM methods'
+# real executions and no WM (the bar every WM method must clear, `anchors_only`).
+ROLES = ("reference", "baseline")
 
 
 class Component(Protocol):
@@ -193,6 +197,9 @@ class Method:
     # The RunConfig sections that change what it does, besides grpo (a reader's and a tool's guide:
     # the others' values are ignored by it).
     config_sections: tuple[str, ...] = ()
+    # Its part in a comparison, one of ROLES, which the grid and the reports read ("": a method
+    # compared with them).
+    role: str = ""
 
     def __repr__(self) -> str:
         return f"<method {self.name}>"
@@ -312,6 +319,10 @@ class Control(Method):
 
     suffix: str = ""
     overrides: tuple[str, ...] = ()
+    # Its kind as the report names it (the evidence table's column "LB vs <label>") and one line
+    # on what it is (the table's notes).
+    label: str = ""
+    note: str = ""
 
     def __init__(self, base: Method):
         self.base = base
@@ -344,6 +355,10 @@ def register_method[M: type[Method]](cls: M) -> M:
         raise ValueError(f"method class {cls.__qualname__} needs a new, non-empty name, got {cls.name!r}")
     if cls.executes not in EXECUTES:
         raise ValueError(f"{cls.__qualname__}.executes={cls.executes!r} is not one of {', '.join(EXECUTES)}")
+    if cls.role and (cls.role not in ROLES or method_with_role(cls.role) is not None):
+        raise ValueError(
+            f"{cls.__qualname__}.role={cls.role!r}: not one of {ROLES}, or taken by another method"
+        )
     METHODS[cls.name] = cls()
     return cls
 
@@ -351,6 +366,12 @@ def register_method[M: type[Method]](cls: M) -> M:
 def get_method(name: str) -> Method:
     """The registered method ``name``; a ConfigError naming the known ones otherwise."""
     return cast(Method, registered_method(name))
+
+
+def method_with_role(role: str) -> str | None:
+    """The name of the registered method whose ``role`` is ``role`` (one of :data:`ROLES`), None
+    where none has it."""
+    return next((name for name, m in METHODS.items() if m.role == role), None)
 
 
 def wm_methods() -> tuple[str, ...]:

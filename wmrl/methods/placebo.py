@@ -23,6 +23,8 @@ class Placebo(Control):
     base method's own."""
 
     suffix = "placebo"
+    label = "placebo"
+    note = "`<method>_placebo`: its WM's scores permuted within each group"
     overrides = ("--wm_placebo=true",)
 
     def prediction(self, pred: Prediction, group_ids: torch.Tensor, seed: int, step: int) -> Prediction:

@@ -10,4 +10,6 @@ class PPILambda0(Control):
     ppi run whose config says ``ppi.lam: 0``."""
 
     suffix = "lambda0"
+    label = "λ=0"
+    note = "`ppi_lambda0`: ppi with λ = 0"
     overrides = ("--ppi.lam=0",)

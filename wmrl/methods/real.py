@@ -9,3 +9,4 @@ class Real(Method):
     summary = "standard GRPO: every rollout group executed for real"
     executes = "all"
     uses_wm = False
+    role = "reference"
