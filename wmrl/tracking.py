@@ -26,7 +26,6 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import io
 import json
 import logging
 import os
@@ -42,10 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-import draccus
 import numpy as np
 
-from wmrl.config import RunConfig, config_fingerprint, to_dict, upgrade_saved
+from wmrl.config import RunConfig, config_fingerprint, config_text, to_dict, upgrade_saved
 from wmrl.lazy import lazy
 from wmrl.signals import SIGNAL_GRACE_S, repeated_signal
 
@@ -461,13 +459,6 @@ def prepare_run_dir(run_dir: Path, resume: bool, cfg: RunConfig | None = None) -
         os.replace(run_dir / ".wandb_id", run_dir / ".wandb_id.orphaned")
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     return " and ".join(moved)
-
-
-def config_text(cfg: RunConfig) -> str:
-    """What ``save_config`` writes for ``cfg``."""
-    buf = io.StringIO()
-    draccus.dump(cfg, buf)
-    return buf.getvalue()
 
 
 def trim_metrics_after(run_dir: Path, step: int) -> int:
