@@ -264,6 +264,7 @@ def test_a_checkpoint_from_before_methods_kept_their_state_resumes_exactly(tmp_p
     path = tmp_path / "run" / CHECKPOINT
     state = torch.load(path, weights_only=False)
     own = state.pop("method")
+
     def new_state(method):  # each method builds its components from its own settings
         return get_method(method).new_state(load_config(None, [*FAST, f"--method={method}"])).state_dict()
 
