@@ -72,6 +72,10 @@ class MethodConfig(draccus.ChoiceRegistry):
     """Base of the methods' configs (the run's ``method_config``), one registered per method: the
     choice's name is the method's (``Method.name``), read from the method registry."""
 
+    # wmrl.config_messages.field_names lists this section as one name: the fields it has are the
+    # run's method's, checked against that method (wmrl/config_compat.py), not every method's.
+    FIELDS_LISTED = False
+
     @classmethod
     def get_known_choices(cls) -> dict[str, Any]:
         return {name: method.config for name, method in load_methods().items()}
