@@ -218,7 +218,8 @@ def method_config_class(method_cls: Any) -> type[MethodConfig]:
     declared, inherited = vars(method_cls).get("config"), getattr(method_cls, "config", MethodConfig)
     keeps: dict[type[MethodConfig], bool] = {Calibrates: method_cls.calibrates, Denoises: method_cls.denoises}
     if declared is None:  # a subclass of a registered method's config, or of the components it keeps
-        own = tuple(c for c, kept in keeps.items() if kept) or (MethodConfig,)
+        # (bases reversed: a dataclass's fields follow its bases from the last, so debias comes first)
+        own = tuple(c for c, kept in reversed(keeps.items()) if kept) or (MethodConfig,)
         bases = own if inherited is MethodConfig else (inherited,)
         name = f"{method_cls.__name__}MethodConfig"
         declared = dataclasses.make_dataclass(name, [], bases=bases)
