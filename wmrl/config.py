@@ -485,8 +485,9 @@ def save_config(cfg: RunConfig, path: Path) -> None:
 
 
 def config_fingerprint(cfg: RunConfig) -> dict:
-    """The fields a checkpoint must agree with to be resumed (everything but bookkeeping)."""
-    d = to_dict(cfg)
+    """The fields a checkpoint must agree with to be resumed (everything but bookkeeping), in the
+    form of :func:`upgrade_saved` (each of the method's components under its own name)."""
+    d = upgrade_saved(to_dict(cfg))
     for k in ("out_dir", "tracking", "executor", "torch_threads", "distributed"):
         d.pop(k, None)
     d["grpo"] = {k: v for k, v in d["grpo"].items() if k != "steps"}

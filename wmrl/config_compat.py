@@ -11,9 +11,9 @@ component (``--ppi.lam=0`` is ``--method_config.ppi.lam=0`` under ``method=ppi``
 none takes nothing of it, as before, but its values are still checked (:func:`check_unused`). A
 ``method_config`` setting that the run's method does not have is refused in one line.
 
-:func:`upgrade_saved` brings a saved config (or a checkpoint's fingerprint) to today's layout, so
-that it compares with a config of today: fields removed since dropped, fields added since filled
-with the value that reproduces how such runs trained, shared sections routed.
+:func:`upgrade_saved` brings a saved config, a checkpoint's fingerprint and today's config to one
+form to compare them in: fields removed since dropped, fields added since filled with the value
+that reproduces how such runs trained, each kept component under its own name.
 """
 
 from __future__ import annotations
@@ -147,11 +147,13 @@ def check_unused(unused: dict[str, dict], run: RunConfig) -> None:
 
 
 def upgrade_saved(d: dict, fill_added: bool = True) -> dict:
-    """A copy of a saved config (or checkpoint fingerprint) as plain data in today's layout:
-    ``FIELDS_REMOVED`` dropped, with ``fill_added`` the ``FIELDS_ADDED`` filled where absent, and the
-    shared sections routed into the method's ``method_config`` (those of components it does not
-    keep dropped). Without ``fill_added`` (a preset, which :func:`route_settings` routes), only
-    cleaned: a field it leaves out takes its default."""
+    """A copy of a saved config, a checkpoint's fingerprint or today's config as plain data, in the
+    one form they are compared in: ``FIELDS_REMOVED`` dropped, with ``fill_added`` the
+    ``FIELDS_ADDED`` filled where absent, and each component the method keeps at the top level under
+    its name (as presets, older runs and every checkpoint's fingerprint write them, and as a
+    mismatch is named: ``ppi.shrink_confidence``), those it does not keep dropped; ``method_config``
+    keeps the method's other settings. Without ``fill_added`` (a preset, which :func:`route_settings`
+    routes), only cleaned: a field it leaves out takes its default."""
     d = copy.deepcopy(d)
     for name in FIELDS_REMOVED:
         section, _, leaf = name.rpartition(".")
@@ -165,15 +167,15 @@ def upgrade_saved(d: dict, fill_added: bool = True) -> dict:
         parent = d.get(section) if section else d
         if isinstance(parent, dict):
             parent.setdefault(leaf, value)
-    method = d.get("method", DEFAULT_METHOD)
-    keeps = {f.name for f in dataclasses.fields(registered_method(method).config)}
-    own = d[SECTION] = d.get(SECTION) or {}
-    own.pop("type", None)
+    keeps = {f.name for f in dataclasses.fields(registered_method(d.get("method", DEFAULT_METHOD)).config)}
     sections = shared_sections(set())
-    for name in [n for n in d if n in sections]:
-        values = d.pop(name)
-        if name in keeps:
-            own[name] = _merged(values, own.get(name) or {})
+    for name in [n for n in d if n in sections and n not in keeps]:
+        del d[name]
+    own = d.pop(SECTION, None) or {}
+    own.pop("type", None)
+    for name in [n for n in own if n in sections]:
+        d[name] = _merged(d.get(name) or {}, own.pop(name))
+    d[SECTION] = own
     return d
 
 

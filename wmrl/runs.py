@@ -260,4 +260,5 @@ def config_diffs(path: Path, want: RunConfig) -> list[str]:
     import yaml
 
     got = result_fields(upgrade_saved(yaml.safe_load(path.read_text()) or {}))
-    return [f"{k}: {a!r} there vs {b!r} now" for k, a, b in _diff(got, result_fields(want))]
+    now = result_fields(upgrade_saved(to_dict(want)))  # the same form: each component under its name
+    return [f"{k}: {a!r} there vs {b!r} now" for k, a, b in _diff(got, now)]

@@ -16,6 +16,7 @@ from wmrl.config import (
     DebiasConfig,
     DenoiseConfig,
     PPIConfig,
+    config_fingerprint,
     load_config,
     presets,
     resolve_preset,
@@ -208,7 +209,7 @@ def _legacy_layout(d: dict) -> dict:
     d = dict(d)
     own = d.pop("method_config")
     defaults = draccus.encode(Sections())
-    return d | {name: own.get(name, defaults[name]) for name in SHARED}
+    return d | {name: own.get(name, d.get(name, defaults[name])) for name in SHARED}
 
 
 FAST = [
@@ -257,9 +258,9 @@ def test_a_changed_method_setting_still_stops_a_resume(tmp_path):
     from wmrl.tracking import RunDirError
 
     cfg = load_config("toy", ["--method=ppi", f"--out_dir={tmp_path}"])
-    old = _legacy_layout(to_dict(cfg))
+    old = _legacy_layout(config_fingerprint(cfg))
     old["ppi"]["lam"] = 0.5
-    with pytest.raises(RunDirError, match=r"method_config.ppi.lam: checkpoint 0.5 vs config None"):
+    with pytest.raises(RunDirError, match=r"does not match the config: ppi.lam: checkpoint 0.5 vs config None. To continue"):
         check_checkpoint_config(tmp_path, cfg, old)
 
 
