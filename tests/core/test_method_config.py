@@ -260,7 +260,9 @@ def test_a_changed_method_setting_still_stops_a_resume(tmp_path):
     cfg = load_config("toy", ["--method=ppi", f"--out_dir={tmp_path}"])
     old = _legacy_layout(config_fingerprint(cfg))
     old["ppi"]["lam"] = 0.5
-    with pytest.raises(RunDirError, match=r"does not match the config: ppi.lam: checkpoint 0.5 vs config None. To continue"):
+    with pytest.raises(
+        RunDirError, match=r"does not match the config: ppi.lam: checkpoint 0.5 vs config None. To continue"
+    ):
         check_checkpoint_config(tmp_path, cfg, old)
 
 
