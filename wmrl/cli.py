@@ -43,7 +43,8 @@ def _epilog() -> str:
         f"methods: {', '.join(load_methods())}\n"
         f"presets: {', '.join(presets()) or '(none)'}\n"
         "config overrides: any field as --section.field=value, e.g. --method=real --grpo.group_size=8 "
-        "--anchors.fraction=0.25 --executor.type=ray\n"
+        "--anchors.fraction=0.25 --executor.type=ray; the method's own settings as --method_config.*, e.g. "
+        "--method=ppi --method_config.ppi.lam=0 (or, for every method that keeps ppi's tuner, --ppi.lam=0)\n"
         "every field of a preset with its value and comment: wmrl config PRESET (or wmrl run PRESET --help)"
     )
 

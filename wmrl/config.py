@@ -1,9 +1,11 @@
 """Composed run configuration: one dataclass per component, CLI overrides and YAML presets (draccus).
 
-A run is ``RunConfig``: the method, the domain (a registered choice, ``--domain.type=toy``) and one
+A run is ``RunConfig``: the method and its own settings (``method_config``, the method's config
+class: wmrl/method_config.py), the domain (a registered choice, ``--domain.type=toy``) and one
 dataclass per component. Every field is overridable from the command line
-(``--grpo.group_size=8 --anchors.fraction=0.25``) and presets are YAML files in ``wmrl/configs/``
-(package data: an installed wheel has them too).
+(``--grpo.group_size=8 --method_config.ppi.lam=0``) and presets are YAML files in ``wmrl/configs/``
+(package data: an installed wheel has them too). A preset's or flag's shared component sections
+(``--ppi.lam=0``) reach the method that keeps the component (wmrl/config_compat.py).
 Validation lives in ``__post_init__`` and quotes the offending values.
 
 Domains register their config class by name through the ``wmrl.domains`` entry-point group, so the
@@ -15,20 +17,23 @@ module reads the registry and imports no method.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
+import dataclasses
+import io
 import math
 import re
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import draccus
 from draccus.utils import DraccusException
 
 from wmrl.advantages import ADVANTAGES
+from wmrl.config_checks import ConfigError as ConfigError
+from wmrl.config_checks import check, finite, one_of
+from wmrl.config_compat import SECTION, check_unused, route_settings, upgrade_saved, written_as
 from wmrl.config_messages import (
     did_you_mean,
     malformed_yaml,
@@ -37,40 +42,15 @@ from wmrl.config_messages import (
     with_suggestion,
 )
 from wmrl.extras import domain_extras, missing_extra_message
+from wmrl.method_config import DEFAULT_METHOD, MethodConfig, registered_method
+from wmrl.method_config import METHODS as METHODS
+from wmrl.method_config import DebiasConfig as DebiasConfig
+from wmrl.method_config import DenoiseConfig as DenoiseConfig
+from wmrl.method_config import PPIConfig as PPIConfig
+from wmrl.method_config import load_methods as load_methods
 
 if TYPE_CHECKING:
     from wmrl.domain import Domain
-
-
-class RegisteredMethod(Protocol):
-    """What the config reads of a registered method (the contract is wmrl/methods/base.py)."""
-
-    def check(self, run: RunConfig) -> None: ...
-
-
-METHODS: dict[str, RegisteredMethod] = {}
-"""The method registry: name -> method object, in registration order. Filled by
-``wmrl.methods.register_method`` when :func:`load_methods` imports the ``wmrl.methods`` entry points."""
-_METHODS_LOADED = False
-
-
-def load_methods() -> dict[str, RegisteredMethod]:
-    """Import every module registered under the ``wmrl.methods`` entry points (each registers its
-    methods), once; the registry."""
-    global _METHODS_LOADED
-    if not _METHODS_LOADED:
-        for ep in entry_points(group="wmrl.methods"):
-            ep.load()
-        _METHODS_LOADED = True
-    return METHODS
-
-
-def registered_method(name: str) -> RegisteredMethod:
-    """The registered method ``name``; a ConfigError naming the known ones otherwise."""
-    methods = load_methods()
-    if name not in methods:
-        raise ConfigError(f"method={name!r} is not one of {', '.join(methods)}{did_you_mean(name, methods)}")
-    return methods[name]
 
 
 EXECUTORS = ("process", "ray", "inline")
@@ -82,36 +62,10 @@ DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 CONFIGS_DIR = Path(str(resources.files("wmrl") / "configs"))
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message names the field and the offending value."""
-
-
-def _check(cond: bool, message: str) -> None:
-    if not cond:
-        raise ConfigError(message)
-
-
-def _finite(section: Any, prefix: str) -> None:
-    """Refuse a float field of ``section`` that is inf or nan (``--grpo.lr=inf`` parses as a float,
-    then failed deep inside torch without naming the field)."""
-    import dataclasses
-
-    for f in dataclasses.fields(section):
-        value = getattr(section, f.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{prefix}{f.name}={value} must be a finite number")
-
-
 # Bounds that no run reaches but a typo does (an extra zero or three): refused at parse time, one
 # line naming the field, instead of failing in the allocator or training for ever.
 MAX_ROLLOUTS_PER_STEP = 1_000_000
 MAX_STEPS = 10_000_000
-
-
-def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
-    _check(
-        value in choices, f"{name}={value!r} is not one of {', '.join(choices)}{did_you_mean(value, choices)}"
-    )
 
 
 def check_ids(field_name: str, given, known, listing: str) -> None:
@@ -155,31 +109,31 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
 
     def __post_init__(self) -> None:
-        _finite(self, "grpo.")
-        _check(
+        finite(self, "grpo.")
+        check(
             self.group_size >= 2,
             f"grpo.group_size={self.group_size} must be >= 2 (advantages are within-group)",
         )
-        _check(self.tasks_per_step >= 1, f"grpo.tasks_per_step={self.tasks_per_step} must be >= 1")
-        _check(self.steps >= 1, f"grpo.steps={self.steps} must be >= 1")
-        _check(self.steps <= MAX_STEPS, f"grpo.steps={self.steps} must be at most {MAX_STEPS:_}")
+        check(self.tasks_per_step >= 1, f"grpo.tasks_per_step={self.tasks_per_step} must be >= 1")
+        check(self.steps >= 1, f"grpo.steps={self.steps} must be >= 1")
+        check(self.steps <= MAX_STEPS, f"grpo.steps={self.steps} must be at most {MAX_STEPS:_}")
         rollouts = self.group_size * self.tasks_per_step
-        _check(
+        check(
             rollouts <= MAX_ROLLOUTS_PER_STEP,
             f"grpo.group_size={self.group_size} x grpo.tasks_per_step={self.tasks_per_step} is {rollouts:_} "
             f"rollouts a step; at most {MAX_ROLLOUTS_PER_STEP:_}",
         )
-        _check(self.lr > 0, f"grpo.lr={self.lr} must be > 0")
-        _check(0 < self.clip_eps < 1, f"grpo.clip_eps={self.clip_eps} must lie in (0, 1)")
-        _check(self.epochs >= 1, f"grpo.epochs={self.epochs} must be >= 1")
-        _check(
+        check(self.lr > 0, f"grpo.lr={self.lr} must be > 0")
+        check(0 < self.clip_eps < 1, f"grpo.clip_eps={self.clip_eps} must lie in (0, 1)")
+        check(self.epochs >= 1, f"grpo.epochs={self.epochs} must be >= 1")
+        check(
             1 <= self.minibatches <= self.tasks_per_step,
             f"grpo.minibatches={self.minibatches} must lie in [1, grpo.tasks_per_step={self.tasks_per_step}]",
         )
-        _one_of("grpo.optimizer", self.optimizer, ("adamw", "sgd"))
-        _one_of("grpo.advantage", self.advantage, tuple(ADVANTAGES))
-        _one_of("grpo.loss_agg", self.loss_agg, ("token_mean", "seq_mean"))
-        _check(self.kl_coef >= 0, f"grpo.kl_coef={self.kl_coef} must be >= 0")
+        one_of("grpo.optimizer", self.optimizer, ("adamw", "sgd"))
+        one_of("grpo.advantage", self.advantage, tuple(ADVANTAGES))
+        one_of("grpo.loss_agg", self.loss_agg, ("token_mean", "seq_mean"))
+        check(self.kl_coef >= 0, f"grpo.kl_coef={self.kl_coef} must be >= 0")
 
 
 @dataclass
@@ -192,10 +146,10 @@ class AnchorConfig:
     max_concurrent: int = 2
 
     def __post_init__(self) -> None:
-        _finite(self, "anchors.")
-        _check(0 <= self.fraction <= 1, f"anchors.fraction={self.fraction} must lie in [0, 1]")
-        _check(self.min_groups >= 0, f"anchors.min_groups={self.min_groups} must be >= 0")
-        _check(self.max_concurrent >= 1, f"anchors.max_concurrent={self.max_concurrent} must be >= 1")
+        finite(self, "anchors.")
+        check(0 <= self.fraction <= 1, f"anchors.fraction={self.fraction} must lie in [0, 1]")
+        check(self.min_groups >= 0, f"anchors.min_groups={self.min_groups} must be >= 0")
+        check(self.max_concurrent >= 1, f"anchors.max_concurrent={self.max_concurrent} must be >= 1")
 
     def count(self, n_groups: int) -> int:
         """Anchor groups among ``n_groups``: ``max(min_groups, round(fraction * n_groups))``, at most
@@ -205,105 +159,19 @@ class AnchorConfig:
     def check_for(self, method: str, n_groups: int) -> None:
         """Refuse a count the method cannot use: ``fraction=0`` (it would still execute ``min_groups``
         groups a step) and 0 groups a step (``ppi`` would train on the WM alone, a biased update)."""
-        _check(
+        check(
             self.fraction > 0,
             f"anchors.fraction=0 with method={method!r}: it would still execute "
             f"anchors.min_groups={self.min_groups} group(s) per step; set the fraction you mean (one group "
             f"of grpo.tasks_per_step={n_groups} is {1 / n_groups:.4g}), or use method='wm' for no execution",
         )
-        _check(
+        check(
             self.count(n_groups) >= 1,
             f"anchors.fraction={self.fraction} of grpo.tasks_per_step={n_groups} rounds to 0 anchor groups "
             f"per step with anchors.min_groups=0; method={method!r} needs at least one (a step without "
             "anchors gives no unbiased update): set anchors.min_groups=1 or raise anchors.fraction to "
             f">= {0.5 / n_groups:.4g}",
         )
-
-
-@dataclass
-class DebiasConfig:
-    # The calibration stays the identity until this many anchor (r_hat, r) pairs were seen.
-    warmup_pairs: int = 200
-    # Refit the isotonic map every this many new pairs.
-    refit_every: int = 64
-    # FIFO capacity of the pair buffer.
-    buffer_size: int = 5000
-
-    def __post_init__(self) -> None:
-        _check(self.warmup_pairs >= 2, f"debias.warmup_pairs={self.warmup_pairs} must be >= 2")
-        _check(self.refit_every >= 1, f"debias.refit_every={self.refit_every} must be >= 1")
-        _check(
-            self.buffer_size >= self.warmup_pairs,
-            f"debias.buffer_size={self.buffer_size} must be >= debias.warmup_pairs={self.warmup_pairs}",
-        )
-
-
-@dataclass
-class DenoiseConfig:
-    # Half-life, in observations (anchor groups), of the EWMA of the normalised residual s2.
-    half_life: float = 64.0
-    # c is fixed after this many observations so that w equals w_target at that moment, then frozen.
-    warmup_obs: int = 32
-    w_target: float = 2.0
-    # w = clip(1 + c * s2, 1, w_max).
-    w_max: float = 4.0
-    # Optional per-sample weight 1 / (var + var_floor) from WM-reported variance, mean 1 over the WM stream.
-    sample_weights: bool = False
-    var_floor: float = 1e-3
-    sample_weight_max: float = 4.0
-
-    def __post_init__(self) -> None:
-        _finite(self, "denoise.")
-        _check(self.half_life > 0, f"denoise.half_life={self.half_life} must be > 0")
-        _check(self.warmup_obs >= 1, f"denoise.warmup_obs={self.warmup_obs} must be >= 1")
-        _check(
-            1 <= self.w_target <= self.w_max,
-            f"denoise.w_target={self.w_target} must lie in [1, denoise.w_max={self.w_max}]",
-        )
-        _check(self.var_floor > 0, f"denoise.var_floor={self.var_floor} must be > 0")
-        _check(
-            self.sample_weight_max >= 1, f"denoise.sample_weight_max={self.sample_weight_max} must be >= 1"
-        )
-
-
-@dataclass
-class PPIConfig:
-    # lambda is estimated from the last this-many anchor groups of earlier steps.
-    window_groups: int = 64
-    # lambda stays 0 (anchors alone) until this many anchor groups of earlier steps were seen.
-    warmup_groups: int = 8
-    # A fixed lambda in [0, 1] instead of the power-tuned one (None: tuned).
-    lam: float | None = None
-    # Tune lambda per quantile bin of the WM's reported variance (1: one lambda for every rollout).
-    var_bins: int = 3
-    # Start lambda's window with the domain's pre-training execution log as anchor groups (out-of-fold
-    # WM scores of the starting policy's logged samples), so lambda need not wait for warmup_groups
-    # of the run's own anchors; a domain without such a log (HAS_EXECUTION_LOG) refuses it.
-    prior_from_log: bool = False
-    # What lambda's covariances are taken on: "advantage" (per-rollout advantages, the score
-    # directions taken as orthonormal) or "gradient" (each anchor group's real and WM gradients, from
-    # per-rollout score directions: one extra forward and backward pass per anchor rollout and WM row).
-    moments: str = "advantage"
-    # Shrink the tuned lambda toward 0 while rho is uncertain: lambda is taken at the one-sided lower
-    # confidence bound of rho at this level (Fisher z on the window's effective sample size) instead
-    # of its estimate, lambda * max(0, rho_lo) / rho (wmrl.ppi.shrink_lambda); null: the point estimate.
-    shrink_confidence: float | None = 0.9
-
-    def __post_init__(self) -> None:
-        _finite(self, "ppi.")
-        _one_of("ppi.moments", self.moments, ("advantage", "gradient"))
-        _check(
-            self.shrink_confidence is None or 0.5 <= self.shrink_confidence < 1,
-            f"ppi.shrink_confidence={self.shrink_confidence} must lie in [0.5, 1) (or null: no shrinkage)",
-        )
-        _check(
-            not (self.prior_from_log and self.moments == "gradient"),
-            "ppi.prior_from_log logs no gradients: it needs ppi.moments=advantage",
-        )
-        _check(self.window_groups >= 2, f"ppi.window_groups={self.window_groups} must be >= 2")
-        _check(self.warmup_groups >= 1, f"ppi.warmup_groups={self.warmup_groups} must be >= 1")
-        _check(self.lam is None or 0 <= self.lam <= 1, f"ppi.lam={self.lam} must lie in [0, 1]")
-        _check(self.var_bins >= 1, f"ppi.var_bins={self.var_bins} must be >= 1")
 
 
 @dataclass
@@ -326,14 +194,14 @@ class ExecutorConfig:
     num_gpus: float = 0.0
 
     def __post_init__(self) -> None:
-        _finite(self, "executor.")
-        _one_of("executor.type", self.type, EXECUTORS)
+        finite(self, "executor.")
+        one_of("executor.type", self.type, EXECUTORS)
         missing_ray = self.type == "ray" and missing_extra_message("ray", "executor.type=ray")
         if missing_ray:
             raise ConfigError(missing_ray)
-        _check(self.workers >= 1, f"executor.workers={self.workers} must be >= 1")
-        _check(self.timeout_s > 0, f"executor.timeout_s={self.timeout_s} must be > 0")
-        _check(
+        check(self.workers >= 1, f"executor.workers={self.workers} must be >= 1")
+        check(self.timeout_s > 0, f"executor.timeout_s={self.timeout_s} must be > 0")
+        check(
             self.num_cpus >= 0 and self.num_gpus >= 0,
             f"executor.num_cpus={self.num_cpus} and executor.num_gpus={self.num_gpus} must be >= 0",
         )
@@ -358,7 +226,7 @@ class DistributedConfig:
     find_unused_parameters: bool = False
 
     def __post_init__(self) -> None:
-        _one_of("distributed.generation", self.generation, DIST_GENERATION)
+        one_of("distributed.generation", self.generation, DIST_GENERATION)
 
 
 @dataclass
@@ -384,10 +252,10 @@ class TrackingConfig:
     media_every: int = 10
 
     def __post_init__(self) -> None:
-        _one_of("tracking.wandb", self.wandb, ("offline", "online", "disabled"))
-        _check(self.checkpoint_every >= 1, f"tracking.checkpoint_every={self.checkpoint_every} must be >= 1")
-        _check(self.media_every >= 0, f"tracking.media_every={self.media_every} must be >= 0")
-        _check(
+        one_of("tracking.wandb", self.wandb, ("offline", "online", "disabled"))
+        check(self.checkpoint_every >= 1, f"tracking.checkpoint_every={self.checkpoint_every} must be >= 1")
+        check(self.media_every >= 0, f"tracking.media_every={self.media_every} must be >= 0")
+        check(
             self.max_ungraded_steps >= 0,
             f"tracking.max_ungraded_steps={self.max_ungraded_steps} must be >= 0",
         )
@@ -445,7 +313,7 @@ def _default_domain() -> DomainConfig:
 class RunConfig:
     # `real` | `anchors_only` | `wm` | `mix` | `debias` | `denoise` | `wmrl` | `ppi`: a method registered
     # in wmrl/methods (METHODS).
-    method: str = "wmrl"
+    method: str = DEFAULT_METHOD
     seed: int = 0
     # Run directory: config, metrics.jsonl, checkpoints, plots.
     out_dir: str = "runs/latest"
@@ -466,35 +334,38 @@ class RunConfig:
     domain: DomainConfig = field(default_factory=_default_domain)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     anchors: AnchorConfig = field(default_factory=AnchorConfig)
-    debias: DebiasConfig = field(default_factory=DebiasConfig)
-    denoise: DenoiseConfig = field(default_factory=DenoiseConfig)
-    ppi: PPIConfig = field(default_factory=PPIConfig)
+    # The method's own settings, those of the components it keeps (its config class, Method.config):
+    # `debias` (the calibration: debias, wmrl, ppi), `denoise` (the denoiser: denoise, wmrl), `ppi`
+    # (ppi's lambda tuner); none for real, anchors_only, wm, mix. `--method_config.ppi.lam=0`, or
+    # shared by every method that keeps the component: `--ppi.lam=0` (wmrl/config_compat.py).
+    method_config: MethodConfig = field(default_factory=lambda: registered_method(DEFAULT_METHOD).config())
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
         method = registered_method(self.method)
-        _check(self.torch_threads >= 1, f"torch_threads={self.torch_threads} must be >= 1")
-        _check(
+        check(self.torch_threads >= 1, f"torch_threads={self.torch_threads} must be >= 1")
+        check(
             DEVICE_RE.match(str(self.device)) is not None,
             f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N",
         )
-        _one_of("precision", self.precision, PRECISIONS)
-        _check(bool(str(self.out_dir).strip()), "out_dir is empty: give the run directory")
-        _finite(self, "")
-        _finite(self.domain, "domain.")
+        one_of("precision", self.precision, PRECISIONS)
+        check(bool(str(self.out_dir).strip()), "out_dir is empty: give the run directory")
+        finite(self, "")
+        finite(self.domain, "domain.")
         unsupported = self.domain.bf16_unsupported() if self.precision == "bf16" else None
-        _check(
+        check(
             not unsupported,
             f"precision=bf16 is not supported here: {unsupported}; use --precision=fp32",
         )
-        _check(
-            not self.ppi.prior_from_log or type(self.domain).HAS_EXECUTION_LOG,
-            f"ppi.prior_from_log=true needs a domain with a pre-training execution log (research); "
-            f"domain.type={DomainConfig.get_choice_name(type(self.domain))!r} has none",
+        check(
+            type(self.method_config) is method.config,
+            f"method_config holds {type(self.method_config).__qualname__}, not method={self.method!r}'s "
+            f"settings ({method.config.__qualname__})",
         )
-        method.check(self)  # its own fields, and wm_placebo
+        self.method_config.check(self)  # what its components need of the domain
+        method.check(self)  # the rest of the run, and wm_placebo
 
 
 def presets() -> dict[str, Path]:
@@ -538,11 +409,14 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
             raise ConfigError(f"{path} must hold a mapping of config fields, got {type(content).__name__}")
     _refuse_comparison(path, content, list(overrides or []))
     _check_extras(selected_domain(list(overrides or []), content))
+    cleaned = upgrade_saved(content, fill_added=False) if isinstance(content, dict) else content
+    run_fields = {f.name for f in dataclasses.fields(RunConfig)}
+    routed, args, unused = route_settings(cleaned, list(overrides or []), run_fields)
     try:
-        with _without_obsolete_fields(path, content) as parsed_path:
-            return draccus.parse(
-                RunConfig, config_path=parsed_path, args=list(overrides or []), exit_on_error=False
-            )
+        with written_as(path, content, routed) as parsed_path:
+            cfg = draccus.parse(RunConfig, config_path=parsed_path, args=args, exit_on_error=False)
+        check_unused(unused, cfg)
+        return cfg
     except (draccus.ParsingError, argparse.ArgumentError, ValueError, TypeError, KeyError) as e:
         cause = _root_config_error(e)
         if cause is not None:
@@ -552,7 +426,7 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
             f"invalid configuration{where}: {with_suggestion(RunConfig, str(e), content)}"
         ) from None
     except DraccusException as e:  # unrecognized --flags
-        raise ConfigError(unknown_flags_message(RunConfig, list(overrides or []), content, str(e))) from None
+        raise ConfigError(unknown_flags_message(RunConfig, args, content, str(e))) from None
     except SystemExit as e:  # argparse exits on unknown flags even with exit_on_error=False
         raise ConfigError(f"invalid command-line overrides {overrides}: see the message above") from e
 
@@ -579,52 +453,6 @@ def _refuse_comparison(path: Path | None, content: dict | None, overrides: list[
         )
 
 
-# A run folder or checkpoint saved before a field existed holds no value for it: the value that
-# reproduces how such runs trained (a field added since whose default changes training, such as
-# ppi's lambda shrinkage, is then named in the resume's mismatch message, not switched on silently).
-FIELDS_ADDED: dict[str, Any] = {"wm_placebo": False, "ppi.shrink_confidence": None}
-# Fields that no longer exist, dropped from an older run's files: domain.progress is now
-# tracking.progress, the one switch for every progress bar; compare (the methods and seeds `wmrl run`
-# swept) is a grid spec's now (`wmrl compare SPEC`); executor.ray_num_cpus is executor.num_cpus.
-FIELDS_REMOVED = ("domain.progress", "compare", "executor.ray_num_cpus")
-
-
-def upgrade_saved(d: dict, fill_added: bool = True) -> dict:
-    """A copy of a saved config (or checkpoint fingerprint) as plain data with ``FIELDS_REMOVED``
-    dropped and, with ``fill_added``, ``FIELDS_ADDED`` filled where absent, so that it compares
-    with a config of today. (A preset is only cleaned: a field it leaves out takes its default.)"""
-    d = copy.deepcopy(d)
-    for name in FIELDS_REMOVED:
-        section, _, leaf = name.rpartition(".")
-        parent = d.get(section) if section else d
-        if isinstance(parent, dict):
-            parent.pop(leaf, None)
-    for name, value in FIELDS_ADDED.items() if fill_added else ():
-        section, _, leaf = name.rpartition(".")
-        parent = d.get(section) if section else d
-        if isinstance(parent, dict):
-            parent.setdefault(leaf, value)
-    return d
-
-
-@contextlib.contextmanager
-def _without_obsolete_fields(path: Path | None, content: dict | None):
-    """``path``, or a copy of it without ``FIELDS_REMOVED``, so that the ``config.yaml`` of an older
-    run still loads."""
-    cleaned = upgrade_saved(content, fill_added=False) if isinstance(content, dict) else content
-    if path is None or cleaned == content:
-        yield path
-        return
-    import tempfile
-
-    import yaml
-
-    with tempfile.TemporaryDirectory() as tmp:
-        copy_path = Path(tmp) / path.name
-        copy_path.write_text(yaml.safe_dump(cleaned, sort_keys=False))
-        yield copy_path
-
-
 def _root_config_error(e: BaseException | None) -> ConfigError | None:
     """The ConfigError a dataclass raised, if draccus wrapped one while instantiating it."""
     seen = set()
@@ -637,18 +465,29 @@ def _root_config_error(e: BaseException | None) -> ConfigError | None:
 
 
 def to_dict(cfg: Any) -> dict:
-    """The config as plain data (what ``config.yaml`` in a run directory holds)."""
-    return draccus.encode(cfg)
+    """The config as plain data (what ``config.yaml`` in a run directory holds). A run config's
+    ``method_config`` is written without draccus's ``type``: ``method`` names the method."""
+    d = draccus.encode(cfg)
+    if isinstance(cfg, RunConfig):
+        d[SECTION].pop("type", None)
+    return d
+
+
+def config_text(cfg: RunConfig) -> str:
+    """What ``save_config`` writes for ``cfg``: :func:`to_dict` as YAML."""
+    buf = io.StringIO()
+    draccus.cfgparsing.save_config(to_dict(cfg), buf)
+    return buf.getvalue()
 
 
 def save_config(cfg: RunConfig, path: Path) -> None:
-    with open(path, "w") as f:
-        draccus.dump(cfg, f)
+    Path(path).write_text(config_text(cfg))
 
 
 def config_fingerprint(cfg: RunConfig) -> dict:
-    """The fields a checkpoint must agree with to be resumed (everything but bookkeeping)."""
-    d = to_dict(cfg)
+    """The fields a checkpoint must agree with to be resumed (everything but bookkeeping), in the
+    form of :func:`upgrade_saved` (each of the method's components under its own name)."""
+    d = upgrade_saved(to_dict(cfg))
     for k in ("out_dir", "tracking", "executor", "torch_threads", "distributed"):
         d.pop(k, None)
     d["grpo"] = {k: v for k, v in d["grpo"].items() if k != "steps"}

@@ -44,12 +44,15 @@ def malformed_yaml(path: Path, e: Exception) -> str:
 def field_names(cls: type, prefix: str = "") -> list[str]:
     """Every dotted field name of a config dataclass (``grpo.group_size``); a section that is a
     registry of choices (``RunConfig.domain``) lists ``domain.type`` and the fields of every
-    registered choice (every domain loaded so far: ``wmrl.config.load_domains``)."""
+    registered choice (every domain loaded so far: ``wmrl.config.load_domains``), unless the registry
+    says its fields are not listed (``FIELDS_LISTED = False``: ``method_config``, one name)."""
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
         name, sub = prefix + f.name, hints.get(f.name)
-        if sub is not None and _is_registry(sub):
+        if sub is not None and _is_registry(sub) and not getattr(sub, "FIELDS_LISTED", True):
+            out.append(name)
+        elif sub is not None and _is_registry(sub):
             out.append(f"{name}.type")
             for choice in sub.get_known_choices().values():
                 out += field_names(choice, f"{name}.")

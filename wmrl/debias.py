@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wmrl.config import DebiasConfig
 from wmrl.lazy import lazy
+from wmrl.method_config import DebiasConfig
 
 if TYPE_CHECKING:
     import torch

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from wmrl.config import DenoiseConfig, half_life_to_alpha
+from wmrl.config import half_life_to_alpha
 from wmrl.debias import centred_residual
 from wmrl.lazy import lazy
+from wmrl.method_config import DenoiseConfig
 
 if TYPE_CHECKING:
     import torch

@@ -56,9 +56,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wmrl.config import PPIConfig
 from wmrl.lazy import lazy
 from wmrl.learner import group_advantages
+from wmrl.method_config import PPIConfig
 
 if TYPE_CHECKING:
     import torch

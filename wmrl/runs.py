@@ -261,4 +261,5 @@ def config_diffs(path: Path, want: RunConfig) -> list[str]:
     import yaml
 
     got = result_fields(upgrade_saved(yaml.safe_load(path.read_text()) or {}))
-    return [f"{k}: {a!r} there vs {b!r} now" for k, a, b in config_diff(got, result_fields(want))]
+    now = result_fields(upgrade_saved(to_dict(want)))  # the same form: each component under its name
+    return [f"{k}: {a!r} there vs {b!r} now" for k, a, b in config_diff(got, now)]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
 import json
 import logging
 import os
@@ -39,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-import draccus
 import numpy as np
 
 from wmrl.checkpoints import CHECKPOINT as CHECKPOINT
@@ -55,7 +53,7 @@ from wmrl.checkpoints import rng_state as rng_state
 from wmrl.checkpoints import safe_load as safe_load
 from wmrl.checkpoints import save_checkpoint as save_checkpoint
 from wmrl.checkpoints import set_rng_state as set_rng_state
-from wmrl.config import RunConfig, to_dict
+from wmrl.config import RunConfig, config_text, to_dict
 from wmrl.lazy import lazy
 from wmrl.signals import SIGNAL_GRACE_S, repeated_signal
 
@@ -450,13 +448,6 @@ def prepare_run_dir(run_dir: Path, resume: bool, cfg: RunConfig | None = None) -
         os.replace(run_dir / ".wandb_id", run_dir / ".wandb_id.orphaned")
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     return " and ".join(moved)
-
-
-def config_text(cfg: RunConfig) -> str:
-    """What ``save_config`` writes for ``cfg``."""
-    buf = io.StringIO()
-    draccus.dump(cfg, buf)
-    return buf.getvalue()
 
 
 def trim_metrics_after(run_dir: Path, step: int) -> int:

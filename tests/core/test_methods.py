@@ -264,7 +264,11 @@ def test_a_checkpoint_from_before_methods_kept_their_state_resumes_exactly(tmp_p
     path = tmp_path / "run" / CHECKPOINT
     state = torch.load(path, weights_only=False)
     own = state.pop("method")
-    fresh = get_method("ppi").new_state(part).state_dict() | get_method("wmrl").new_state(part).state_dict()
+
+    def new_state(method):  # each method builds its components from its own settings
+        return get_method(method).new_state(load_config(None, [*FAST, f"--method={method}"])).state_dict()
+
+    fresh = new_state("ppi") | new_state("wmrl")
     legacy = {"debiaser": "debiaser", "denoiser": "denoiser", "tuner": "ppi"}
     state.update({legacy[k]: own.get(k, fresh[k]) for k in legacy})  # every run wrote all three
     torch.save(state, path)

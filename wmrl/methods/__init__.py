@@ -1,6 +1,8 @@
 """The training methods, one object each in a registry (``METHODS``; the contract is
 wmrl/methods/base.py). A new method is one file here: subclass :class:`Method`, decorate it with
-:func:`register_method` and import the file below (or anywhere before the config is parsed).
+:func:`register_method` and import the file below (or anywhere before the config is parsed); its
+settings, if it has any, are a :class:`wmrl.method_config.MethodConfig` dataclass beside it, named
+by its ``config`` attribute (a run's ``method_config``).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from wmrl.denoise import InverseVarianceDenoiser, normalise_weights, sample_weig
 from wmrl.domain import Prediction, PriorGroups, RolloutBatch
 from wmrl.lazy import lazy
 from wmrl.learner import group_advantages
+from wmrl.method_config import Calibrates, Denoises, MethodConfig, method_config_class
 
 if TYPE_CHECKING:
     import torch
@@ -194,12 +195,17 @@ class Method:
     # Whether a closed-loop domain should add imagined twin groups of the anchor tasks
     # (RolloutBatch.real_row): only a method that pairs the WM's and the real rollouts of a task uses them.
     uses_twins: bool = False
-    # The RunConfig sections that change what it does, besides grpo (a reader's and a tool's guide:
-    # the others' values are ignored by it).
+    # The RunConfig sections that change what it does, besides grpo and its own settings (a reader's
+    # and a tool's guide: the others' values are ignored by it).
     config_sections: tuple[str, ...] = ()
     # Its part in a comparison, one of ROLES, which the grid and the reports read ("": a method
     # compared with them).
     role: str = ""
+    # Its own settings, the run's `method_config` (wmrl/method_config.py): a MethodConfig dataclass
+    # (`--method_config.<field>=...`). Left out, register_method gives it one made of the components it
+    # keeps: Calibrates' `debias` where it calibrates, Denoises' `denoise` where it denoises. (Declared,
+    # not set, here: a class is no hook of the contract a control takes from its base.)
+    config: type[MethodConfig]
 
     def __repr__(self) -> str:
         return f"<method {self.name}>"
@@ -242,9 +248,9 @@ class Method:
         calibration where it ``calibrates``, the denoiser where it ``denoises``."""
         components: dict[str, Component] = {}
         if self.calibrates:
-            components["debiaser"] = OnlineDebiaser(run.debias)
+            components["debiaser"] = OnlineDebiaser(cast(Calibrates, run.method_config).debias)
         if self.denoises:
-            components["denoiser"] = InverseVarianceDenoiser(run.denoise)
+            components["denoiser"] = InverseVarianceDenoiser(cast(Denoises, run.method_config).denoise)
         return MethodState(**components)
 
     # ---- the training step's hooks (called by wmrl.trainer.Trainer, in this order) ---------------
@@ -299,10 +305,10 @@ class Method:
         weights = torch.ones_like(adv)
         if self.denoises:
             weights = torch.where(is_anchor, torch.full_like(adv, trainer.method_state.denoiser.w), weights)
-            if cfg.denoise.sample_weights and pred is not None and pred.var is not None:
+            d = cast(Denoises, cfg.method_config).denoise
+            if d.sample_weights and pred is not None and pred.var is not None:
                 wm_rows = ~is_anchor & torch.isfinite(pred.var)
                 if wm_rows.any():
-                    d = cfg.denoise
                     weights[wm_rows] = sample_weights(
                         pred.var[wm_rows].float(), d.var_floor, d.sample_weight_max
                     )
@@ -350,7 +356,8 @@ filled through the ``wmrl.methods`` entry points), the same dict."""
 
 def register_method[M: type[Method]](cls: M) -> M:
     """Class decorator: register one instance of ``cls`` under ``cls.name`` in the registry
-    (``wmrl.config.METHODS``, read by the config, the grid and the reports)."""
+    (``wmrl.config.METHODS``, read by the config, the grid and the reports), and its config class
+    (:func:`wmrl.method_config.method_config_class`) as the ``method_config`` of its runs."""
     if not cls.name or cls.name in METHODS:
         raise ValueError(f"method class {cls.__qualname__} needs a new, non-empty name, got {cls.name!r}")
     if cls.executes not in EXECUTES:
@@ -359,6 +366,7 @@ def register_method[M: type[Method]](cls: M) -> M:
         raise ValueError(
             f"{cls.__qualname__}.role={cls.role!r}: not one of {ROLES}, or taken by another method"
         )
+    cls.config = method_config_class(cls)
     METHODS[cls.name] = cls()
     return cls
 

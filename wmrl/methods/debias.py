@@ -13,4 +13,4 @@ class Debias(Method):
         "the anchors"
     )
     calibrates = True
-    config_sections = ("anchors", "debias")
+    config_sections = ("anchors",)

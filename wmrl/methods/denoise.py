@@ -13,4 +13,4 @@ class Denoise(Method):
         "groups scored by the world model"
     )
     denoises = True
-    config_sections = ("anchors", "denoise")
+    config_sections = ("anchors",)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 from wmrl.config import ConfigError
 from wmrl.domain import PriorGroups
 from wmrl.lazy import lazy
 from wmrl.learner import score_directions
+from wmrl.method_config import Calibrates, PPIConfig
 from wmrl.methods.base import Advantages, Control, Method, MethodState, Step, TrainerView, register_method
 from wmrl.ppi import PowerTuner, anchor_moments, gradient_row_products, ppi_rows, variance_ratio
 
@@ -26,6 +28,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class PPIMethodConfig(Calibrates):
+    """ppi's settings: the calibration's (``debias``) and its λ tuner's (``ppi``)."""
+
+    # lambda's tuner: its window, warm-up, shrinkage, or a fixed lambda (wmrl/ppi.py).
+    ppi: PPIConfig = field(default_factory=PPIConfig)
+
+
+def ppi_settings(run: RunConfig) -> PPIConfig:
+    """The λ tuner's settings of a ppi run."""
+    return cast(PPIMethodConfig, run.method_config).ppi
+
+
 @register_method
 class PPI(Method):
     """Per row, WM-only ``λ Â`` and anchor ``λ Â + (N/n)(A − λ Â)``, with ``λ`` pooled from the
@@ -39,7 +54,8 @@ class PPI(Method):
     )
     calibrates = True
     uses_twins = True
-    config_sections = ("anchors", "debias", "ppi")
+    config_sections = ("anchors",)
+    config = PPIMethodConfig
 
     def controls(self) -> list[Control]:
         from wmrl.methods.ppi_lambda0 import PPILambda0
@@ -47,7 +63,7 @@ class PPI(Method):
         return [PPILambda0(self)]
 
     def wants_execution_log(self, run: RunConfig) -> bool:
-        return run.ppi.prior_from_log
+        return ppi_settings(run).prior_from_log
 
     def progress(self, metrics: dict[str, float]) -> dict[str, str]:
         return {"lam": f"{metrics['ppi/lambda']:.2f}", "rho": f"{metrics['ppi/rho']:.2f}"}
@@ -55,7 +71,7 @@ class PPI(Method):
     def new_state(self, run: RunConfig) -> MethodState:
         """The calibration and λ's tuner (:class:`wmrl.ppi.PowerTuner`)."""
         state = super().new_state(run)
-        state.components["tuner"] = PowerTuner(run.ppi, run.grpo.advantage, run.grpo.std_eps)
+        state.components["tuner"] = PowerTuner(ppi_settings(run), run.grpo.advantage, run.grpo.std_eps)
         return state
 
     def start_from_log(self, trainer: TrainerView, prior_groups: PriorGroups | None) -> None:
@@ -139,7 +155,7 @@ def prediction_powered_advantages(
         cross, wm_sq, true_sq = anchor_moments(adv_true[pair[wm_rows]], adv_wm[wm_rows], anchor_gid)
         out["ppi/rho"] = correlation(cross.sum(), wm_sq.sum(), true_sq.sum())
         gram = None
-        if trainer.cfg.ppi.moments == "gradient":
+        if ppi_settings(trainer.cfg).moments == "gradient":
             t0 = time.perf_counter()
             s = score_directions(trainer.policy, batch, torch.cat([pair[wm_rows], wm_rows]), g.loss_agg)
             gram = s @ s.T

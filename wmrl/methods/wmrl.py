@@ -14,4 +14,4 @@ class WMRL(Method):
     )
     calibrates = True
     denoises = True
-    config_sections = ("anchors", "debias", "denoise")
+    config_sections = ("anchors",)
