@@ -31,6 +31,11 @@ def build_policy(cfg: VLAConfig):
     """The run's policy architecture, untrained (the same constructor arguments as the pipeline's)."""
     from wmrl_vla.pipeline import _dims
 
+    if cfg.policy == "lerobot_diffusion":
+        raise ValueError(
+            "wmrl export does not write a post-trained diffusion policy yet; its weights are the "
+            "checkpoint's state['policy'] (DiffusionChainPolicy.load_state_dict)"
+        )
     if cfg.policy_path is not None:
         from wmrl_vla.lerobot_policy import PretrainedLeRobotPolicy
 

@@ -147,7 +147,13 @@ def prepare_policy(
     if cfg.policy_path is not None:
         from wmrl_vla.lerobot_policy import PretrainedLeRobotPolicy
 
+        if cfg.policy == "lerobot_diffusion":
+            from wmrl_vla.diffusion_bridge import DiffusionChainPolicy
+
+            return DiffusionChainPolicy.from_folder(cfg.policy_path).to(device)
         return PretrainedLeRobotPolicy(cfg.policy_path).to(device)
+    if cfg.policy == "lerobot_diffusion":
+        return _prepare_diffusion(cfg, demos, path, fields, device)
     if cfg.policy == "lerobot_act":
         return _prepare_act(cfg, demos, path, fields, device)
     if cfg.policy == "lerobot_smolvla":
@@ -354,6 +360,30 @@ def _prepare_act(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict, de
                         n_encoder_layers=cfg.n_layers)
     ).to(device)  # fmt: skip
     return _sft_gaussian_and_save(cfg, policy, demos, path, fields)
+
+
+def _prepare_diffusion(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict, device: torch.device):
+    """A small lerobot DiffusionPolicy (see :mod:`wmrl_vla.diffusion_bridge`), cloned with its own
+    diffusion loss for ``sft_epochs`` passes' worth of ``sft_batch_size`` minibatches."""
+    from wmrl_vla.diffusion_bridge import DiffusionBridgeConfig, DiffusionChainPolicy, train_bc
+
+    if path.exists():
+        return DiffusionChainPolicy.load(path).to(device)
+    state_dim, action_dim = _dims(cfg.tasks)
+    torch.manual_seed(cfg.demo_seed)
+    policy = DiffusionChainPolicy.from_config(
+        DiffusionBridgeConfig(image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim)
+    )
+    t0 = time.perf_counter()
+    frames = sum(len(np.asarray(d.get("action", d.get("actions")))) for d in demos)
+    steps = cfg.sft_epochs * max(1, -(-frames // cfg.sft_batch_size))
+    loss = train_bc(policy, demos, steps, cfg.sft_batch_size, cfg.sft_lr, cfg.demo_seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    policy.save(path)
+    path.with_suffix(".json").write_text(
+        json.dumps({"loss": loss, "seconds": time.perf_counter() - t0, **fields})
+    )
+    return policy.to(device)
 
 
 def _prepare_smolvla(cfg: VLAConfig, demos: list[dict], path: Path, fields: dict):
