@@ -31,7 +31,7 @@ fitting), :mod:`wmrl_vla.media` (videos, tables, GIFs).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -262,10 +262,13 @@ class VLADomain:
                              goal=goals)  # fmt: skip
             bins, lps, feats = actor.stacked()  # [B, T', A], [B, T', A], [B, T', F]
         else:
-            rec_bins, rec_lp, rec_chains = [], [], []
+            rec_bins, rec_lp = [], []
+            rec_chains: list[torch.Tensor] = []
             still = self.imagine_input == "first_frame"  # the first frame throughout, none decoded
             chained = getattr(self.policy, "records_chain", False)
-            sample = self.policy.act_with_chain if chained else self.policy.act
+            sample: Callable[..., tuple[torch.Tensor, ...]] = (
+                self.policy.act_with_chain if chained else self.policy.act
+            )
 
             def act(seen: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
                 kw = {} if noise is None else {"noise": noise[:, t]}

@@ -196,3 +196,37 @@ def test_rollouts_carry_chains_into_the_batch(policy):
     batch = collate([sim_payload(r) for r in rs], [None], 2, 16, pol.tokenizer)
     assert batch.extras["chains"].shape[2:] == (CFG.chain_steps + 1, 4, 2)
     torch.testing.assert_close(pol.log_probs(batch) * batch.mask, batch.logprobs, rtol=0, atol=1e-4)
+
+
+def test_a_lerobot_diffusion_folder_is_post_trainable(tmp_path):
+    """``domain.policy_path`` to a lerobot diffusion folder (n_obs_steps=1): accepted, loaded with its
+    processors, and its chain sampled and re-scored."""
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
+    from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+    from lerobot.policies.factory import make_pre_post_processors
+
+    from wmrl_vla.lerobot_policy import check_policy_path
+
+    c = DiffusionConfig(
+        input_features={
+            "observation.image": PolicyFeature(type=FeatureType.VISUAL, shape=(3, 32, 32)),
+            "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(4,)),
+        },
+        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(2,))},
+        n_obs_steps=1, horizon=4, n_action_steps=1, drop_n_last_frames=0, crop_shape=None,
+        pretrained_backbone_weights=None, use_group_norm=True, down_dims=(8, 16),
+        diffusion_step_embed_dim=8, spatial_softmax_num_keypoints=4, num_train_timesteps=20,
+        num_inference_steps=3, device="cpu", push_to_hub=False,
+    )  # fmt: skip
+    folder = tmp_path / "pretrained_model"
+    DiffusionPolicy(c).save_pretrained(folder)
+    for proc in make_pre_post_processors(c, dataset_stats=None):
+        proc.save_pretrained(folder)
+    assert check_policy_path(folder, 32) == "diffusion"
+    pol = DiffusionChainPolicy.from_folder(folder)
+    images = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    states = torch.randn(2, 4)
+    _, logp, action, chain = pol.act_with_chain(images, states, None, 1.0, torch.Generator().manual_seed(0))
+    assert chain.shape == (2, 4, 4, 2) and action.shape == (2, 2)
+    torch.testing.assert_close(pol.chain_log_probs(images, states, chain), logp, rtol=0, atol=5e-5)
