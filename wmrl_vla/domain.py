@@ -266,8 +266,8 @@ class VLADomain:
             rec_chains: list[torch.Tensor] = []
             still = self.imagine_input == "first_frame"  # the first frame throughout, none decoded
             chained = getattr(self.policy, "records_chain", False)
-            sample: Callable[..., tuple[torch.Tensor, ...]] = (
-                self.policy.act_with_chain if chained else self.policy.act
+            sample: Callable[..., tuple[torch.Tensor, ...]] = getattr(
+                self.policy, "act_with_chain" if chained else "act"
             )
 
             def act(seen: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
