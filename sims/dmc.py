@@ -202,8 +202,13 @@ class ReacherExpert:
     def act(self, obs: dict, info: dict, env: DMCEnv) -> np.ndarray:
         physics = env.unwrapped.physics
         target = physics.named.data.geom_xpos["target", :2] - physics.named.data.xpos["arm", :2]
-        q = np.array([physics.named.data.qpos["shoulder"], physics.named.data.qpos["wrist"]], dtype=float)
-        qd = np.array([physics.named.data.qvel["shoulder"], physics.named.data.qvel["wrist"]], dtype=float)
+        # each named joint reads as a length-1 array: ravel to [2], or the action comes out [2, 1]
+        q = np.array(
+            [physics.named.data.qpos["shoulder"], physics.named.data.qpos["wrist"]], dtype=float
+        ).ravel()
+        qd = np.array(
+            [physics.named.data.qvel["shoulder"], physics.named.data.qvel["wrist"]], dtype=float
+        ).ravel()
         link = self.LINK
         r = min(float(np.linalg.norm(target)), 2 * link - 1e-6)
         c2 = np.clip((r**2 - 2 * link**2) / (2 * link**2), -1.0, 1.0)

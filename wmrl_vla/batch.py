@@ -9,7 +9,8 @@ the :class:`~wmrl_vla.rollout.SimRollout` of a simulated one, else None; latent 
 Batch layout (``T`` = longest rollout in steps, ``A`` = action dims; tokens step-major):
 ``tokens``/``logprobs``/``mask`` ``[N, T*A]``; ``extras``: ``images`` ``[N, T, 3, H, W]`` uint8 (the
 frames the policy saw), ``states`` ``[N, T, S]``, ``instr`` ``[N, L]``, ``actions`` ``[N, T, A]``,
-``step_mask`` ``[N, T]``, ``init_images`` ``[N, 3, H, W]``, ``init_states`` ``[N, S]``.
+``step_mask`` ``[N, T]``, ``init_images`` ``[N, 3, H, W]``, ``init_states`` ``[N, S]``; a chain
+policy's rollouts (payload ``chains`` ``[T, K+1, H, A]``) add ``chains`` ``[N, T, K+1, H, A]``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def sim_payload(r: SimRollout) -> dict:
         "success": float(r.success.max()),
         "goal": goal_or_zeros(r.goal),
         "rollout": r,
+        **({} if r.chains is None else {"chains": r.chains}),
     }
 
 
@@ -76,17 +78,24 @@ def collate(
         logprobs[i, :t] = torch.as_tensor(r["logprobs"])
         step_mask[i, :t] = 1
     mask = step_mask.unsqueeze(-1).expand(n, t_max, a).reshape(n, t_max * a).contiguous()
-    latent_extras = {}
+    optional_extras = {}
     if any("features" in r for r in rollouts):  # latent imagination: what the policy read
         f_dim = next(r["features"].shape[1] for r in rollouts if "features" in r)
         features = torch.zeros(n, t_max, f_dim)
         for i, r in enumerate(rollouts):
             if "features" in r:
                 features[i, : len(r["actions"])] = r["features"]
-        latent_extras = {
+        optional_extras = {
             "features": features,
             "latent": torch.tensor(["features" in r for r in rollouts]),
         }
+    if any("chains" in r for r in rollouts):  # a chain policy's denoising chains
+        if not all("chains" in r for r in rollouts):
+            raise ValueError("some rollouts carry denoising chains and others do not")
+        chains = torch.zeros(n, t_max, *rollouts[0]["chains"].shape[1:])
+        for i, r in enumerate(rollouts):
+            chains[i, : len(r["actions"])] = torch.as_tensor(r["chains"])
+        optional_extras["chains"] = chains
     return RolloutBatch(
         tokens=tokens.reshape(n, t_max * a),
         logprobs=logprobs.reshape(n, t_max * a),
@@ -104,7 +113,7 @@ def collate(
             "step_mask": step_mask,
             "init_images": images[:, 0].clone(),
             "init_states": states[:, 0].clone(),
-            **latent_extras,
+            **optional_extras,
         },
         real_row=real_row,
         real_rewards=real_rewards,

@@ -81,12 +81,15 @@ class VLAConfig(DomainConfig):
     # Policy: "small_vla" (discretised action tokens, trained from scratch) | "lerobot_act" (lerobot's
     # ACT, random init, with a learnable Gaussian head: see wmrl_vla.lerobot_bridge) |
     # "lerobot_smolvla" (lerobot's SmolVLA built offline around a tiny random SmolVLM, the
-    # instruction fed in, same Gaussian head: see wmrl_vla.smolvla_bridge). d_model and n_layers size
-    # each (SmolVLA: its text tower's width and depth, at least 2 layers).
+    # instruction fed in, same Gaussian head: see wmrl_vla.smolvla_bridge) | "lerobot_diffusion"
+    # (lerobot's DiffusionPolicy, small, random init, cloned with its diffusion loss; GRPO through its
+    # denoising chain's log-probability: see wmrl_vla.diffusion_bridge). d_model and n_layers size
+    # the first three (SmolVLA: its text tower's width and depth, at least 2 layers).
     policy: str = "small_vla"
     # A policy trained with lerobot (its `pretrained_model` folder, or a hub id): post-trained as is
-    # (no SFT; domain.policy becomes the folder's kind, lerobot_act or lerobot_smolvla), its inputs
-    # through its own saved processors. ACT or SmolVLA; see wmrl_vla.lerobot_policy.
+    # (no SFT; domain.policy becomes the folder's kind, lerobot_act, lerobot_smolvla or
+    # lerobot_diffusion), its inputs through its own saved processors. ACT, SmolVLA or diffusion
+    # (n_obs_steps=1); see wmrl_vla.lerobot_policy and wmrl_vla.diffusion_bridge.
     policy_path: str | None = None
     # An env lerobot knows, as lerobot spells it (--domain.env.type=metaworld
     # --domain.env.task=reach-v3); it replaces domain.tasks. See wmrl_vla.lerobot_env.

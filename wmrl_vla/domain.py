@@ -31,7 +31,7 @@ fitting), :mod:`wmrl_vla.media` (videos, tables, GIFs).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -237,6 +237,7 @@ class VLADomain:
         latent = self.imagine_input == "latent"
         wm: VLADynamics = self.world_model.model
         wm.eval()
+        chains: torch.Tensor | None = None  # a chain policy's denoising chains (pixel imagination)
         if latent:  # the policy reads the WM latent through the adapter: no frame decoded
             if self.latent_adapter is None:
                 raise RuntimeError("imagine_input=latent: fit_latent_adapter() must run before imagining")
@@ -253,20 +254,27 @@ class VLADomain:
             bins, lps, feats = actor.stacked()  # [B, T', A], [B, T', A], [B, T', F]
         else:
             rec_bins, rec_lp = [], []
+            rec_chains: list[torch.Tensor] = []
             still = self.imagine_input == "first_frame"  # the first frame throughout, none decoded
+            chained = getattr(self.policy, "records_chain", False)
+            sample: Callable[..., tuple[torch.Tensor, ...]] = getattr(
+                self.policy, "act_with_chain" if chained else "act"
+            )
 
             def act(seen: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
                 kw = {} if noise is None else {"noise": noise[:, t]}
                 frames = imgs if still else seen
-                bins, lp, a = self.policy.act(frames, states, instr_ids, self.temperature, self.gen, **kw)
+                bins, lp, a, *chain = sample(frames, states, instr_ids, self.temperature, self.gen, **kw)
                 rec_bins.append(bins)
                 rec_lp.append(lp)
+                rec_chains.extend(chain)
                 return a
 
             out = wm.imagine(imgs, sts, act, horizon, generator=self.gen, instr=wm_instr, goal=goals,
                              observe="latents" if still else "frames")  # fmt: skip
             bins = torch.stack(rec_bins, 1)  # [B, T', A]
             lps = torch.stack(rec_lp, 1)
+            chains = torch.stack(rec_chains, 1) if rec_chains else None  # [B, T', K+1, H, A]
         res = []
         lengths = []
         for i in range(imgs.shape[0]):
@@ -292,6 +300,8 @@ class VLADomain:
             if latent:  # no frame but the first was decoded: keep what the policy read instead
                 r["features"] = feats[i, :n]
                 r["latents"] = out["latents"][i, :n]
+            elif chains is not None:
+                r["chains"] = chains[i, :n].numpy()
             res.append(r)
         if latent and self.latent_refresh_steps > 0:
             self.refresh_latent_adapter(imgs, out["latents"], f0, instr_ids, lengths)

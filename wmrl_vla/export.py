@@ -11,6 +11,7 @@ missing or left over is an error, never a silently random weight. Written:
 - ``lerobot_smolvla``: ``DIR`` is lerobot's SmolVLA policy folder with the local SmolVLM
   directory it was built around copied to ``DIR/vlm`` (``vlm_model_name`` points there), plus the
   Gaussian head as above.
+- ``lerobot_diffusion``: refused (its weights are the checkpoint's ``state['policy']``).
 - the world model: ``DIR/world_model/{model.safetensors,config.json}``; ``VLADynamics.from_pretrained``.
 """
 
@@ -39,6 +40,8 @@ def export_vla(
     if adapter:
         raise ValueError("--adapter applies to LoRA research agents; a VLA run has no adapter")
     kind = policy_kind(cfg)  # its module says what it writes (wmrl_vla/policies/)
+    if kind.export_refused is not None:
+        raise ValueError(kind.export_refused)
     policy = kind.build()
     policy.load_state_dict(state["policy"], strict=True)
     policy.eval()

@@ -28,10 +28,10 @@ given what was observed, so WMRL queries the policy at every step and executes t
 action (``n_action_steps=1``; temporal ensembling off); the exported folder says so in its
 ``config.json``, which makes ``lerobot-eval`` run the post-trained policy exactly as WMRL did.
 
-Supported: ``act`` and ``smolvla``. diffusion, pi0, pi05 and the other lerobot policies fail with one
-line naming what is missing (:func:`check_supported`): a Gaussian head centred on their sampler's
-output from fixed noise is the same choice as SmolVLA's, but each needs its own chunk function and
-test (diffusion's DDPM/DDIM scheduler, pi0's PaliGemma backbone, not available offline here).
+Supported: ``act`` and ``smolvla`` here, and ``diffusion`` through the log-probability of its
+denoising chain (:mod:`wmrl_vla.diffusion_bridge`, :func:`load_lerobot_folder`; ``n_obs_steps=1``).
+pi0, pi05 and the other lerobot policies fail with one line naming what is missing
+(:func:`check_supported`; pi0's PaliGemma backbone is not available offline here).
 """
 
 from __future__ import annotations
@@ -45,7 +45,12 @@ from torch import nn
 from wmrl_vla.lerobot_bridge import GaussianActionHead
 from wmrl_vla.policy import InstructionTokenizer
 
-SUPPORTED_TYPES = ("act", "smolvla")
+SUPPORTED_TYPES = ("act", "smolvla", "diffusion")
+# Why the others are refused (check_supported).
+REFUSED = {
+    "pi0": "pi0's PaliGemma backbone is not available offline and its flow-matching chain is not wired in",
+    "pi05": "pi05's PaliGemma backbone is not available offline and its flow-matching chain is not wired in",
+}
 HEAD_FILE = "gaussian_head.safetensors"
 
 
@@ -76,11 +81,31 @@ def policy_config(path: str | Path):
 def check_supported(kind: str, path: str | Path) -> None:
     """One line naming what is missing for a policy type GRPO cannot post-train yet."""
     if kind not in SUPPORTED_TYPES:
+        why = REFUSED.get(kind, f"{kind}'s sampler is not wired in")
         raise PolicyPathError(
             f"domain.policy_path={path} holds a {kind!r} policy, which has no log-probability for GRPO "
-            f"yet; supported: {', '.join(SUPPORTED_TYPES)} (WMRL centres a Gaussian on a deterministic "
-            f"action chunk; {kind}'s sampler from fixed noise is not wired in)"
+            f"yet ({why}); supported: {', '.join(SUPPORTED_TYPES)}"
         )
+
+
+def load_lerobot_folder(path: str | Path):
+    """(policy on the CPU, preprocessor, postprocessor) of a lerobot policy folder, loaded with
+    lerobot's own loaders; the policy executes its chunk's first action (``n_action_steps=1``,
+    temporal ensembling off: module docstring)."""
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+    kind = policy_config(path).type
+    check_supported(kind, path)
+    policy = get_policy_class(kind).from_pretrained(str(path))
+    c = policy.config
+    c.device = "cpu"
+    if getattr(c, "temporal_ensemble_coeff", None) is not None:
+        c.temporal_ensemble_coeff = None
+    c.n_action_steps = 1
+    pre, post = make_pre_post_processors(
+        c, pretrained_path=str(path), preprocessor_overrides={"device_processor": {"device": "cpu"}}
+    )
+    return policy.to("cpu"), pre, post
 
 
 class ProcessorTokenizer:
@@ -146,22 +171,19 @@ class PretrainedLeRobotPolicy(GaussianActionHead):
         super().__init__()
         from types import SimpleNamespace
 
-        from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+        from lerobot.policies.factory import get_policy_class
 
         kind = policy_config(path).type
+        if kind == "diffusion":
+            raise PolicyPathError(
+                f"domain.policy_path={path} holds a diffusion policy: load it with DiffusionChainPolicy"
+            )
         check_supported(kind, path)
         self.path = str(path)
         self.policy_cls = get_policy_class(kind)
-        lerobot_policy = self.policy_cls.from_pretrained(self.path)
+        lerobot_policy, self.preprocessor, self.postprocessor = load_lerobot_folder(path)
         c = lerobot_policy.config
-        c.device = "cpu"
-        if getattr(c, "temporal_ensemble_coeff", None) is not None:
-            c.temporal_ensemble_coeff = None  # WMRL executes the chunk's first action (module docstring)
-        c.n_action_steps = 1
-        self.lerobot_policy = lerobot_policy.to("cpu")
-        self.preprocessor, self.postprocessor = make_pre_post_processors(
-            c, pretrained_path=self.path, preprocessor_overrides={"device_processor": {"device": "cpu"}}
-        )
+        self.lerobot_policy = lerobot_policy
         self.image_keys = list(c.image_features)
         state = c.robot_state_feature
         if state is None or len(self.image_keys) != 1:
@@ -257,10 +279,16 @@ class PretrainedLeRobotPolicy(GaussianActionHead):
 
 def check_policy_path(path: str | Path, image_size: int) -> str:
     """A policy folder WMRL can post-train at ``image_size``: a supported type whose inputs are one
-    camera image of that square size and one state; returns its type (``act``, ``smolvla``). Raises
+    camera image of that square size and one state; returns its type (``act``, ``smolvla``,
+    ``diffusion``). Raises
     :class:`PolicyPathError` (one line)."""
     cfg = policy_config(path)
     check_supported(cfg.type, path)
+    from wmrl_vla.policies import folder_kind
+
+    kind = folder_kind(cfg.type)
+    if kind is not None:  # the kind that post-trains such folders itself refuses what it cannot
+        kind.check_folder(cfg, path)
     images = {k: tuple(f.shape) for k, f in cfg.image_features.items()}
     if len(images) != 1 or cfg.robot_state_feature is None:
         raise PolicyPathError(

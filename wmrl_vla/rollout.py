@@ -30,6 +30,8 @@ class SimRollout:
     progress: np.ndarray  # [T] reward after each action (1 once succeeded)
     success: np.ndarray  # [T] float32, 0/1
     goal: np.ndarray | None = None  # [2] the named object's table xy at reset (goal_xy)
+    # [T, K+1, H, A] float32: a chain policy's denoising chains (wmrl_vla.diffusion_bridge), else None
+    chains: np.ndarray | None = None
 
     @property
     def length(self) -> int:
@@ -128,8 +130,9 @@ def _chw(img: np.ndarray) -> np.ndarray:
 
 
 #: ``actor(images, states, instructions)``, or with ``noise=`` (per-row uniforms ``[B, A]``) when
-#: :func:`run_episodes` is given common random numbers.
-Actor = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+#: :func:`run_episodes` is given common random numbers: ``(bins, logprobs, actions)``, plus the
+#: denoising chains ``[B, K+1, H, A]`` for a chain policy (``policy.records_chain``).
+Actor = Callable[..., tuple[torch.Tensor, ...]]
 
 
 def run_episodes(
@@ -142,7 +145,7 @@ def run_episodes(
     """Roll out ``actor`` in the real simulator from each ``(task_id, seed)``, all in lockstep.
 
     ``actor(images [B, 3, H, W] uint8, states [B, S], instructions) -> (bins [B, A], logprobs
-    [B, A], actions [B, A])``. Episodes end at success (terminated) or the time limit. ``noise``
+    [B, A], actions [B, A])`` (+ ``chains [B, K+1, H, A]``, kept as ``SimRollout.chains``). Episodes end at success (terminated) or the time limit. ``noise``
     ``[len(specs), T, A]`` (T at least the longest episode): episode i's sampling uniforms at step
     t, passed to the actor as ``noise=`` (common random numbers with an imagined twin).
     """
@@ -164,6 +167,7 @@ def run_episodes(
             "lp": [],
             "p": [],
             "s": [],
+            "chains": [],
         }
         for o in obs
     ]
@@ -173,7 +177,7 @@ def run_episodes(
         imgs = torch.from_numpy(np.stack([rec[i]["images"][-1] for i in alive]))
         sts = torch.from_numpy(np.stack([rec[i]["states"][-1] for i in alive]).astype(np.float32))
         kw = {} if noise is None else {"noise": noise[alive, t]}
-        bins, lps, acts = actor(imgs, sts, [instrs[i] for i in alive], **kw)
+        bins, lps, acts, *chains = actor(imgs, sts, [instrs[i] for i in alive], **kw)
         t += 1
         still = []
         for j, i in enumerate(alive):
@@ -183,6 +187,8 @@ def run_episodes(
             rc["actions"].append(a)
             rc["bins"].append(bins[j].numpy())
             rc["lp"].append(lps[j].numpy())
+            if chains:
+                rc["chains"].append(chains[0][j].numpy())
             rc["p"].append(float(r))
             rc["s"].append(float(info["success"]))
             rc["images"].append(_chw(o["image"]))
@@ -206,19 +212,22 @@ def run_episodes(
                 progress=np.array(rc["p"], np.float32),
                 success=np.array(rc["s"], np.float32),
                 goal=goal,
+                chains=np.stack(rc["chains"]).astype(np.float32) if rc["chains"] else None,
             )
         )
     return out
 
 
 def policy_actor(policy, temperature: float, generator: torch.Generator | None = None) -> Actor:
-    """Wrap a :class:`~wmrl_vla.policy.SmallVLA` as an actor (instructions tokenised per call)."""
+    """Wrap a policy (:class:`~wmrl_vla.policy.SmallVLA`, a bridge) as an actor (instructions tokenised
+    per call); a chain policy's actor also returns its chains (``act_with_chain``)."""
+    sample = policy.act_with_chain if getattr(policy, "records_chain", False) else policy.act
 
     @torch.no_grad()
     def act(images, states, instructions, noise=None):
         instr = policy.tokenizer.encode(instructions)
         kw = {} if noise is None else {"noise": noise}
-        return policy.act(images, states, instr, temperature=temperature, generator=generator, **kw)
+        return sample(images, states, instr, temperature=temperature, generator=generator, **kw)
 
     return act
 

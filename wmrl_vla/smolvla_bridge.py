@@ -63,6 +63,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from wmrl_vla.denoising_chain import chain_log_prob, euler_step_mean, euler_step_std, sample_chain
 from wmrl_vla.lerobot_bridge import GaussianActionHead
 
 # Special tokens SmolVLM's tokenizer carries that SmolVLMProcessor and SmolVLA read by attribute.
@@ -148,8 +149,13 @@ class SmolVLABridgeConfig:
     init_log_std: float = -1.0
     min_log_std: float = -4.0
     max_log_std: float = 1.0
+    # Noise level sigma of the stochastic Euler steps of SmolVLAFlowChainPolicy (each step's std is
+    # sigma * sqrt(1 / num_steps)).
+    flow_sigma: float = 0.5
 
     def __post_init__(self) -> None:
+        if self.flow_sigma <= 0:
+            raise ValueError(f"flow_sigma={self.flow_sigma} must be > 0 (each Euler step needs a density)")
         if self.image_size % (2 * self.patch_size) != 0:
             raise ValueError(
                 f"image_size={self.image_size} must be a multiple of 2 * patch_size={2 * self.patch_size}"
@@ -364,3 +370,106 @@ class SmolVLAGaussianPolicy(GaussianActionHead):
         model = cls(SmolVLABridgeConfig(**c), tokenizer_json=ckpt["tokenizer"])
         model.load_state_dict(ckpt["state_dict"])
         return model
+
+
+class SmolVLAFlowChainPolicy(SmolVLAGaussianPolicy):
+    """SmolVLA whose action is the end of a stochastic flow-matching chain with an exact log-density
+    (:mod:`wmrl_vla.denoising_chain`; ReinFlow / piRL's noise-injected Euler steps)::
+
+        x^0 ~ N(0, I)                                           [1, A]
+        x^{k+1} ~ N(x^k + v_theta(x^k, t_k, o, l) dt, (sigma sqrt(|dt|))^2 I)
+        t_k = 1 + k dt,  dt = -1 / num_steps                   (SmolVLA's own Euler schedule)
+        action = x^K
+
+    ``v_theta`` is SmolVLA's own velocity (``VLAFlowMatching.denoise_step`` over the image + language
+    + state prefix's key/value cache, computed once per observation). ``act_with_chain`` records the
+    chain ``[B, K+1, 1, A]`` with the rollout and :meth:`log_probs` re-scores it under the current
+    parameters (``batch.extras["chains"]``). At temperature 0 the chain starts from zero noise and
+    adds none: the Gaussian bridge's mean. SFT is the Gaussian bridge's (the mean and SmolVLA's
+    flow-matching loss); the Gaussian's ``log_std`` is unused here."""
+
+    records_chain = True
+
+    def velocity(self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor):
+        """``v(x [B, 1, A], t) -> [B, 1, A]``: SmolVLA's velocity field at flow time ``t`` for this batch
+        of observations (the prefix's key/value cache computed once, here)."""
+        from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks
+
+        imgs, img_masks, lang, lang_masks, state = self._inputs(images, states, instr)
+        m = self.lerobot_policy.model
+        embs, pad_masks, att_masks = m.embed_prefix(imgs, img_masks, lang, lang_masks, state=state)
+        _, cache = m.vlm_with_expert.forward(
+            attention_mask=make_att_2d_masks(pad_masks, att_masks),
+            position_ids=torch.cumsum(pad_masks, dim=1) - 1,
+            past_key_values=None,
+            inputs_embeds=[embs, None],
+            use_cache=m.config.use_cache,
+        )
+        b = images.shape[0]
+
+        def v(x: torch.Tensor, t: float) -> torch.Tensor:
+            return m.denoise_step(pad_masks, cache, x, torch.full((b,), float(t)))
+
+        return v
+
+    @property
+    def chain_stds(self) -> torch.Tensor:
+        """``[K]`` every Euler step's std ``sigma sqrt(1 / num_steps)``."""
+        k = self.cfg.num_steps
+        return torch.full((k,), euler_step_std(self.cfg.flow_sigma, 1.0 / k))
+
+    def _chain_means(self, v, x: torch.Tensor, k: int) -> torch.Tensor:
+        dt = -1.0 / self.cfg.num_steps
+        return euler_step_mean(x, v(x, 1.0 + k * dt), dt)
+
+    @torch.no_grad()
+    def act_with_chain(
+        self,
+        images: torch.Tensor,
+        states: torch.Tensor,
+        instr: torch.Tensor,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(placeholder tokens ``[B, A]`` zeros, the chain's log-probs ``[B, A]`` under the untempered
+        policy, actions ``[B, A]``, chains ``[B, K+1, 1, A]``); ``temperature`` scales the start noise
+        and each step's noise."""
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0")
+        if noise is not None:
+            raise ValueError(
+                "a flow chain draws (K+1) x A normals per step: common random numbers are not supported"
+            )
+        v = self.velocity(images, states, self.step_instr(instr))
+        start = temperature * torch.randn(images.shape[0], 1, self.cfg.action_dim, generator=generator)
+        stds = self.chain_stds
+        chain, means = sample_chain(
+            lambda x, k: self._chain_means(v, x, k), start, stds, temperature, generator
+        )
+        logp = chain_log_prob(chain, means, stds).sum(1)  # [B, A]
+        return torch.zeros_like(logp, dtype=torch.long), logp, chain[:, -1, 0], chain
+
+    def act(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`act_with_chain` without the chain (tokens, log-probs, actions)."""
+        return self.act_with_chain(*args, **kwargs)[:3]
+
+    def chain_log_probs(
+        self, images: torch.Tensor, states: torch.Tensor, instr: torch.Tensor, chains: torch.Tensor
+    ) -> torch.Tensor:
+        """``[B, A]`` log-probs (differentiable) of recorded chains ``[B, K+1, 1, A]``."""
+        k = self.cfg.num_steps
+        if chains.shape[1:] != (k + 1, 1, self.cfg.action_dim):
+            raise ValueError(
+                f"chains have shape {tuple(chains.shape)}, expected [B, {k + 1}, 1, {self.cfg.action_dim}]"
+            )
+        v = self.velocity(images, states, instr)
+        means = torch.stack([self._chain_means(v, chains[:, j], j) for j in range(k)], 1)
+        return chain_log_prob(chains, means, self.chain_stds).sum(1)
+
+    def log_probs(self, batch, chunk: int = 256) -> torch.Tensor:
+        """``[N, T*A]`` log-probs (differentiable) of ``extras["chains"]`` given the rollouts' images,
+        states and instruction ids; padded steps 0."""
+        from wmrl_vla.diffusion_bridge import batch_chain_log_probs
+
+        return batch_chain_log_probs(self, batch, self.chain_log_probs, chunk)

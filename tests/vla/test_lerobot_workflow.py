@@ -181,10 +181,12 @@ def test_policy_folders_wmrl_cannot_post_train_fail_with_one_line(user_act, tmp_
     (tmp_path / "empty").mkdir()
     base = ["run", "vla-debug", "--out-dir", str(tmp_path / "run"), "--domain.env.type=metaworld",
             f"--domain.env.task={TASK}", f"--domain.image_size={SIZE}"]  # fmt: skip
-    no_log_prob = "policy, which has no log-probability for GRPO yet; supported: act, smolvla"
     cases = {
-        tmp_path / "diffusion": f"holds a 'diffusion' {no_log_prob}",
-        tmp_path / "pi0": f"holds a 'pi0' {no_log_prob}",
+        tmp_path / "diffusion": "is a diffusion policy conditioned on n_obs_steps=2 observations; WMRL "
+        "feeds one per step (train it with --policy.n_obs_steps=1)",
+        tmp_path / "pi0": "holds a 'pi0' policy, which has no log-probability for GRPO yet (pi0's PaliGemma "
+        "backbone is not available offline and its flow-matching chain is not wired in); supported: act, "
+        "smolvla, diffusion",
         tmp_path / "empty": "has no config.json; point it at the `pretrained_model` folder",
     }
     for path, message in cases.items():

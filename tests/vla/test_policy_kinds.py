@@ -15,10 +15,20 @@ def domain(*overrides: str):
 
 
 def test_every_policy_choice_is_a_registered_kind_with_its_flags():
-    assert POLICIES == tuple(POLICY_KINDS) == ("small_vla", "lerobot_act", "lerobot_smolvla")
+    assert (
+        POLICIES
+        == tuple(POLICY_KINDS)
+        == ("small_vla", "lerobot_act", "lerobot_smolvla", "lerobot_diffusion")
+    )
     kinds = {p: policy_kind(domain(f"--domain.policy={p}")) for p in POLICIES}
     assert {p: k.name for p, k in kinds.items()} == {p: p for p in POLICIES}
-    assert [p for p, k in kinds.items() if k.lerobot] == ["lerobot_act", "lerobot_smolvla"]
+    assert [p for p, k in kinds.items() if k.lerobot] == [
+        "lerobot_act",
+        "lerobot_smolvla",
+        "lerobot_diffusion",
+    ]
+    assert [p for p, k in kinds.items() if k.export_refused] == ["lerobot_diffusion"]
+    assert {p: k.folder_type for p, k in kinds.items() if k.folder_type} == {"lerobot_diffusion": "diffusion"}
     assert [p for p, k in kinds.items() if k.reads_latent] == ["small_vla"]
     assert [p for p, k in kinds.items() if k.sft_data_parallel] == ["small_vla"]
     assert domain().bf16_unsupported() is None
@@ -26,7 +36,8 @@ def test_every_policy_choice_is_a_registered_kind_with_its_flags():
         "domain.policy=lerobot_act (a lerobot policy) is run in float32 only"
     )
     with pytest.raises(
-        ConfigError, match="domain.policy='act' is not one of small_vla, lerobot_act, lerobot_smolvla"
+        ConfigError,
+        match="domain.policy='act' is not one of small_vla, lerobot_act, lerobot_smolvla, lerobot_diffusion",
     ):
         domain("--domain.policy=act")
     with pytest.raises(ConfigError, match="imagine_input=latent needs domain.policy=small_vla"):
@@ -54,6 +65,23 @@ def test_the_small_vla_kind_builds_the_configured_network():
         False,
         cfg.image_size,
     )
+
+
+def test_the_diffusion_kind_builds_a_chain_policy_of_the_task_dims_and_refuses_export(tmp_path):
+    from wmrl_vla.export import export_vla
+    from wmrl_vla.pipeline import _dims
+
+    cfg = load_config("vla-debug", ["--domain.policy=lerobot_diffusion"])
+    net = policy_kind(cfg.domain).build()
+    state_dim, action_dim = _dims(cfg.domain.tasks)
+    assert (net.bridge_config.image_size, net.bridge_config.state_dim, net.bridge_config.action_dim) == (
+        cfg.domain.image_size,
+        state_dim,
+        action_dim,
+    )
+    assert net.records_chain and policy_kind(cfg.domain).words() == "the SFT policy"
+    with pytest.raises(ValueError, match="wmrl export does not write a post-trained diffusion policy yet"):
+        export_vla(cfg.domain, cfg, {}, tmp_path)  # refused before any weight is read
 
 
 def test_the_flat_eval_fields_are_the_domains_evaluation():

@@ -7,8 +7,10 @@ float32 only; only the small VLA's visual features can be read from the WM's lat
 in a module of this package, imported here so that it registers; each module is light to import
 (torch, lerobot and MuJoCo load when a method runs).
 
-``domain.policy_path`` (the user's lerobot policy folder) selects :class:`LeRobotPretrained`
-whatever ``domain.policy`` says (the config sets ``policy`` to the folder's kind, for the record).
+``domain.policy_path`` (the user's lerobot policy folder) sets ``domain.policy`` to the folder's kind
+(the config does, from the folder's ``type``): a kind that loads such folders itself (its
+``folder_type``, e.g. ``lerobot_diffusion``) is that kind; any other folder is
+:class:`LeRobotPretrained`.
 """
 
 from __future__ import annotations
@@ -43,9 +45,19 @@ class PolicyKind:
     reads_latent: ClassVar[bool] = False
     # behaviour cloning runs on every process of a data-parallel run (else in the main one, at build)
     sft_data_parallel: ClassVar[bool] = False
+    # the lerobot folder ``type`` this kind post-trains itself (``domain.policy_path``); None: the
+    # pretrained kind loads such folders
+    folder_type: ClassVar[str | None] = None
+    # why ``wmrl export`` cannot write this kind yet (None: it can)
+    export_refused: ClassVar[str | None] = None
 
     def __init__(self, cfg: VLAConfig) -> None:
         self.cfg = cfg
+
+    @classmethod
+    def check_folder(cls, config, path) -> None:
+        """A lerobot folder of :attr:`folder_type` (its lerobot ``config``) this kind cannot post-train
+        raises :class:`wmrl_vla.lerobot_policy.PolicyPathError` (one line); others pass."""
 
     def cache_fields(self) -> dict[str, Any]:
         """The config fields the SFT stage's cache key hashes (those of the demos included)."""
@@ -89,13 +101,20 @@ class PolicyKind:
 def policy_kind(cfg: VLAConfig) -> PolicyKind:
     """The registered kind of ``cfg``'s policy (``domain.policy_path`` first)."""
     if cfg.policy_path is not None:
-        return LeRobotPretrained(cfg)
+        kind = POLICY_KINDS.get(cfg.policy)
+        return kind(cfg) if kind is not None and kind.folder_type is not None else LeRobotPretrained(cfg)
     if cfg.policy not in POLICY_KINDS:
         raise ValueError(f"domain.policy={cfg.policy!r} is not one of {', '.join(POLICY_KINDS)}")
     return POLICY_KINDS[cfg.policy](cfg)
 
 
+def folder_kind(folder_type: str) -> type[PolicyKind] | None:
+    """The registered kind that post-trains lerobot folders of ``folder_type`` itself, if any."""
+    return next((k for k in POLICY_KINDS.values() if k.folder_type == folder_type), None)
+
+
 # the kinds register on import (below the registry they use)
 from wmrl_vla.policies import small_vla as _small_vla  # noqa: E402, F401, I001
 from wmrl_vla.policies import lerobot_bridges as _lerobot_bridges  # noqa: E402, F401
+from wmrl_vla.policies import lerobot_diffusion as _lerobot_diffusion  # noqa: E402, F401
 from wmrl_vla.policies.lerobot_pretrained import LeRobotPretrained  # noqa: E402

@@ -1,0 +1,200 @@
+"""Does GRPO through the denoising chain's log-probability improve a diffusion policy? (docs/diffusion.md)
+
+Per seed:
+
+1. record the task's scripted-expert demos (the VLA domain's ``run_expert_episodes``);
+2. clone a small lerobot DiffusionPolicy on them with lerobot's diffusion loss
+   (:func:`wmrl_vla.diffusion_bridge.train_bc`);
+3. evaluate it on held-out seeds: success *before*, with the chain sampled (temperature 1, the policy
+   GRPO trains) and as its chain of means (temperature 0);
+4. post-train it with GRPO on real simulator rollouts only (the ``real`` method's data: no world
+   model): group-relative advantages (:func:`wmrl.learner.group_advantages`) and the core's clipped
+   token loss (:func:`wmrl.learner.clipped_policy_loss`) on the recorded chains' log-probs
+   (:meth:`wmrl_vla.diffusion_bridge.DiffusionChainPolicy.log_probs`);
+5. evaluate again on the same held-out seeds: success *after*.
+
+    for s in 0 1 2; do uv run python benchmarks/diffusion_grpo.py --seeds $s; done
+
+(one seed per process bounds memory; each appends its run to the JSON, replacing an earlier run of
+that seed)
+
+Writes ``<out>/diffusion_grpo.json`` (every figure, per seed, with the settings). A benchmark, not a
+test: a few seeds and a small budget; the held-out successes carry the binomial noise of
+``--eval-episodes`` episodes, and the paired before/after difference is reported per seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import numpy as np
+import torch
+
+EVAL_SEED0 = 1_000_000  # held-out episode seeds (the domain's EVAL_SEEDS start)
+
+
+def in_lockstep(actor, specs: list, pool, split: str, lockstep: int) -> list:
+    """:func:`wmrl_vla.rollout.run_episodes` over ``specs``, at most ``lockstep`` envs at a time (each
+    env holds a MuJoCo renderer: this bounds memory)."""
+    from wmrl_vla.rollout import run_episodes
+
+    return [
+        r
+        for i in range(0, len(specs), lockstep)
+        for r in run_episodes(actor, specs[i : i + lockstep], pool, split)
+    ]
+
+
+def evaluate(policy, task: str, pool, episodes: int, temperature: float, lockstep: int) -> dict:
+    """Held-out success and reward of ``policy`` at ``temperature`` (its noise seeded alike every call)."""
+    from wmrl_vla.rollout import policy_actor
+
+    actor = policy_actor(policy, temperature, torch.Generator().manual_seed(12345))
+    rs = in_lockstep(actor, [(task, EVAL_SEED0 + k) for k in range(episodes)], pool, "test", lockstep)
+    return {
+        "success": float(np.mean([r.success.max() for r in rs])),
+        "reward": float(np.mean([r.reward for r in rs])),
+    }
+
+
+def grpo_step(policy, opt, task: str, pool, a: argparse.Namespace, gen: torch.Generator, step: int) -> dict:
+    """One GRPO step: ``groups`` training seeds x ``group_size`` sampled rollouts, then ``epochs``
+    passes of the clipped-ratio loss over minibatches of whole groups."""
+    from wmrl.learner import clipped_policy_loss, group_advantages
+    from wmrl_vla.batch import collate, sim_payload
+    from wmrl_vla.rollout import policy_actor
+
+    seeds = torch.randint(0, EVAL_SEED0, (a.groups,), generator=gen).tolist()
+    specs = [(task, s) for s in seeds for _ in range(a.group_size)]
+    policy.eval()
+    rs = in_lockstep(policy_actor(policy, 1.0, gen), specs, pool, "train", a.lockstep)
+    rewards = torch.tensor([r.reward for r in rs])
+    adv, _ = group_advantages(rewards, torch.arange(a.groups).repeat_interleave(a.group_size))
+    payloads = [sim_payload(r) for r in rs]
+    policy.train()
+    stats = []
+    per_mb = max(1, a.minibatch_groups)
+    for _ in range(a.epochs):
+        for g0 in range(0, a.groups, per_mb):
+            rows = slice(g0 * a.group_size, min(a.groups, g0 + per_mb) * a.group_size)
+            tasks = seeds[g0 : g0 + per_mb]
+            batch = collate(payloads[rows], tasks, a.group_size, a.image_size, policy.tokenizer)
+            logp = policy.log_probs(batch)
+            loss, st = clipped_policy_loss(logp, batch.logprobs, adv[rows], batch.mask, a.clip_eps)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
+            opt.step()
+            stats.append({k: float(v) for k, v in st.items()})
+    return {
+        "step": step,
+        "train_success": float(np.mean([r.success.max() for r in rs])),
+        "train_reward": float(rewards.mean()),
+        "clip_frac": float(np.mean([s["clip_frac"] for s in stats])),
+        "approx_kl": float(np.mean([s["approx_kl"] for s in stats])),
+    }
+
+
+def run_seed(seed: int, a: argparse.Namespace) -> dict:
+    import sims
+    from wmrl_vla.diffusion_bridge import DiffusionBridgeConfig, DiffusionChainPolicy, train_bc
+    from wmrl_vla.rollout import EnvPool, run_expert_episodes
+
+    t0 = time.perf_counter()
+    spec = sims.task_info(a.task)
+    pool = EnvPool(a.image_size)
+    torch.manual_seed(seed)
+    demos = run_expert_episodes([(a.task, 10_000 * seed + i) for i in range(a.demos)], pool, "train")
+    records = [d.as_record() for d in demos]
+    policy = DiffusionChainPolicy.from_config(
+        DiffusionBridgeConfig(
+            image_size=a.image_size, state_dim=spec["state_dim"], action_dim=spec["action_dim"],
+            use_image=a.use_image, horizon=a.horizon, chain_steps=a.chain_steps, min_std=a.min_std,
+        )
+    )  # fmt: skip
+    bc = train_bc(policy, records, a.bc_steps, lr=a.bc_lr, seed=seed)
+    t_bc = time.perf_counter() - t0
+    temps = [float(t) for t in a.eval_temperatures.split(",")]
+    before = {f"t{t:g}": evaluate(policy, a.task, pool, a.eval_episodes, t, a.lockstep) for t in temps}
+    print(f"[seed {seed}] BC loss {bc[-1]:.4f}; before {before} ({t_bc:.0f}s)", flush=True)
+    opt = torch.optim.AdamW(policy.parameters(), lr=a.lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed + 777)
+    steps = []
+    for k in range(a.grpo_steps):
+        steps.append(grpo_step(policy, opt, a.task, pool, a, gen, k))
+        print(f"[seed {seed}] {steps[-1]}", flush=True)
+    after = {f"t{t:g}": evaluate(policy, a.task, pool, a.eval_episodes, t, a.lockstep) for t in temps}
+    pool.close()
+    out = {
+        "seed": seed,
+        "expert_demo_success": float(np.mean([d.success.max() for d in demos])),
+        "bc_loss_last": bc[-1],
+        "before": before,
+        "after": after,
+        **{f"gain_success_{k}": after[k]["success"] - before[k]["success"] for k in before},
+        "grpo": steps,
+        "seconds": time.perf_counter() - t0,
+    }
+    print(f"[seed {seed}] after {after} ({out['seconds']:.0f}s)", flush=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="benchmarks/results/diffusion_grpo")
+    p.add_argument("--task", default="wmrl/DMC-reacher-easy-v0")
+    p.add_argument("--image-size", type=int, default=16)
+    p.add_argument("--use-image", action="store_true", help="condition on the camera too (default: state)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--demos", type=int, default=20)
+    p.add_argument("--horizon", type=int, default=4)
+    p.add_argument("--chain-steps", type=int, default=8)
+    p.add_argument("--min-std", type=float, default=0.1)
+    p.add_argument("--bc-steps", type=int, default=1500)
+    p.add_argument("--bc-lr", type=float, default=1e-3)
+    p.add_argument("--grpo-steps", type=int, default=8)
+    p.add_argument("--groups", type=int, default=8)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--minibatch-groups", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--clip-eps", type=float, default=0.2)
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--eval-episodes", type=int, default=50)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--lockstep", type=int, default=16, help="envs stepped at once (memory)")
+    p.add_argument(
+        "--eval-temperatures", default="1,0", help="1: the sampled chain GRPO trains; 0: its means"
+    )
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "diffusion_grpo.json"
+    # seeds already in the file (earlier processes, one seed each to bound memory) are kept
+    result: dict = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    for s in [int(x) for x in a.seeds.split(",")]:
+        run = {"settings": vars(a), "command": " ".join([sys.executable, *sys.argv]), **run_seed(s, a)}
+        result["runs"] = [r for r in result["runs"] if r["seed"] != s] + [run]
+        per = result["runs"]
+        keys = sorted(set.intersection(*(set(r["before"]) for r in per)))
+        result["summary"] = {
+            "seeds": [r["seed"] for r in per],
+            **{f"{when}_{t}_success_mean": float(np.mean([r[when][t]["success"] for r in per]))
+               for when in ("before", "after") for t in keys},
+            **{f"gain_success_{t}_per_seed": [r[f"gain_success_{t}"] for r in per] for t in keys},
+        }  # fmt: skip
+        path.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result["summary"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""The denoising chain's log-probability (wmrl_vla/denoising_chain.py) and lerobot's DiffusionPolicy
+behind it (wmrl_vla/diffusion_bridge.py), checked against computations written here independently:
+diffusers' own ``DDPMScheduler.step`` for the means and ``torch.distributions.Normal`` for densities."""
+
+import numpy as np
+import pytest
+import torch
+from torch.distributions import Normal
+
+from wmrl.config import load_config
+from wmrl.domain import RolloutBatch
+from wmrl_vla.denoising_chain import chain_log_prob, ddpm_step_std
+from wmrl_vla.diffusion_bridge import DiffusionBridgeConfig, DiffusionChainPolicy, action_chunks, train_bc
+from wmrl_vla.policies import policy_kind
+
+CFG = DiffusionBridgeConfig(
+    image_size=16, state_dim=5, action_dim=3, use_image=False, horizon=4, down_dims=[8, 16],
+    diffusion_step_embed_dim=8, num_train_timesteps=20, chain_steps=5, min_std=0.05,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def policy():
+    torch.manual_seed(0)
+    return DiffusionChainPolicy.from_config(CFG)
+
+
+def _obs(b, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.zeros(b, 3, 16, 16, dtype=torch.uint8), torch.randn(b, 5, generator=g)
+
+
+def _batch(policy, n=3, t=2, seed=0):
+    """``n`` rollouts of ``t`` steps sampled by ``policy`` (the last rollout one step shorter)."""
+    images, states = _obs(n * t, seed)
+    _, logp, _, chains = policy.act_with_chain(images, states, None, 1.0, torch.Generator().manual_seed(seed))
+    a = CFG.action_dim
+    mask = torch.ones(n, t * a)
+    mask[-1, (t - 1) * a :] = 0
+    batch = RolloutBatch(
+        tokens=torch.zeros(n, t * a, dtype=torch.long),
+        logprobs=(logp.view(n, t * a) * mask).detach(),
+        mask=mask,
+        group_ids=torch.zeros(n, dtype=torch.long),
+        tasks=[None],
+        extras={
+            "images": images.view(n, t, 3, 16, 16),
+            "states": states.view(n, t, 5),
+            "chains": chains.view(n, t, *chains.shape[1:]),
+        },
+    )
+    return batch
+
+
+def test_chain_log_prob_is_the_sum_of_its_gaussians():
+    g = torch.Generator().manual_seed(1)
+    chain, means = torch.randn(2, 4, 3, 2, generator=g), torch.randn(2, 3, 3, 2, generator=g)
+    stds = torch.tensor([0.5, 0.2, 0.1])
+    want = Normal(0.0, 1.0).log_prob(chain[:, 0]) + sum(
+        Normal(means[:, k], stds[k]).log_prob(chain[:, k + 1]) for k in range(3)
+    )
+    torch.testing.assert_close(chain_log_prob(chain, means, stds), want)
+    with pytest.raises(ValueError, match="do not match"):
+        chain_log_prob(chain, means[:, :2], stds)
+
+
+def test_chain_log_prob_equals_diffusers_ddpm_steps(policy):
+    """(a) The recorded chain's log-prob equals one computed step by step from diffusers' own
+    ``DDPMScheduler.step`` (its mean: the step's output minus its own noise, drawn again from a
+    generator in the same state) and ``torch.distributions.Normal``."""
+    from diffusers import DDPMScheduler
+
+    images, states = _obs(4, seed=3)
+    _, logp, action, chain = policy.act_with_chain(
+        images, states, None, 1.0, torch.Generator().manual_seed(5)
+    )
+    assert chain.shape == (4, CFG.chain_steps + 1, CFG.horizon, CFG.action_dim)
+    torch.testing.assert_close(action, chain[:, -1, 0])
+    sched = DDPMScheduler.from_config(policy.model.noise_scheduler.config)
+    sched.set_timesteps(CFG.chain_steps)
+    with torch.no_grad():
+        cond = policy.model._prepare_global_conditioning(
+            {"observation.state": states[:, None], "observation.environment_state": states[:, None]}
+        )
+        want = Normal(0.0, 1.0).log_prob(chain[:, 0])
+        for k, t in enumerate(sched.timesteps):
+            x = chain[:, k]
+            out = policy.model.unet(x, torch.full((4,), int(t)), global_cond=cond)
+            noisy = sched.step(out, t, x, generator=torch.Generator().manual_seed(9)).prev_sample
+            z = torch.randn(x.shape, generator=torch.Generator().manual_seed(9))
+            std = float(sched._get_variance(t)) ** 0.5 if t > 0 else 0.0
+            mean = noisy - std * z if t > 0 else noisy
+            want = want + Normal(mean, max(std, CFG.min_std)).log_prob(chain[:, k + 1])
+    torch.testing.assert_close(logp, want.sum(1), rtol=1e-5, atol=1e-4)
+
+
+def test_stds_follow_the_scheduler_and_the_floor(policy):
+    assert torch.all(policy.stds >= CFG.min_std)
+    assert float(policy.stds[-1]) == pytest.approx(CFG.min_std)  # DDPM's last step is noiseless
+    assert torch.all(policy.stds[:-1] >= policy.stds[1:])  # noisier early
+    assert ddpm_step_std(0.5, 0.8, 0.0) == pytest.approx(((0.2 / 0.5) * (1 - 0.5 / 0.8)) ** 0.5)
+
+
+def test_rescored_chain_gives_ratio_one(policy):
+    """(b) Re-scoring the recorded chains under unchanged parameters: ratio 1 on every real token, to
+    float32 rounding against the sampler's step-by-step U-Net passes (each token sums K x H Gaussian
+    terms), and bit for bit between two re-scorings."""
+    batch = _batch(policy)
+    new = policy.log_probs(batch)
+    ratio = torch.exp(new - batch.logprobs)[batch.mask > 0]
+    torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=5e-5)
+    assert torch.all(new[batch.mask == 0] == 0)
+    again = policy.log_probs(batch)
+    assert torch.equal(torch.exp(again - new)[batch.mask > 0], torch.ones_like(ratio))
+
+
+def test_gradient_step_raises_advantage_weighted_log_prob():
+    """(c) One SGD step on -sum_i A_i log p(chain_i) raises it and changes the U-Net."""
+    torch.manual_seed(0)
+    pol = DiffusionChainPolicy.from_config(CFG)
+    batch = _batch(pol, n=4, t=1, seed=2)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+
+    def objective():
+        return (adv[:, None] * pol.log_probs(batch) * batch.mask).sum()
+
+    before = objective()
+    w0 = [p.detach().clone() for p in pol.parameters()]
+    opt = torch.optim.SGD(pol.parameters(), lr=1e-3)
+    opt.zero_grad()
+    (-before).backward()
+    opt.step()
+    assert float(objective().detach()) > float(before.detach())
+    assert any(not torch.equal(a, b) for a, b in zip(w0, pol.parameters(), strict=True))
+
+
+def test_temperature_zero_is_the_deterministic_chain_of_means(policy):
+    images, states = _obs(2, seed=4)
+    a = policy.act(images, states, None, 0.0, torch.Generator().manual_seed(0))[2]
+    b = policy.act(images, states, None, 0.0, torch.Generator().manual_seed(1))[2]
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="common random numbers"):
+        policy.act(images, states, None, 1.0, noise=torch.rand(2, 3))
+
+
+def test_action_chunks_pad_with_the_last_action():
+    acts = np.arange(6, dtype=np.float32).reshape(3, 2)
+    c = action_chunks(acts, 4)
+    assert c.shape == (3, 4, 2)
+    np.testing.assert_array_equal(c[2], np.repeat(acts[2:], 4, 0))
+    np.testing.assert_array_equal(c[0, :3], acts)
+
+
+def test_bc_lowers_the_diffusion_loss():
+    """Cloning demos of one constant action with lerobot's diffusion loss (train_bc) lowers that loss
+    on a fixed draw of noise and timesteps."""
+    torch.manual_seed(0)
+    pol = DiffusionChainPolicy.from_config(CFG)
+    t = 12
+    states = np.random.default_rng(0).standard_normal((t, 5)).astype(np.float32)
+    rec = {
+        "observation.image": np.zeros((t, 16, 16, 3), np.uint8),
+        "observation.state": states,
+        "action": np.tile(np.array([[0.5, -0.5, 0.0]], np.float32), (t, 1)),
+        "next.reward": np.zeros(t, np.float32),
+        "next.success": np.zeros(t, bool),
+        "instruction": "reach",
+    }
+    chunks = torch.from_numpy(action_chunks(rec["action"], CFG.horizon))
+    images, sts = torch.zeros(t, 3, 16, 16, dtype=torch.uint8), torch.from_numpy(states)
+
+    def loss():
+        with torch.no_grad():
+            return float(pol.bc_loss(images, sts, chunks, generator=torch.Generator().manual_seed(0)))
+
+    before = loss()
+    train_bc(pol, [rec], steps=80, batch_size=16, lr=3e-3)
+    assert loss() < 0.9 * before
+
+
+def test_rollouts_carry_chains_into_the_batch(policy):
+    """Real simulator rollouts of a chain policy record their chains (SimRollout -> payload -> batch)
+    and the batch re-scores them to the recorded log-probs."""
+    from wmrl_vla.batch import collate, sim_payload
+    from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes
+
+    torch.manual_seed(0)
+    pol = DiffusionChainPolicy.from_config(
+        DiffusionBridgeConfig(**{**CFG.__dict__, "state_dim": 6, "action_dim": 2})
+    )
+    pool = EnvPool(16, max_steps=3)
+    try:
+        rs = run_episodes(policy_actor(pol, 1.0, torch.Generator().manual_seed(0)),
+                          [("wmrl/DMC-reacher-easy-v0", s) for s in (0, 1)], pool)  # fmt: skip
+    finally:
+        pool.close()
+    assert rs[0].chains is not None and rs[0].chains.shape == (rs[0].length, CFG.chain_steps + 1, 4, 2)
+    batch = collate([sim_payload(r) for r in rs], [None], 2, 16, pol.tokenizer)
+    assert batch.extras["chains"].shape[2:] == (CFG.chain_steps + 1, 4, 2)
+    torch.testing.assert_close(pol.log_probs(batch) * batch.mask, batch.logprobs, rtol=0, atol=1e-4)
+
+
+def test_a_lerobot_diffusion_folder_is_post_trainable(tmp_path):
+    """``domain.policy_path`` to a lerobot diffusion folder (n_obs_steps=1): accepted, loaded with its
+    processors, and its chain sampled and re-scored."""
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
+    from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+    from lerobot.policies.factory import make_pre_post_processors
+
+    from wmrl_vla.lerobot_policy import check_policy_path
+
+    c = DiffusionConfig(
+        input_features={
+            "observation.image": PolicyFeature(type=FeatureType.VISUAL, shape=(3, 32, 32)),
+            "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(4,)),
+        },
+        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(2,))},
+        n_obs_steps=1, horizon=4, n_action_steps=1, drop_n_last_frames=0, crop_shape=None,
+        pretrained_backbone_weights=None, use_group_norm=True, down_dims=(8, 16),
+        diffusion_step_embed_dim=8, spatial_softmax_num_keypoints=4, num_train_timesteps=20,
+        num_inference_steps=3, device="cpu", push_to_hub=False,
+    )  # fmt: skip
+    folder = tmp_path / "pretrained_model"
+    DiffusionPolicy(c).save_pretrained(folder)
+    for proc in make_pre_post_processors(c, dataset_stats=None):
+        proc.save_pretrained(folder)
+    assert check_policy_path(folder, 32) == "diffusion"
+    cfg = load_config("vla-debug", [f"--domain.policy_path={folder}", "--domain.image_size=32"]).domain
+    kind = policy_kind(cfg)  # the folder's type resolves to the diffusion kind, not the pretrained one
+    assert (cfg.policy, type(kind).__name__, kind.words()) == (
+        "lerobot_diffusion",
+        "LeRobotDiffusion",
+        f"your policy ({folder})",
+    )
+    assert kind.cache_fields()["policy_path"] == str(folder)
+    pol = kind.prepare([], torch.device("cpu"))
+    assert isinstance(pol, DiffusionChainPolicy) and pol.source_path == str(folder)
+    images = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    states = torch.randn(2, 4)
+    _, logp, action, chain = pol.act_with_chain(images, states, None, 1.0, torch.Generator().manual_seed(0))
+    assert chain.shape == (2, 4, 4, 2) and action.shape == (2, 2)
+    torch.testing.assert_close(pol.chain_log_probs(images, states, chain), logp, rtol=0, atol=5e-5)

@@ -1,0 +1,146 @@
+"""The log-probability of an action sampled by a denoising chain (diffusion or flow matching).
+
+A diffusion or flow-matching policy turns noise into an action chunk in ``K`` steps. Its action's
+density is intractable, but made stochastic at every step (DPPO, arXiv:2409.00588; ReinFlow,
+arXiv:2505.22094; piRL, arXiv:2510.25889) the *chain* ``x^0 -> x^1 -> ... -> x^K`` (noise first,
+the action chunk last) is a Markov chain of Gaussians whose joint density is exact::
+
+    log p_theta(x^0..x^K | o) = log N(x^0; 0, I) + sum_k log N(x^{k+1}; m_theta(x^k, k, o), s_k^2 I)
+
+Recorded with a rollout, the same chain is re-scored under new parameters for the ratio
+``exp(log p_new - log p_old)`` of the clipped-ratio loss (the action is a function of the chain, so
+this is the policy gradient of the chain-level MDP DPPO describes). The step means and spreads:
+
+* **DDPM** (lerobot's DiffusionPolicy, diffusers' ``DDPMScheduler``): ``m`` is the posterior mean
+  ``q(x_{t'} | x_t, x0_hat)`` of :func:`ddpm_step_mean` and ``s_k`` its ``fixed_small`` standard
+  deviation (:func:`ddpm_step_std`), floored at ``min_std`` so that every step (the last one
+  included, which DDPM leaves noiseless) explores and has a density.
+* **Flow matching** (SmolVLA): a stochastic Euler step ``x + v_theta(x, t) dt + sigma sqrt(|dt|) eps``
+  (:func:`euler_step_mean`, std ``sigma sqrt(|dt|)``).
+
+Shapes: a batch of ``B`` chains over action chunks of ``H`` steps and ``A`` dims is
+``chain [B, K+1, H, A]``; step means ``[B, K, H, A]``; spreads ``[K]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+def gaussian_log_density(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor | float) -> torch.Tensor:
+    """Elementwise ``log N(x; mean, std^2) = -((x - mean) / std)^2 / 2 - log std - log(2 pi) / 2``
+    (shapes broadcast)."""
+    std = torch.as_tensor(std, dtype=x.dtype, device=x.device)
+    return -0.5 * ((x - mean) / std) ** 2 - std.log() - 0.5 * LOG_2PI
+
+
+def chain_log_prob(chain: torch.Tensor, means: torch.Tensor, stds: torch.Tensor) -> torch.Tensor:
+    """``[B, H, A]`` log-density of each chunk element's chain, summed over its ``K`` steps and the
+    standard-normal start::
+
+        log N(x^0; 0, 1) + sum_{k<K} log N(x^{k+1}; means[:, k], stds[k]^2)
+
+    ``chain [B, K+1, H, A]`` (noise first), ``means [B, K, H, A]`` (``means[:, k]`` is the mean of
+    step ``k`` given ``chain[:, k]``), ``stds [K]`` (> 0). Summing the result over ``H`` and ``A``
+    gives the chain's joint log-density."""
+    b, k1 = chain.shape[:2]
+    if means.shape != (b, k1 - 1, *chain.shape[2:]) or stds.shape != (k1 - 1,):
+        raise ValueError(
+            f"chain {tuple(chain.shape)}, means {tuple(means.shape)} and stds {tuple(stds.shape)} do not "
+            "match: expected [B, K+1, H, A], [B, K, H, A], [K]"
+        )
+    start = gaussian_log_density(chain[:, 0], torch.zeros_like(chain[:, 0]), 1.0)
+    steps = gaussian_log_density(chain[:, 1:], means, stds.to(chain.dtype).view(1, -1, 1, 1))
+    return start + steps.sum(1)
+
+
+def sample_chain(
+    step_mean: Callable[[torch.Tensor, int], torch.Tensor],
+    start: torch.Tensor,
+    stds: torch.Tensor,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the chain from ``start [B, H, A]`` (the noise ``x^0``): ``x^{k+1} = step_mean(x^k, k) +
+    temperature * stds[k] * eps_k``, ``eps_k ~ N(0, I)`` from ``generator``. Returns ``(chain
+    [B, K+1, H, A], means [B, K, H, A])``; ``temperature`` 0 gives the chain of means."""
+    xs, ms = [start], []
+    for k in range(stds.shape[0]):
+        m = step_mean(xs[-1], k)
+        eps = torch.randn(m.shape, generator=generator, dtype=m.dtype).to(m.device)
+        ms.append(m)
+        xs.append(m + temperature * float(stds[k]) * eps)
+    return torch.stack(xs, 1), torch.stack(ms, 1)
+
+
+def ddpm_step_mean(
+    x_t: torch.Tensor,
+    model_output: torch.Tensor,
+    alpha_bar_t: float | torch.Tensor,
+    alpha_bar_prev: float | torch.Tensor,
+    prediction_type: str = "epsilon",
+    clip_sample_range: float | None = 1.0,
+) -> torch.Tensor:
+    """The DDPM posterior mean ``E[x_{t'} | x_t, x0_hat]`` (Ho et al. 2020, eq. 7; diffusers'
+    ``DDPMScheduler.step`` before its noise), ``t' < t`` the previous inference timestep::
+
+        x0_hat = (x_t - sqrt(1 - ab_t) eps_hat) / sqrt(ab_t)    (prediction_type "epsilon")
+               = model_output                                  ("sample")
+        x0_hat <- clip(x0_hat, -r, r)                          (clip_sample_range r; None: no clip)
+        a_t = ab_t / ab_prev,  b_t = 1 - a_t
+        mean = sqrt(ab_prev) b_t / (1 - ab_t) x0_hat + sqrt(a_t) (1 - ab_prev) / (1 - ab_t) x_t
+
+    ``ab`` are cumulative alpha products (``ab_prev`` = 1 past the last step): floats, or tensors that
+    broadcast against ``x_t`` and ``model_output`` ``[..., H, A]`` (one pair per row)."""
+    ab_t = torch.as_tensor(alpha_bar_t, dtype=x_t.dtype, device=x_t.device)
+    ab_prev = torch.as_tensor(alpha_bar_prev, dtype=x_t.dtype, device=x_t.device)
+    if prediction_type == "epsilon":
+        x0 = (x_t - (1 - ab_t).sqrt() * model_output) / ab_t.sqrt()
+    elif prediction_type == "sample":
+        x0 = model_output
+    else:
+        raise ValueError(f"prediction_type={prediction_type!r} is not one of epsilon, sample")
+    if clip_sample_range is not None:
+        x0 = x0.clamp(-clip_sample_range, clip_sample_range)
+    a_t = ab_t / ab_prev
+    return (ab_prev.sqrt() * (1 - a_t) * x0 + a_t.sqrt() * (1 - ab_prev) * x_t) / (1 - ab_t)
+
+
+def ddpm_step_std(alpha_bar_t: float, alpha_bar_prev: float, min_std: float) -> float:
+    """``max(sqrt((1 - ab_prev) / (1 - ab_t) * (1 - ab_t / ab_prev)), min_std)``: DDPM's ``fixed_small``
+    posterior standard deviation (0 on the last step), floored at ``min_std`` > 0."""
+    var = (1 - alpha_bar_prev) / (1 - alpha_bar_t) * (1 - alpha_bar_t / alpha_bar_prev)
+    return max(math.sqrt(max(var, 0.0)), min_std)
+
+
+def ddpm_chain_schedule(scheduler, num_steps: int) -> list[tuple[int, float, float]]:
+    """``[(t, ab_t, ab_prev)]`` of a diffusers ``DDPMScheduler``/``DDIMScheduler``'s ``num_steps``
+    inference timesteps (``set_timesteps(num_steps)``, its own spacing), ``ab_prev`` 1 past the last."""
+    from diffusers import DDPMScheduler
+
+    ddpm = DDPMScheduler.from_config(scheduler.config)  # the same betas, DDPM's own step rule
+    ddpm.set_timesteps(num_steps)
+    ab = ddpm.alphas_cumprod.double()
+    out = []
+    for t in ddpm.timesteps.tolist():
+        prev = int(ddpm.previous_timestep(t))
+        out.append((int(t), float(ab[t]), float(ab[prev]) if prev >= 0 else 1.0))
+    return out
+
+
+def euler_step_mean(x_t: torch.Tensor, velocity: torch.Tensor, dt: float) -> torch.Tensor:
+    """The flow-matching Euler step's mean ``x_t + v_theta(x_t, t) dt`` (``[..., H, A]``); the
+    stochastic step adds ``sigma sqrt(|dt|) eps`` (:func:`euler_step_std`)."""
+    return x_t + velocity * dt
+
+
+def euler_step_std(sigma: float, dt: float) -> float:
+    """``sigma sqrt(|dt|)``: the Euler-Maruyama step's standard deviation for noise level ``sigma`` > 0."""
+    if sigma <= 0:
+        raise ValueError(f"sigma={sigma} must be > 0 (the step needs a density)")
+    return sigma * math.sqrt(abs(dt))
