@@ -115,6 +115,9 @@ def test_the_method_and_the_domain_of_the_page_run_as_the_page_runs_them(tmp_pat
     steps = [row for row in toy if "half_trust/wm_weight" in row]
     assert len(steps) == 60 and {row["half_trust/wm_weight"] for row in steps} == {0.5}
     assert "method: half_trust" in said["config toy --method=half_trust"]
+    assert "wm_weight: 0.5" in said["config toy --method=half_trust"]  # its own setting, listed
+    quarter = (tmp_path / "runs/quarter-trust/metrics.jsonl").read_text().splitlines()
+    assert {json.loads(line).get("half_trust/wm_weight") for line in quarter} - {None} == {0.25}
     placebo = (tmp_path / "runs/half-trust-placebo/metrics.jsonl").read_text().splitlines()
     assert sum("half_trust/wm_weight" in json.loads(line) for line in placebo) == 60
     assert "wm_placebo: true" in (tmp_path / "runs/half-trust-placebo/config.yaml").read_text()

@@ -23,16 +23,13 @@ import copy
 import dataclasses
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from draccus.cfgparsing import parse_string
 
 from wmrl.config_checks import ConfigError
 from wmrl.config_messages import did_you_mean
-from wmrl.method_config import DEFAULT_METHOD, load_methods, registered_method
-
-if TYPE_CHECKING:
-    from wmrl.config import RunConfig
+from wmrl.method_config import DEFAULT_METHOD, RunView, load_methods, registered_method
 
 SECTION = "method_config"  # the run config's section of its method's settings
 
@@ -132,7 +129,7 @@ def route_settings(
     return content, routed, unused
 
 
-def check_unused(unused: dict[str, dict], run: RunConfig) -> None:
+def check_unused(unused: dict[str, dict], run: RunView) -> None:
     """Check the shared sections that ``run``'s method keeps no component of as before methods owned
     their settings: each builds its component's config (its ``__post_init__``) and passes the
     component's ``check(run)``, so a bad value fails whatever method reads it."""

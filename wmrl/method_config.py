@@ -21,15 +21,20 @@ import dataclasses
 import sys
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import draccus
 
 from wmrl.config_checks import ConfigError, check, finite, one_of
 from wmrl.config_messages import did_you_mean
 
-if TYPE_CHECKING:
-    from wmrl.config import RunConfig
+
+class RunView(Protocol):
+    """What the methods' settings read of a run (a :class:`wmrl.config.RunConfig`, not imported: the
+    run config imports this module): a dataclass with the domain's config."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+    domain: Any
 
 DEFAULT_METHOD = "wmrl"
 
@@ -39,7 +44,7 @@ class RegisteredMethod(Protocol):
 
     config: type[MethodConfig]
 
-    def check(self, run: RunConfig) -> None: ...
+    def check(self, run: RunView) -> None: ...
 
 
 METHODS: dict[str, RegisteredMethod] = {}
@@ -91,7 +96,7 @@ class MethodConfig(draccus.ChoiceRegistry):
                 return name
         raise ValueError(f"{subcls.__qualname__} is the config of no registered method")
 
-    def check(self, run: RunConfig) -> None:
+    def check(self, run: RunView) -> None:
         """Refuse a setting that ``run`` cannot use (its domain lacks what it needs): each component's
         own ``check``, where it has one."""
         for f in dataclasses.fields(self):
@@ -183,7 +188,7 @@ class PPIConfig:
         check(self.lam is None or 0 <= self.lam <= 1, f"ppi.lam={self.lam} must lie in [0, 1]")
         check(self.var_bins >= 1, f"ppi.var_bins={self.var_bins} must be >= 1")
 
-    def check(self, run: RunConfig) -> None:
+    def check(self, run: RunView) -> None:
         """``prior_from_log`` needs a domain that keeps a pre-training execution log."""
         domain = type(run.domain)
         check(

@@ -39,6 +39,15 @@ FAST = [
 STEPS = 8
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_as_at_a_terminal():
+    """Ctrl-C handled as in a terminal's ``wmrl run``, however the suite was launched: a shell's
+    background job (``pytest ... &``) starts with SIGINT ignored, which a run keeps (as under nohup)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _preset(tmp_path, exec_cost_s: float):
     """A toy preset whose real executions take ``exec_cost_s`` each (16 anchors a step)."""
     path = tmp_path / f"toy-{exec_cost_s}.yaml"
@@ -59,6 +68,9 @@ def _start(argv):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # SIGINT at its default in the child, whose Python then raises KeyboardInterrupt on it (an
+        # ignored SIGINT is inherited, and kept by a run)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
