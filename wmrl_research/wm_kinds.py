@@ -15,13 +15,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     import torch
 
     from wmrl.config import RunConfig
-    from wmrl_research.config import ResearchConfig
+
+
+class ResearchConfig(Protocol):
+    """The fields of the research domain's config (wmrl_research/config.py, which imports this
+    module for its choices) that the world-model kinds read."""
+
+    world_model: str | None
+    policy: str
+    tiny_hidden: int
+    tiny_layers: int
+    wm_members: int
+    wm_dim: int
+    wm_lm_samples: int
+    wm_batch_size: int
+    wm_lr: float
+    cache_dir: str
 
 WM_KINDS: dict[str, type[WMKind]] = {}
 
