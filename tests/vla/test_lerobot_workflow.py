@@ -350,7 +350,7 @@ def test_retraining_into_the_same_folder_changes_the_cache_keys(tmp_path):
     for name in ("policy", "data"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model.safetensors").write_bytes(b"0" * 8)
-    cfg = SimpleNamespace(tasks=["lerobot/metaworld-reach-v3"], image_size=32, max_steps=None,
+    cfg = SimpleNamespace(tasks=["lerobot/metaworld-reach-v3"], image_size=32, max_steps=None, policy="lerobot_act",
                           policy_path=str(tmp_path / "policy"), dataset_root=str(tmp_path / "data"))  # fmt: skip
     keys = [_key(_policy_fields(cfg))]
     for name in ("policy", "data"):
