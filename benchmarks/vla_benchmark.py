@@ -172,12 +172,13 @@ def sft_eval(preset: str, episodes: int, extra: list[str], temperatures=(0.0, 1.
     ``VLADomain.evaluate`` does: ``episodes`` per task, seeds ``EVAL_SEEDS[0] + 7919 k``, "test"
     instruction/colour combinations, at each sampling temperature (0 = greedy)."""
     from wmrl.config import load_config
+    from wmrl_vla.demos import cache_key
     from wmrl_vla.domain import EVAL_SEEDS
-    from wmrl_vla.pipeline import _key, _policy_fields, prepare_demos, prepare_policy
+    from wmrl_vla.pipeline import _policy_fields, prepare_demos, prepare_policy
     from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes
 
     cfg = load_config(preset, extra).domain
-    path = Path(cfg.cache_dir) / f"sft-{_key(_policy_fields(cfg))}.json"
+    path = Path(cfg.cache_dir) / f"sft-{cache_key(_policy_fields(cfg))}.json"
     cached = path.exists()
     policy = prepare_policy(cfg, prepare_demos(cfg, progress=False), progress=False)
     hist = json.loads(path.read_text())

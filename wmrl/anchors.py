@@ -4,7 +4,7 @@ Random and seeded: the choice at step ``t`` depends only on ``(seed, t)``, so a 
 exactly the groups an uninterrupted one would have picked. Training chooses uniformly;
 :func:`inclusion_probabilities` is the design a WM-guided choice would use (anchors drawn with
 unequal probabilities, weighted by ``1/π``), measured in ``benchmarks/vla_wm_quality.py``
-(docs/vla.md, "Choosing the anchors with the world model").
+(docs/results/vla.md, "Choosing the anchors with the world model").
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from wmrl.config import ConfigError, DomainConfig, did_you_mean
 from wmrl_vla.lerobot_env import LeRobotEnvConfig
-from wmrl_vla.policies import POLICY_KINDS, policy_kind
+from wmrl_vla.policies import POLICY_KINDS, check_policy_path, policy_kind
 
 OWN_TASKS_DEFAULT = ["wmrl/ReachColor-v0", "wmrl/PushColor-v0", "wmrl/PressButton-v0"]
 # The registered policy kinds (wmrl_vla/policies/), the choices of domain.policy.
@@ -24,7 +24,7 @@ WM_OUTCOMES = ("latent", "state")
 WM_OUTCOME_READS = ("scene", "geometry")
 # The offline dataset's default sources (wmrl_vla/offline_data.py): noisy experts at four scales (at
 # sigma 1.0 and 1.5 they fail a quarter and half the time on vla-rl's tasks: the near-misses), the SFT
-# policy cooler and hotter than it samples during RL, and two perturbed copies of it (docs/vla.md).
+# policy cooler and hotter than it samples during RL, and two perturbed copies of it (docs/results/vla.md).
 WM_OFFLINE_MIX = ["expert:0.3", "expert:0.6", "expert:1.0", "expert:1.5", "policy:0.5", "policy:1.5",
                   "perturbed:0.05", "perturbed:0.15"]  # fmt: skip
 
@@ -248,7 +248,7 @@ class VLAConfig(DomainConfig):
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         if self.policy_path is not None:
-            from wmrl_vla.lerobot_policy import PolicyPathError, check_policy_path
+            from wmrl_vla.lerobot_policy import PolicyPathError
 
             try:
                 kind = check_policy_path(self.policy_path, self.image_size)

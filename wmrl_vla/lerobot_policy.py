@@ -277,33 +277,6 @@ class PretrainedLeRobotPolicy(GaussianActionHead):
         return sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
 
 
-def check_policy_path(path: str | Path, image_size: int) -> str:
-    """A policy folder WMRL can post-train at ``image_size``: a supported type whose inputs are one
-    camera image of that square size and one state; returns its type (``act``, ``smolvla``,
-    ``diffusion``). Raises
-    :class:`PolicyPathError` (one line)."""
-    cfg = policy_config(path)
-    check_supported(cfg.type, path)
-    from wmrl_vla.policies import folder_kind
-
-    kind = folder_kind(cfg.type)
-    if kind is not None:  # the kind that post-trains such folders itself refuses what it cannot
-        kind.check_folder(cfg, path)
-    images = {k: tuple(f.shape) for k, f in cfg.image_features.items()}
-    if len(images) != 1 or cfg.robot_state_feature is None:
-        raise PolicyPathError(
-            f"domain.policy_path={path}: WMRL feeds one camera image and one state; the policy's "
-            f"inputs are {sorted(cfg.input_features)}"
-        )
-    (shape,) = images.values()
-    if shape != (3, image_size, image_size):
-        raise PolicyPathError(
-            f"domain.policy_path={path} was trained on images of shape {list(shape)}; set "
-            f"domain.image_size={shape[-1]} so the env renders what it saw"
-        )
-    return cfg.type
-
-
 def train_lerobot_policy(
     policy, dataset_root: str | Path, repo_id: str, out_dir: str | Path, steps: int,
     batch_size: int = 8, seed: int = 0,

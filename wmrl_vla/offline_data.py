@@ -115,8 +115,7 @@ def record_offline(
 
     from wmrl.tracking import stage
     from wmrl_vla.data import append_episodes
-    from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes, run_expert_episodes
-    from wmrl_vla.world_model import to_frames
+    from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes, run_expert_episodes, to_frames
 
     sources = parse_mix(mix)
     pool = EnvPool(image_size, max_steps)

@@ -7,7 +7,6 @@ The stages do not depend on the run's seed on purpose.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -21,9 +20,9 @@ from wmrl.device import resolve_device
 from wmrl.distributed import writes_run_dir
 from wmrl.methods import method_of
 from wmrl.tracking import OFFLINE_DATA, stage
+from wmrl_vla.demos import cache_key, demo_fields, label_goals, task_dims
 from wmrl_vla.domain import VLADomain, VLAWorldModel
 from wmrl_vla.policies import policy_kind
-from wmrl_vla.policy import SmallVLA
 from world_models.vla_dynamics import (
     VLADynamics,
     VLADynamicsConfig,
@@ -42,41 +41,8 @@ log = logging.getLogger(__name__)
 DEMO_REPO = "wmrl/demos"
 ROLLOUT_REPO = "wmrl/sft_rollouts"
 ROLLOUT_SEED0 = 500_000
-# Bump when the world model's or the policy's architecture changes, so stale caches are not loaded.
+# Bump when the world model's architecture changes, so stale caches are not loaded.
 WM_ARCH = 4
-POLICY_ARCH = 4
-
-
-def _key(d: dict[str, Any]) -> str:
-    return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def _demo_fields(cfg: VLAConfig) -> dict[str, Any]:
-    if cfg.dataset_root is not None:
-        from wmrl_vla.lerobot_policy import folder_stamp
-
-        return {"tasks": list(cfg.tasks), "image_size": cfg.image_size, "dataset_root": str(cfg.dataset_root),
-                "dataset_stamp": folder_stamp(cfg.dataset_root), "max_steps": cfg.max_steps}  # fmt: skip
-    return {
-        "tasks": list(cfg.tasks),
-        "image_size": cfg.image_size,
-        "demos_per_task": cfg.demos_per_task,
-        "demo_seed": cfg.demo_seed,
-        **({"demo_split": cfg.demo_split} if cfg.demo_split != "all" else {}),
-        "max_steps": cfg.max_steps,
-    }
-
-
-def _dims(tasks: list[str]) -> tuple[int, int]:
-    import sims
-
-    infos = [sims.task_info(t) for t in tasks]
-    dims = {(i["state_dim"], i["action_dim"]) for i in infos}
-    if len(dims) != 1:
-        raise ValueError(
-            f"domain.tasks must share state and action dims; got {dict(zip(tasks, dims, strict=False))}"
-        )
-    return dims.pop()
 
 
 def prepare_demos(cfg: VLAConfig, progress: bool = True) -> list[dict]:
@@ -89,7 +55,7 @@ def prepare_demos(cfg: VLAConfig, progress: bool = True) -> list[dict]:
         return load_dataset(cfg.dataset_root, cfg.env.type)
     from wmrl_vla.data import load_episodes, record_demos
 
-    root = Path(cfg.cache_dir) / f"demos-{_key(_demo_fields(cfg))}"
+    root = Path(cfg.cache_dir) / f"demos-{cache_key(demo_fields(cfg))}"
     if not (root / "wmrl_done").exists():
         if root.exists():
             import shutil
@@ -142,123 +108,6 @@ def sft_data_parallel(cfg: VLAConfig, run: RunConfig, accelerator) -> None:
     prepare_policy(cfg, records, resolve_device(run.device), accelerator, run.tracking.progress)
 
 
-DAGGER_SEED0 = 900_000
-
-
-def target_labels(env) -> tuple[np.ndarray, np.ndarray] | None:
-    """Auxiliary SFT labels of an env's current episode, from the simulator: the named object's table
-    xy (:func:`wmrl_vla.rollout.goal_position`) and where the env's camera sees it (image x, y in [-1, 1]^2, y down; pinhole model of
-    the MuJoCo camera). None for envs without our tabletop interface (no labels: SFT falls back to
-    the demo's last hand position)."""
-    import math
-
-    from wmrl_vla.rollout import goal_position
-
-    u = getattr(env, "unwrapped", env)
-    target = goal_position(u)
-    if target is None:
-        return None
-    try:
-        cam = u.model.camera(u.camera).id
-        pos, mat = u.data.cam_xpos[cam], u.data.cam_xmat[cam].reshape(3, 3)  # columns: camera axes
-        tan = math.tan(math.radians(float(u.model.cam_fovy[cam])) / 2)
-    except (AttributeError, KeyError):
-        return None
-    d = target - pos
-    depth = -float(d @ mat[:, 2])  # the camera looks along its -z axis
-    px = np.array([d @ mat[:, 0] / depth / tan, -(d @ mat[:, 1]) / depth / tan], dtype=np.float32)
-    return target[:2].astype(np.float32), px
-
-
-def label_goals(records: list[dict], split: str = "all") -> list[dict]:
-    """Add ``goal`` / ``goal_px`` (see :func:`target_labels`) to records that know their task id and
-    reset seed (as :func:`wmrl_vla.data.load_episodes` returns them), by resetting the task's env
-    without rendering in ``split`` (the one they were recorded with)."""
-    import sims
-
-    envs: dict[str, Any] = {}
-    out = []
-    try:
-        for r in records:
-            task, seed = r.get("task_id"), r.get("seed", -1)
-            if task is None or seed is None or int(seed) < 0:
-                out.append(r)
-                continue
-            if task not in envs:
-                envs[task] = sims.make(task, render=False, split=split)
-            envs[task].reset(seed=int(seed))
-            lab = target_labels(envs[task])
-            out.append(r if lab is None else {**r, "goal": lab[0], "goal_px": lab[1]})
-    finally:
-        for e in envs.values():
-            e.close()
-    return out
-
-
-@torch.no_grad()
-def dagger_records(
-    policy: SmallVLA,
-    tasks: list[str],
-    episodes_per_task: int,
-    image_size: int,
-    seed0: int,
-    temperature: float = 0.0,
-    max_steps: int | None = None,
-) -> list[dict]:
-    """DAgger (Ross et al. 2011): roll out ``policy`` in the simulator ("train" combinations) and label
-    every visited frame with the scripted expert's action from that state. Behaviour cloning on the
-    expert's own states alone compounds small errors (the policy overshoots, then never saw how to
-    come back); these records teach the recovery. Records are LeRobot-style, like the demos."""
-    import sims
-
-    out = []
-    gen = torch.Generator().manual_seed(seed0)
-    for task in tasks:
-        kwargs = {"split": "train"} if max_steps is None else {"split": "train", "max_steps": max_steps}
-        env = sims.make(task, image_size=image_size, **kwargs)
-        ex = sims.expert(task)
-        try:
-            for k in range(episodes_per_task):
-                ex.reset()
-                o, info = env.reset(seed=seed0 + k)
-                lab = target_labels(env)
-                instr = policy.tokenizer.encode([info["instruction"]])
-                imgs, sts, acts, prog, succ = [], [], [], [], []
-                while True:
-                    label = np.clip(np.asarray(ex.act(o, info, env), dtype=np.float32), -1, 1)
-                    img = np.asarray(o["image"])
-                    _, _, a = policy.act(
-                        torch.from_numpy(img.transpose(2, 0, 1)[None].copy()),
-                        torch.from_numpy(np.asarray(o["state"], np.float32)[None]),
-                        instr,
-                        temperature=temperature,
-                        generator=gen,
-                    )
-                    imgs.append(img)
-                    sts.append(np.asarray(o["state"], np.float32))
-                    acts.append(label)
-                    o, r, term, trunc, info = env.step(a[0].numpy().astype(np.float32))
-                    prog.append(float(r))
-                    succ.append(bool(info["success"]))
-                    if term or trunc:
-                        break
-                rec = {
-                    "observation.image": np.stack(imgs),
-                    "observation.state": np.stack(sts),
-                    "action": np.stack(acts),
-                    "next.reward": np.array(prog, np.float32),
-                    "next.success": np.array(succ),
-                    "instruction": info["instruction"],
-                    "task": info["instruction"],
-                }
-                if lab is not None:
-                    rec.update(goal=lab[0], goal_px=lab[1])
-                out.append(rec)
-        finally:
-            env.close()
-    return out
-
-
 def _rollout_fields(cfg: VLAConfig) -> dict[str, Any]:
     return {**_policy_fields(cfg), "wm_policy_rollouts_per_task": cfg.wm_policy_rollouts_per_task,
             "temperature": cfg.temperature}  # fmt: skip
@@ -269,13 +118,12 @@ def prepare_policy_rollouts(cfg: VLAConfig, policy, progress: bool = True) -> li
     once as a LeRobot dataset. Expert demos alone never fail, so a WM trained on them alone cannot
     tell a failing trajectory from a succeeding one."""
     from wmrl_vla.data import append_episodes, load_episodes
-    from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes
-    from wmrl_vla.world_model import to_frames
+    from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes, to_frames
 
     n = cfg.wm_policy_rollouts_per_task
     if n <= 0:
         return []
-    root = Path(cfg.cache_dir) / f"rollouts-{_key(_rollout_fields(cfg))}"
+    root = Path(cfg.cache_dir) / f"rollouts-{cache_key(_rollout_fields(cfg))}"
     if not (root / "wmrl_done").exists():
         if root.exists():
             import shutil
@@ -311,7 +159,7 @@ def _offline_fields(cfg: VLAConfig) -> dict[str, Any]:
 
 def offline_dir(cfg: VLAConfig) -> Path:
     """Where the offline dataset of ``cfg`` is cached (``summary.json`` there once complete)."""
-    return Path(cfg.cache_dir) / f"offline-{_key(_offline_fields(cfg))}"
+    return Path(cfg.cache_dir) / f"offline-{cache_key(_offline_fields(cfg))}"
 
 
 def prepare_offline_data(cfg: VLAConfig, policy, progress: bool = True) -> list[dict]:
@@ -335,7 +183,7 @@ def prepare_offline_data(cfg: VLAConfig, policy, progress: bool = True) -> list[
 
 def wm_config(cfg: VLAConfig) -> VLADynamicsConfig:
     """The world model's architecture for a domain config."""
-    state_dim, action_dim = _dims(cfg.tasks)
+    state_dim, action_dim = task_dims(cfg.tasks)
     return VLADynamicsConfig(
         image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, latent_dim=cfg.wm_latent_dim,
         n_members=cfg.wm_members, frame_decoder=cfg.world_model, diffusion_steps=cfg.diffusion_steps,
@@ -359,7 +207,7 @@ def prepare_world_model(
               **({"wm_integrator": True} if cfg.wm_integrator else {}),
               **({"wm_outcome_reads": r} if (r := cfg.wm_outcome_reads) != "scene" else {}),
               **(_offline_fields(cfg) if cfg.wm_offline_per_task else {})}  # fmt: skip
-    path = Path(cfg.cache_dir) / f"wm-{_key(fields)}.pt"
+    path = Path(cfg.cache_dir) / f"wm-{cache_key(fields)}.pt"
     qpath = path.with_suffix(".json")
     # hold out every 10th episode to measure quality
     held = [e for i, e in enumerate(episodes) if i % 10 == 9] or episodes[-1:]
@@ -443,7 +291,3 @@ def policy_words(cfg: VLAConfig) -> str:
     """What a run's messages call its starting policy: the SFT policy WMRL cloned from demos, or the
     user's own lerobot policy (``domain.policy_path``), which WMRL never fine-tuned by SFT."""
     return policy_kind(cfg).words()
-
-
-def mean_success(records: list[dict]) -> float:
-    return float(np.mean([np.asarray(r.get("success", r.get("next.success"))).max() for r in records]))

@@ -318,3 +318,21 @@ def run_expert_episodes(
             )
         )
     return out
+
+
+def to_frames(r: SimRollout) -> list[tuple]:
+    """A rollout as :func:`wmrl_vla.data.append_episodes` frames (plus the final observation)."""
+    frames = [
+        (
+            {"image": r.images[t].transpose(1, 2, 0), "state": r.states[t]},
+            r.actions[t],
+            float(r.progress[t]),
+            bool(r.success[t]),
+            r.instruction,
+        )
+        for t in range(r.length)
+    ]
+    frames.append(
+        ({"image": r.images[-1].transpose(1, 2, 0), "state": r.states[-1]}, None, None, None, r.instruction)
+    )
+    return frames

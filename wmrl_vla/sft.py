@@ -38,7 +38,7 @@ class SFTConfig:
     # Weight of the auxiliary localisation loss. With the policy's TargetLocator: cross-entropy of its
     # attention map against the named object's pixel + squared error of its table-xy estimate (in
     # LOC_UNIT), labels ``goal`` / ``goal_px`` of each record (from the simulator, see
-    # wmrl_vla.pipeline.label_goals; without them the demo's last hand xy, no pixel term). Without a
+    # wmrl_vla.demos.label_goals; without them the demo's last hand xy, no pixel term). Without a
     # locator: regress the goal from the image encoder's keypoint token through a small head.
     aux_goal: float = 0.0
     seed: int = 0

@@ -12,7 +12,7 @@ import torch
 
 from wmrl.domain import Prediction, RolloutBatch
 from wmrl_vla.config import VLAWMRefinement
-from wmrl_vla.rollout import SimRollout
+from wmrl_vla.rollout import SimRollout, to_frames
 from world_models.vla_dynamics import (
     VLADynamics,
     calibration_stats,
@@ -276,21 +276,3 @@ def recording_pool() -> ProcessPoolExecutor:
     """The one-worker pool :class:`AnchorRecorder` writes in: spawned, not forked (the parent holds
     torch's threads)."""
     return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-
-
-def to_frames(r: SimRollout) -> list[tuple]:
-    """A rollout as :func:`wmrl_vla.data.append_episodes` frames (plus the final observation)."""
-    frames = [
-        (
-            {"image": r.images[t].transpose(1, 2, 0), "state": r.states[t]},
-            r.actions[t],
-            float(r.progress[t]),
-            bool(r.success[t]),
-            r.instruction,
-        )
-        for t in range(r.length)
-    ]
-    frames.append(
-        ({"image": r.images[-1].transpose(1, 2, 0), "state": r.states[-1]}, None, None, None, r.instruction)
-    )
-    return frames

@@ -156,6 +156,6 @@ def test_pretrained_wm_cache_is_keyed_by_the_execution_log(tmp_path):
 
 def test_preset_execution_log_size():
     # 16 samples per train task left the WM data-limited: halving the log's fit part cost 0.10-0.16
-    # held-out Spearman on every seed (docs/research.md, "Diagnosis of the WM during training, and a
+    # held-out Spearman on every seed (docs/results/research.md, "Diagnosis of the WM during training, and a
     # larger execution log": the finding "Data size", then "Change: `log_samples_per_task: 32`").
     assert load_config("research-tiny", []).domain.log_samples_per_task == 32

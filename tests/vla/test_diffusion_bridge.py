@@ -208,7 +208,7 @@ def test_a_lerobot_diffusion_folder_is_post_trainable(tmp_path):
     from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
     from lerobot.policies.factory import make_pre_post_processors
 
-    from wmrl_vla.lerobot_policy import check_policy_path
+    from wmrl_vla.policies import check_policy_path
 
     c = DiffusionConfig(
         input_features={

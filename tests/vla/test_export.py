@@ -54,7 +54,8 @@ def small_vla_export(vla_debug, tmp_path_factory):
 
 
 def test_exported_small_vla_acts_like_the_final_policy(small_vla_export):
-    from wmrl_vla.pipeline import _key, _policy_fields
+    from wmrl_vla.demos import cache_key
+    from wmrl_vla.pipeline import _policy_fields
     from wmrl_vla.policy import SmallVLA
 
     domain, _, _, out, _, cfg = small_vla_export
@@ -69,7 +70,7 @@ def test_exported_small_vla_acts_like_the_final_policy(small_vla_export):
         b = final.act(images, states, ids, 1.0, torch.Generator().manual_seed(3))
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))  # same bins, log-probs, actions
     # it is the final policy, not the SFT checkpoint the run started from
-    sft = SmallVLA.load(Path(cfg.domain.cache_dir) / f"sft-{_key(_policy_fields(cfg.domain))}.pt")
+    sft = SmallVLA.load(Path(cfg.domain.cache_dir) / f"sft-{cache_key(_policy_fields(cfg.domain))}.pt")
     with torch.no_grad():
         assert not torch.equal(sft(images, states, ids), final(images, states, ids))
 

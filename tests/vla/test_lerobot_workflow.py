@@ -345,17 +345,18 @@ def test_retraining_into_the_same_folder_changes_the_cache_keys(tmp_path):
     dataset's contents (size, mtime), not their paths alone."""
     import os
 
-    from wmrl_vla.pipeline import _key, _policy_fields
+    from wmrl_vla.demos import cache_key
+    from wmrl_vla.pipeline import _policy_fields
 
     for name in ("policy", "data"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model.safetensors").write_bytes(b"0" * 8)
     cfg = SimpleNamespace(tasks=["lerobot/metaworld-reach-v3"], image_size=32, max_steps=None, policy="lerobot_act",
                           policy_path=str(tmp_path / "policy"), dataset_root=str(tmp_path / "data"))  # fmt: skip
-    keys = [_key(_policy_fields(cfg))]
+    keys = [cache_key(_policy_fields(cfg))]
     for name in ("policy", "data"):
         f = tmp_path / name / "model.safetensors"
         f.write_bytes(b"1" * 8)
         os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 1_000_000))
-        keys.append(_key(_policy_fields(cfg)))
+        keys.append(cache_key(_policy_fields(cfg)))
     assert len(set(keys)) == 3

@@ -68,12 +68,12 @@ def test_the_small_vla_kind_builds_the_configured_network():
 
 
 def test_the_diffusion_kind_builds_a_chain_policy_of_the_task_dims_and_refuses_export(tmp_path):
+    from wmrl_vla.demos import task_dims
     from wmrl_vla.export import export_vla
-    from wmrl_vla.pipeline import _dims
 
     cfg = load_config("vla-debug", ["--domain.policy=lerobot_diffusion"])
     net = policy_kind(cfg.domain).build()
-    state_dim, action_dim = _dims(cfg.domain.tasks)
+    state_dim, action_dim = task_dims(cfg.domain.tasks)
     assert (net.bridge_config.image_size, net.bridge_config.state_dim, net.bridge_config.action_dim) == (
         cfg.domain.image_size,
         state_dim,

@@ -62,7 +62,7 @@ def test_sft_aux_goal_trains_and_leaves_no_hook(demos):
 
 
 def test_dagger_records_label_policy_states_with_the_expert():
-    from wmrl_vla.pipeline import dagger_records
+    from wmrl_vla.demos import dagger_records
 
     recs = dagger_records(_policy(), ["wmrl/ReachColor-v0"], 2, 32, seed0=7, max_steps=6)
     assert len(recs) == 2
@@ -78,7 +78,7 @@ def test_dagger_records_label_policy_states_with_the_expert():
 def test_target_labels_point_at_the_named_object():
     import sims
     from sims.own.base import PALETTE
-    from wmrl_vla.pipeline import label_goals, target_labels
+    from wmrl_vla.demos import label_goals, target_labels
 
     env = sims.make("wmrl/ReachColor-v0", image_size=64)
     try:
@@ -102,7 +102,7 @@ def test_target_labels_point_at_the_named_object():
 
 
 def test_sft_trains_the_locator_on_goal_labels(demos):
-    from wmrl_vla.pipeline import label_goals
+    from wmrl_vla.demos import label_goals
 
     recs = label_goals(
         [{**d, "task_id": "wmrl/ReachColor-v0", "seed": s} for s, d in enumerate(demos)], split="train"

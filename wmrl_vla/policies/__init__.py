@@ -15,90 +15,32 @@ in a module of this package, imported here so that it registers; each module is 
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING
+
+from wmrl_vla.policies.base import POLICY_KINDS, PolicyKind, register_policy_kind
+
+# isort: off
+# the kinds register on import, in the order ``domain.policy`` lists them
+from wmrl_vla.policies import small_vla as _small_vla  # noqa: F401
+from wmrl_vla.policies import lerobot_bridges as _lerobot_bridges  # noqa: F401
+from wmrl_vla.policies import lerobot_diffusion as _lerobot_diffusion  # noqa: F401
+from wmrl_vla.policies.lerobot_pretrained import LeRobotPretrained
+# isort: on
 
 if TYPE_CHECKING:
-    import torch
+    from wmrl_vla.policies.base import PolicyConfig
 
-    from wmrl_vla.config import VLAConfig
-
-POLICY_KINDS: dict[str, type[PolicyKind]] = {}
-
-
-def register_policy_kind(cls: type[PolicyKind]) -> type[PolicyKind]:
-    """Class decorator: ``cls`` becomes the choice ``--domain.policy=<cls.name>``."""
-    if cls.name in POLICY_KINDS:
-        raise ValueError(f"VLA policy kind {cls.name!r} is registered twice")
-    POLICY_KINDS[cls.name] = cls
-    return cls
+__all__ = [
+    "POLICY_KINDS",
+    "PolicyKind",
+    "check_policy_path",
+    "folder_kind",
+    "policy_kind",
+    "register_policy_kind",
+]
 
 
-class PolicyKind:
-    """One kind of VLA policy for a domain config ``cfg``. Subclasses set the class flags and
-    override :meth:`build`, :meth:`prepare` and :meth:`export`."""
-
-    name: ClassVar[str]
-    # a lerobot network: run in float32 only (``--precision=bf16`` is refused), exported tagged lerobot
-    lerobot: ClassVar[bool] = True
-    # its visual features can be predicted from the WM latent (``domain.imagine_input=latent``)
-    reads_latent: ClassVar[bool] = False
-    # behaviour cloning runs on every process of a data-parallel run (else in the main one, at build)
-    sft_data_parallel: ClassVar[bool] = False
-    # the lerobot folder ``type`` this kind post-trains itself (``domain.policy_path``); None: the
-    # pretrained kind loads such folders
-    folder_type: ClassVar[str | None] = None
-    # why ``wmrl export`` cannot write this kind yet (None: it can)
-    export_refused: ClassVar[str | None] = None
-
-    def __init__(self, cfg: VLAConfig) -> None:
-        self.cfg = cfg
-
-    @classmethod
-    def check_folder(cls, config, path) -> None:
-        """A lerobot folder of :attr:`folder_type` (its lerobot ``config``) this kind cannot post-train
-        raises :class:`wmrl_vla.lerobot_policy.PolicyPathError` (one line); others pass."""
-
-    def cache_fields(self) -> dict[str, Any]:
-        """The config fields the SFT stage's cache key hashes (those of the demos included)."""
-        from wmrl_vla.pipeline import POLICY_ARCH, _demo_fields
-
-        cfg = self.cfg
-        return {**_demo_fields(cfg), "policy": cfg.policy, "n_bins": cfg.n_bins, "d_model": cfg.d_model,
-                "n_layers": cfg.n_layers, "sft_epochs": cfg.sft_epochs, "sft_batch_size": cfg.sft_batch_size,
-                "sft_lr": cfg.sft_lr, "arch": POLICY_ARCH}  # fmt: skip
-
-    def cache_path(self) -> Path:
-        """The SFT stage's cached checkpoint (its ``.json`` beside it: the SFT's figures and fields)."""
-        from wmrl_vla.pipeline import _key
-
-        return Path(self.cfg.cache_dir) / f"sft-{_key(self.cache_fields())}.pt"
-
-    def build(self):
-        """The policy's network, untrained (``wmrl export`` fills it from a checkpoint)."""
-        raise NotImplementedError
-
-    def prepare(self, demos: list[dict], device: torch.device, accelerator=None, progress: bool = True):
-        """The policy to post-train, on ``device``: loaded from :meth:`cache_path`, or cloned from
-        ``demos`` and cached there."""
-        raise NotImplementedError
-
-    def export(self, policy, out: Path) -> tuple[dict[str, Any], list[str]]:
-        """Write the post-trained ``policy`` to the folder ``out``: (its ``export.json`` entry: format,
-        library, class, files, how to load it; notes for the folder's README)."""
-        raise NotImplementedError
-
-    @property
-    def export_type(self) -> str:
-        """The policy's ``type`` in ``export.json``."""
-        return self.name
-
-    def words(self) -> str:
-        """What a run's messages call its starting policy."""
-        return "the SFT policy"
-
-
-def policy_kind(cfg: VLAConfig) -> PolicyKind:
+def policy_kind(cfg: PolicyConfig) -> PolicyKind:
     """The registered kind of ``cfg``'s policy (``domain.policy_path`` first)."""
     if cfg.policy_path is not None:
         kind = POLICY_KINDS.get(cfg.policy)
@@ -113,8 +55,28 @@ def folder_kind(folder_type: str) -> type[PolicyKind] | None:
     return next((k for k in POLICY_KINDS.values() if k.folder_type == folder_type), None)
 
 
-# the kinds register on import (below the registry they use)
-from wmrl_vla.policies import small_vla as _small_vla  # noqa: E402, F401, I001
-from wmrl_vla.policies import lerobot_bridges as _lerobot_bridges  # noqa: E402, F401
-from wmrl_vla.policies import lerobot_diffusion as _lerobot_diffusion  # noqa: E402, F401
-from wmrl_vla.policies.lerobot_pretrained import LeRobotPretrained  # noqa: E402
+def check_policy_path(path: str, image_size: int) -> str:
+    """A policy folder WMRL can post-train at ``image_size``: a supported type whose inputs are one
+    camera image of that square size and one state; returns its type (``act``, ``smolvla``,
+    ``diffusion``). Raises
+    :class:`wmrl_vla.lerobot_policy.PolicyPathError` (one line)."""
+    from wmrl_vla.lerobot_policy import PolicyPathError, check_supported, policy_config
+
+    cfg = policy_config(path)
+    check_supported(cfg.type, path)
+    kind = folder_kind(cfg.type)
+    if kind is not None:  # the kind that post-trains such folders itself refuses what it cannot
+        kind.check_folder(cfg, path)
+    images = {k: tuple(f.shape) for k, f in cfg.image_features.items()}
+    if len(images) != 1 or cfg.robot_state_feature is None:
+        raise PolicyPathError(
+            f"domain.policy_path={path}: WMRL feeds one camera image and one state; the policy's "
+            f"inputs are {sorted(cfg.input_features)}"
+        )
+    (shape,) = images.values()
+    if shape != (3, image_size, image_size):
+        raise PolicyPathError(
+            f"domain.policy_path={path} was trained on images of shape {list(shape)}; set "
+            f"domain.image_size={shape[-1]} so the env renders what it saw"
+        )
+    return cfg.type

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from wmrl_vla.policies import PolicyKind, register_policy_kind
+from wmrl_vla.policies.base import PolicyKind, register_policy_kind
 
 if TYPE_CHECKING:
     import torch
@@ -93,11 +93,11 @@ class LeRobotACT(LeRobotBridge):
     lerobot_module, lerobot_class = "act.modeling_act", "ACTPolicy"
 
     def build(self):
+        from wmrl_vla.demos import task_dims
         from wmrl_vla.lerobot_bridge import ACTBridgeConfig, ACTGaussianPolicy
-        from wmrl_vla.pipeline import _dims
 
         cfg = self.cfg
-        state_dim, action_dim = _dims(cfg.tasks)
+        state_dim, action_dim = task_dims(cfg.tasks)
         return ACTGaussianPolicy(
             ACTBridgeConfig(image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim,
                             dim_model=cfg.d_model, n_encoder_layers=cfg.n_layers)
@@ -143,7 +143,7 @@ class LeRobotSmolVLA(LeRobotBridge):
         import torch
 
         from wmrl.device import DeviceError
-        from wmrl_vla.pipeline import _dims
+        from wmrl_vla.demos import task_dims
         from wmrl_vla.smolvla_bridge import (
             SmolVLABridgeConfig,
             SmolVLAGaussianPolicy,
@@ -157,7 +157,7 @@ class LeRobotSmolVLA(LeRobotBridge):
         cfg = self.cfg
         if self.cache_path().exists():
             return SmolVLAGaussianPolicy.load(self.cache_path(), vlm_cache_dir=self.vlm_cache)
-        state_dim, action_dim = _dims(cfg.tasks)
+        state_dim, action_dim = task_dims(cfg.tasks)
         corpus = sorted(set(default_instruction_corpus()) | {d["instruction"] for d in demos})
         torch.manual_seed(cfg.demo_seed)
         policy = SmolVLAGaussianPolicy(

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wmrl_vla.policies import PolicyKind, register_policy_kind
+from wmrl_vla.policies.base import PolicyKind, register_policy_kind
 
 if TYPE_CHECKING:
     import torch
@@ -50,13 +50,13 @@ class LeRobotDiffusion(PolicyKind):
 
     def build(self):
         """The user's folder (``domain.policy_path``), or the small policy of the domain config."""
+        from wmrl_vla.demos import task_dims
         from wmrl_vla.diffusion_bridge import DiffusionBridgeConfig, DiffusionChainPolicy
-        from wmrl_vla.pipeline import _dims
 
         cfg = self.cfg
         if cfg.policy_path is not None:
             return DiffusionChainPolicy.from_folder(cfg.policy_path)
-        state_dim, action_dim = _dims(cfg.tasks)
+        state_dim, action_dim = task_dims(cfg.tasks)
         return DiffusionChainPolicy.from_config(
             DiffusionBridgeConfig(image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim)
         )

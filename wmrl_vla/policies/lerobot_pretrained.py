@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wmrl_vla.policies import PolicyKind
+from wmrl_vla.policies.base import POLICY_ARCH, PolicyKind
 
 if TYPE_CHECKING:
     import torch
@@ -27,10 +27,10 @@ class LeRobotPretrained(PolicyKind):
 
     def cache_fields(self) -> dict[str, Any]:
         """No SFT fields: the folder (and its modification stamp) is the policy."""
+        from wmrl_vla.demos import demo_fields
         from wmrl_vla.lerobot_policy import folder_stamp
-        from wmrl_vla.pipeline import POLICY_ARCH, _demo_fields
 
-        return {**_demo_fields(self.cfg), "policy_path": str(self.path), "policy_stamp": folder_stamp(self.path),
+        return {**demo_fields(self.cfg), "policy_path": str(self.path), "policy_stamp": folder_stamp(self.path),
                 "arch": POLICY_ARCH}  # fmt: skip
 
     def build(self):

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wmrl_vla.policies import PolicyKind, register_policy_kind
+from wmrl_vla.policies.base import PolicyKind, register_policy_kind
 
 if TYPE_CHECKING:
     import torch
@@ -37,11 +37,11 @@ class SmallVLAKind(PolicyKind):
         return fields
 
     def build(self):
-        from wmrl_vla.pipeline import _dims
+        from wmrl_vla.demos import task_dims
         from wmrl_vla.policy import SmallVLA, SmallVLAConfig
 
         cfg = self.cfg
-        state_dim, action_dim = _dims(cfg.tasks)
+        state_dim, action_dim = task_dims(cfg.tasks)
         return SmallVLA(
             SmallVLAConfig(
                 image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, n_bins=cfg.n_bins,
@@ -67,7 +67,7 @@ class SmallVLAKind(PolicyKind):
         this, :func:`wmrl_vla.sft.sft`; the main process alone writes the cache), then DAgger."""
         import torch
 
-        from wmrl_vla.pipeline import DAGGER_SEED0, dagger_records, label_goals, mean_success
+        from wmrl_vla.demos import DAGGER_SEED0, dagger_records, label_goals, mean_success
         from wmrl_vla.policy import SmallVLA
         from wmrl_vla.sft import sft
 
