@@ -36,6 +36,7 @@ class RunView(Protocol):
     __dataclass_fields__: ClassVar[dict[str, Any]]
     domain: Any
 
+
 DEFAULT_METHOD = "wmrl"
 
 

@@ -38,6 +38,7 @@ class ResearchConfig(Protocol):
     wm_lr: float
     cache_dir: str
 
+
 WM_KINDS: dict[str, type[WMKind]] = {}
 
 
