@@ -10,8 +10,8 @@ What is isolated (each point has an adversarial test in ``tests/research/test_sa
   ``multiprocessing``'s stream pairs still work.
 - **Filesystem**: the sandbox sees only ``/usr``, ``/etc``, the base Python installation, the
   virtual environment's ``lib`` and ``pyvenv.cfg`` (mounted at ``/opt/venv``, not at their host
-  path), the worker script, all read-only, plus its own task's public data (read-only, at
-  ``$WMRL_DATA_DIR``; no other task's folder) and a fresh tmpfs per job (size-limited: the disk
+  path), the worker package (``sandbox_worker``, standard library only), all read-only, plus its
+  own task's public data (read-only, at ``$WMRL_DATA_DIR``; no other task's folder) and a fresh tmpfs per job (size-limited: the disk
   limit), which is its working folder and its ``/dev/shm``. Never the project tree, run directories, ``.git``, the host's
   temporary folder or the folder a run was launched from. Every data file of every package a
   task imports (derived from the task folders' code: :func:`task_data_packages`,
@@ -44,9 +44,8 @@ What is isolated (each point has an adversarial test in ``tests/research/test_sa
   (``--die-with-parent``).
 - **Status reports**: the job reports its exit code on a pipe, exactly ``{"code": n}``; a report
   that is malformed (not JSON, an exit code that is not a small int, a missing or extra field) or
-  longer than
-  ``worker.MAX_STATUS_BYTES`` is graded as a failed run and ends the job (so flooding the pipe
-  costs the supervisor at most one bounded read). A source that is not valid UTF-8 text (a lone
+  longer than ``sandbox_worker.supervisor.MAX_STATUS_BYTES`` is graded as a failed run and ends
+  the job (so flooding the pipe costs the supervisor at most one bounded read). A source that is not valid UTF-8 text (a lone
   surrogate) is graded as an error without running. Neither raises :class:`SandboxError`.
 - **Accounting**: ``SandboxResult.cpu_s`` and ``maxrss_mb`` are measured outside the job, never
   taken from it, and hold the job's own work only: the job's setup (measured by its trusted code
@@ -145,7 +144,7 @@ from wmrl_research.sandbox_mounts import BUNDLED_DATA as BUNDLED_DATA
 from wmrl_research.sandbox_mounts import RUNTIME_DATA as RUNTIME_DATA
 from wmrl_research.sandbox_mounts import VENV_DIR as VENV_DIR
 from wmrl_research.sandbox_mounts import (
-    WORKER_DIR,
+    WORKER,
     _python_layout,
     _refuse_a_mounted_data_root,
     bwrap_argv,
@@ -162,11 +161,11 @@ SUPERVISOR_TRIES = 2  # a job whose supervisor or worker was lost runs again onc
 _WORKER_IDS = itertools.count()  # process-wide: names each worker's cgroups uniquely
 
 
-CGROUP_DIR = "/tmp/cgroup"  # the worker's memory/cpuacct cgroups, inside (worker.CGROUP_DIR)
+CGROUP_DIR = "/tmp/cgroup"  # the worker's memory/cpuacct cgroups, inside (sandbox_worker.common's)
 
 
 class _Worker:
-    """One bwrap process running :mod:`wmrl_research.worker` (pre-imported when warm)."""
+    """One bwrap process running :mod:`wmrl_research.sandbox_worker` (pre-imported when warm)."""
 
     def __init__(self, sandbox: Sandbox, slot: int) -> None:
         self.slot = slot
@@ -207,11 +206,7 @@ class _Worker:
         binds = [
             a for ctl, group in accounting.items() for a in ("--bind", str(group), f"{CGROUP_DIR}/{ctl}")
         ]
-        argv = (
-            sandbox._bwrap_argv()
-            + binds
-            + [sandbox._python(), str(WORKER_DIR / "worker.py"), json.dumps(config)]
-        )
+        argv = sandbox._bwrap_argv() + binds + [sandbox._python(), str(WORKER), json.dumps(config)]
         if self.cgroups:
             enter = "; ".join(f"echo $$ > {g / 'cgroup.procs'}" for g in self.cgroups)
             argv = ["/bin/sh", "-c", f'{enter}; exec "$@"', "sh", *argv]

@@ -16,10 +16,11 @@ from pathlib import Path
 import wmrl_research
 from wmrl_research.sandbox_host import SandboxError, bwrap_path
 
-# Where the sandbox sees the virtual environment and the worker script (not at their host paths,
-# which lie inside the project's folder).
+# Where the sandbox sees the virtual environment and the worker package (not at their host paths,
+# which lie inside the project's folder). The worker is run as ``python WORKER '<config>'``.
 VENV_DIR = Path("/opt/venv")
 WORKER_DIR = Path("/opt/wmrl")
+WORKER = WORKER_DIR / "sandbox_worker"
 # Besides the data files of every package a task draws from (derived: :func:`task_data_packages`,
 # :func:`package_data_files`), these bundled copies of datasets (and test folders, which hold more
 # copies: iris in scipy's and statsmodels' tests), relative to a site-packages folder, are covered
@@ -62,10 +63,11 @@ def bwrap_argv(data_root: Path, jobs_root: Path) -> list[str]:
     """bubblewrap arguments: an empty root with read-only binds of what Python needs.
 
     Mounted: ``/usr``, ``/etc``, the base interpreter's installation, the virtual environment
-    (at :data:`VENV_DIR`: its ``lib`` and ``pyvenv.cfg`` only), this module's worker script (at
-    :data:`WORKER_DIR`), the public data root ``data_root`` (at ``/tmp/data``) and the jobs folder
-    ``jobs_root`` (at ``/tmp/jobs``); never the project tree or the host's cwd. The packages'
-    bundled copies of datasets (:data:`BUNDLED_DATA`) are covered by empty mounts.
+    (at :data:`VENV_DIR`: its ``lib`` and ``pyvenv.cfg`` only), the worker package
+    (:mod:`wmrl_research.sandbox_worker`, at :data:`WORKER`), the public data root ``data_root``
+    (at ``/tmp/data``) and the jobs folder ``jobs_root`` (at ``/tmp/jobs``); never the project tree
+    or the host's cwd. The packages' bundled copies of datasets (:data:`BUNDLED_DATA`) are covered
+    by empty mounts.
     """
     argv = [
         bwrap_path() or "bwrap",
@@ -110,7 +112,7 @@ def bwrap_argv(data_root: Path, jobs_root: Path) -> list[str]:
         argv += bind_ro(src, dst)
     for target, dst in layout.symlinks:
         argv += [*parents(dst), "--symlink", target, str(dst)]
-    argv += bind_ro(Path(wmrl_research.__file__).resolve().parent / "worker.py", WORKER_DIR / "worker.py")
+    argv += bind_ro(_worker_source(), WORKER)
     argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "0755", "--tmpfs", "/tmp"]
     argv += ["--perms", "0755", "--dir", "/tmp/work", "--perms", "0755", "--dir", "/tmp/jobs"]
     # An interpreter that lives under /tmp (a CI runner's, say) is bound in after /tmp's tmpfs.
@@ -130,8 +132,14 @@ def _mounted_sources() -> list[Path]:
     out = [Path("/usr"), Path("/etc")]
     out += [Path("/") / link for link in ("bin", "lib", "lib64", "sbin") if (Path("/") / link).is_dir()]
     out += [src for src, _ in _python_layout().binds]
-    out.append(Path(wmrl_research.__file__).resolve().parent / "worker.py")
+    out.append(_worker_source())
     return [p.resolve() for p in out]
+
+
+def _worker_source() -> Path:
+    """The worker package's folder on the host (standard library only: the one piece of the project
+    that a sandbox mounts)."""
+    return Path(wmrl_research.__file__).resolve().parent / WORKER.name
 
 
 def _refuse_a_mounted_data_root(root: Path) -> None:

@@ -493,6 +493,7 @@ for p in {[str(p) for p in paths]!r}:
 for mod in ("wmrl", "wmrl_research", "world_models", "sims"):
     print("IMPORTABLE" if importlib.util.find_spec(mod) else "absent", mod)
 print("jobs", os.listdir("/tmp/jobs"), "data", sorted(os.listdir(os.environ["WMRL_DATA_DIR"])))
+print("worker", os.listdir("/opt/wmrl"), sorted(f for f in os.listdir("/opt/wmrl/sandbox_worker") if f.endswith(".py")))
 """
     try:
         r = run(src)
@@ -503,6 +504,9 @@ print("jobs", os.listdir("/tmp/jobs"), "data", sorted(os.listdir(os.environ["WMR
     assert r.stdout.count("absent") == len(paths) + 4
     # only this task's public files: no other task's folder, no hidden labels
     assert "jobs [] data ['test.npz', 'train.npz', 'val.npz']" in r.stdout
+    # of the project, only the worker package (standard library only) is mounted
+    worker = sorted(p.name for p in (Path(wmrl_research.__file__).parent / "sandbox_worker").glob("*.py"))
+    assert f"worker ['sandbox_worker'] {worker}" in r.stdout, r.stdout
 
 
 def test_unix_sockets_on_the_host_and_the_session_keyring_are_unreachable():
@@ -1109,7 +1113,8 @@ def test_a_supervisor_lost_to_the_host_is_retried_not_graded():
         worker = next(
             p
             for p in psutil.Process(pid).children(recursive=True)
-            if cmd(p).startswith("/opt/venv/bin/python /opt/wmrl/worker.py") and "bwrap" in cmd(p.parent())
+            if cmd(p).startswith("/opt/venv/bin/python /opt/wmrl/sandbox_worker")
+            and "bwrap" in cmd(p.parent())
         )
         supervisors = [p for p in worker.children() if cmd(p)]
         assert supervisors
