@@ -69,10 +69,10 @@ def run_job(go_fd: int, status_fd: int, setup_fd: int) -> None:
             if os.path.isdir(hidden):
                 mount("tmpfs", hidden, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755")
         # Only this job's task data stays visible: its folder is bound over the whole data root.
-        data = str(req["data"])
-        if data.startswith("/") or ".." in data.split("/") or not data.strip("/"):
-            raise ValueError(f"bad data folder {data!r}")
-        mount(os.path.join(DATA_DIR, data), DATA_DIR, None, MS_BIND | MS_REC)
+        task_data = str(req["data"])
+        if task_data.startswith("/") or ".." in task_data.split("/") or not task_data.strip("/"):
+            raise ValueError(f"bad data folder {task_data!r}")
+        mount(os.path.join(DATA_DIR, task_data), DATA_DIR, None, MS_BIND | MS_REC)
         program = seccomp_program()
         # Setup done: the CPU time this process spent on it since the request is the sandbox's, not
         # the solution's (written before any solution code runs, so the solution cannot change it).
@@ -98,7 +98,9 @@ def run_job(go_fd: int, status_fd: int, setup_fd: int) -> None:
         os.environ.clear()
         os.environ.update(req["env"])
         if "tempfile" in sys.modules:  # forget the worker's cached temp dir: use $TMPDIR
-            sys.modules["tempfile"].tempdir = None
+            import tempfile  # already imported: no file is read
+
+            tempfile.tempdir = None
         sys.argv = [SOLUTION]
         sys.path[0] = WORK_DIR
         sys.stdin = open(0, closefd=False)  # noqa: SIM115 (fresh objects: no lock held by the worker)

@@ -5,6 +5,7 @@ host gives the worker cgroups, groups of its own that measure it (:class:`JobCgr
 from __future__ import annotations
 
 import os
+from collections.abc import Callable  # already imported at the worker's start (by traceback)
 
 from .common import (
     CGROUP_DIR,
@@ -127,7 +128,11 @@ def remove_ipc_objects(proc_fd: int, uid: int) -> None:
     The namespace would free them when the supervisor exits too, but only after the next job may
     have started; removing them here returns their memory (charged to the worker's cgroup) first.
     """
-    ctl = {"shm": libc.shmctl, "msg": libc.msgctl, "sem": lambda i, cmd, _: libc.semctl(i, 0, cmd)}
+    ctl: dict[str, Callable[[int, int, None], int]] = {
+        "shm": libc.shmctl,
+        "msg": libc.msgctl,
+        "sem": lambda i, cmd, _: libc.semctl(i, 0, cmd),
+    }
     for kind, remove in ctl.items():
         fd = os.open(f"sysvipc/{kind}", os.O_RDONLY, dir_fd=proc_fd)
         with os.fdopen(fd) as f:
