@@ -49,6 +49,32 @@ def lerobot_success(folder: Path, a: argparse.Namespace) -> dict:
             "ci95": wilson(k, a.eval_episodes), "avg_max_reward": info["aggregated"]["avg_max_reward"]}  # fmt: skip
 
 
+def user_act(out: Path, a: argparse.Namespace) -> tuple[Path, float, float]:
+    """What a lerobot user brings, under ``out`` (reused when there): ``a.demos`` expert demos of
+    ``a.task`` recorded in lerobot's MetaWorld env (``out/dataset``) and an ACT trained on them by
+    lerobot's own loop (chunk_size 10, n_action_steps 10). Returns (its ``pretrained_model`` folder,
+    seconds recording, seconds training)."""
+    from wmrl_vla.data import record_demos
+    from wmrl_vla.lerobot_env import LeRobotEnvConfig, register_task
+    from wmrl_vla.lerobot_policy import train_act
+
+    t0 = time.perf_counter()
+    task_id = register_task(LeRobotEnvConfig(type="metaworld", task=a.task, episode_length=a.episode_length))
+    data = out / "dataset"
+    if not (data / "meta" / "info.json").exists():
+        record_demos([task_id], a.demos, data, "user/dataset", image_size=a.image_size, seed=100,
+                     max_steps=a.episode_length)  # fmt: skip
+    record_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    folder = out / "act" / "checkpoints" / "last" / "pretrained_model"
+    if not folder.exists():
+        train_act(data, "user/dataset", out / "act", steps=a.act_steps, batch_size=8, dim_model=64,
+                  n_heads=4, dim_feedforward=128, n_encoder_layers=2, n_decoder_layers=1,
+                  n_vae_encoder_layers=1, latent_dim=16, chunk_size=10, n_action_steps=10,
+                  optimizer_lr=a.act_lr, optimizer_lr_backbone=a.act_lr)  # fmt: skip
+    return folder, record_seconds, time.perf_counter() - t0
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="benchmarks/results/lerobot_posttrain")
@@ -72,25 +98,7 @@ def main() -> None:
         "command": " ".join([sys.executable, *sys.argv]),
     }
 
-    from wmrl_vla.data import record_demos
-    from wmrl_vla.lerobot_env import LeRobotEnvConfig, register_task
-    from wmrl_vla.lerobot_policy import train_act
-
-    t0 = time.perf_counter()
-    task_id = register_task(LeRobotEnvConfig(type="metaworld", task=a.task, episode_length=a.episode_length))
-    data = out / "dataset"
-    if not (data / "meta" / "info.json").exists():
-        record_demos([task_id], a.demos, data, "user/dataset", image_size=a.image_size, seed=100,
-                     max_steps=a.episode_length)  # fmt: skip
-    result["record_seconds"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    folder = out / "act" / "checkpoints" / "last" / "pretrained_model"
-    if not folder.exists():
-        train_act(data, "user/dataset", out / "act", steps=a.act_steps, batch_size=8, dim_model=64,
-                  n_heads=4, dim_feedforward=128, n_encoder_layers=2, n_decoder_layers=1,
-                  n_vae_encoder_layers=1, latent_dim=16, chunk_size=10, n_action_steps=10,
-                  optimizer_lr=a.act_lr, optimizer_lr_backbone=a.act_lr)  # fmt: skip
-    result["act_train_seconds"] = time.perf_counter() - t0
+    folder, result["record_seconds"], result["act_train_seconds"] = user_act(out, a)
     result["before"] = lerobot_success(folder, a)
     print("before", result["before"], flush=True)
     for method in a.methods.split(","):
@@ -99,7 +107,7 @@ def main() -> None:
                "--domain.env.type=metaworld", f"--domain.env.task={a.task}",
                f"--domain.env.episode_length={a.episode_length}", "--domain.max_steps=null",
                f"--domain.image_size={a.image_size}", f"--domain.policy_path={folder}",
-               f"--domain.dataset_root={data}", f"--domain.cache_dir={out / 'cache'}",
+               f"--domain.dataset_root={out / 'dataset'}", f"--domain.cache_dir={out / 'cache'}",
                f"--grpo.steps={a.grpo_steps}", "--domain.wm_outcome=latent", "--tracking.eval_every=0",
                f"--domain.eval_episodes_per_task={a.eval_episodes}", "--tracking.wandb=disabled",
                *(["--domain.twin_anchors=true"] if method == "ppi" else [])]  # fmt: skip

@@ -266,6 +266,29 @@ def lerobot_vector_env(task: str, image_size: int, max_steps: int, n_envs: int =
     )
 
 
+def action_steps_config(cfg, n_action_steps: int | None, policy_dir: str):
+    """``cfg`` (a lerobot ``PreTrainedConfig``) executing ``n_action_steps`` actions of each chunk
+    (``None``: as saved); one line if the policy has no chunks, the number is outside
+    ``[1, chunk_size]``, or temporal ensembling (which needs 1) is on."""
+    if n_action_steps is None:
+        return cfg
+    chunk = getattr(cfg, "chunk_size", None)
+    if chunk is None or not hasattr(cfg, "n_action_steps"):
+        raise ValueError(
+            f"n_action_steps={n_action_steps}: the {cfg.type} policy {policy_dir} has no chunk_size to run it against"
+        )
+    if not 1 <= n_action_steps <= chunk:
+        raise ValueError(
+            f"n_action_steps={n_action_steps} is outside [1, chunk_size={chunk}] of {policy_dir}"
+        )
+    if n_action_steps != 1 and getattr(cfg, "temporal_ensemble_coeff", None) is not None:
+        raise ValueError(
+            f"n_action_steps={n_action_steps}: {policy_dir} uses temporal ensembling, which runs 1 step per chunk"
+        )
+    cfg.n_action_steps = n_action_steps
+    return cfg
+
+
 def evaluate_with_lerobot(
     policy_dir: str,
     task: str,
@@ -274,13 +297,18 @@ def evaluate_with_lerobot(
     n_episodes: int,
     start_seed: int,
     seeds: list[int] | None = None,
+    n_action_steps: int | None = None,
 ) -> dict:
     """lerobot's own evaluation (``lerobot.scripts.lerobot_eval.eval_policy``) of the policy folder
     ``policy_dir`` in this env: lerobot loads the policy and its processors, steps the env, counts
     successes. Returns its ``aggregated`` dict (``pc_success``, ...) and ``per_episode``. Episodes
     are reset from seeds ``start_seed, start_seed + 1, ...`` (lerobot's rule), or with ``seeds`` one
     ``eval_policy`` call per seed (``n_episodes`` and ``start_seed`` ignored; ``per_episode`` in order,
-    ``aggregated`` = ``{"pc_success"}`` over them), the policy and env built once."""
+    ``aggregated`` = ``{"pc_success"}`` over them), the policy and env built once.
+
+    ``n_action_steps`` replaces the folder's (how many actions of each chunk lerobot executes
+    open-loop; :func:`action_steps_config`): 1 runs a policy trained with chunks closed loop, as
+    WMRL's rollouts do (:func:`wmrl_vla.lerobot_policy.load_lerobot_folder`)."""
     from sims._gl import select_backend
 
     select_backend()  # MUJOCO_GL as `wmrl run` sets it, before lerobot's envs import MuJoCo
@@ -291,7 +319,7 @@ def evaluate_with_lerobot(
     from lerobot.policies.factory import get_policy_class, make_pre_post_processors
     from lerobot.scripts.lerobot_eval import eval_policy
 
-    cfg = PreTrainedConfig.from_pretrained(policy_dir)
+    cfg = action_steps_config(PreTrainedConfig.from_pretrained(policy_dir), n_action_steps, policy_dir)
     cfg.device = "cpu"
     policy = get_policy_class(cfg.type).from_pretrained(policy_dir, config=cfg).eval()
     pre, post = make_pre_post_processors(

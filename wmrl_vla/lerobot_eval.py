@@ -2,7 +2,7 @@
 
     python -m wmrl_vla.lerobot_eval --policy EXPORT_DIR --out episodes.json
     python -m wmrl_vla.lerobot_eval --policy PRETRAINED_MODEL --task reach-v3 --episode-length 100 \\
-        --episodes 20 --out episodes.csv [--wmrl]
+        --episodes 20 --out episodes.csv [--wmrl] [--n-action-steps 1]
 
 The folder is an export of a run (``wmrl export``) or any lerobot ACT/SmolVLA/... ``pretrained_model``
 folder. lerobot loads it with its own loaders and processors and runs it with its own
@@ -11,7 +11,8 @@ image size** (its ``config.json``'s image feature), one episode per seed, on the
 evaluation uses (``1_000_000 + 7919 k``, :data:`wmrl_vla.domain.EVAL_SEEDS`), or ``--seeds``. Written:
 per episode its seed, lerobot's success, sum and max reward (and with ``--wmrl`` WMRL's own greedy
 success and best progress on the same seed, for ACT/SmolVLA folders), as JSON (with the aggregate) or
-CSV by ``--out``'s suffix.
+CSV by ``--out``'s suffix. ``--n-action-steps`` replaces the folder's number of actions lerobot
+executes per chunk (1: closed loop, as WMRL's rollouts run a chunked policy; a WMRL export says 1).
 
 Why not ``lerobot-eval``: lerobot's MetaWorld env config has no image size, so ``lerobot-eval
 --env.type=metaworld`` always renders 480 x 480 with shadows (minutes per episode on a CPU) and feeds
@@ -68,10 +69,16 @@ def export_defaults(policy_dir: str | Path) -> dict[str, Any]:
 
 
 def evaluate(
-    policy_dir: str | Path, task: str, episode_length: int, seeds: list[int], wmrl: bool = False
+    policy_dir: str | Path,
+    task: str,
+    episode_length: int,
+    seeds: list[int],
+    wmrl: bool = False,
+    n_action_steps: int | None = None,
 ) -> dict[str, Any]:
     """lerobot's ``eval_policy`` of ``policy_dir`` on each of ``seeds`` (one episode each) at the
-    policy's image size; with ``wmrl``, WMRL's greedy rollouts of the same folder on the same seeds."""
+    policy's image size, executing ``n_action_steps`` actions per chunk (``None``: the folder's); with
+    ``wmrl``, WMRL's greedy rollouts of the same folder on the same seeds (always 1 per chunk)."""
     from wmrl_vla.lerobot_env import evaluate_with_lerobot
     from wmrl_vla.lerobot_policy import policy_config
 
@@ -80,8 +87,9 @@ def evaluate(
     t0 = time.perf_counter()
     rows = []
     info = evaluate_with_lerobot(
-        str(policy_dir), task, size, episode_length, len(seeds), seeds[0], seeds=seeds
-    )
+        str(policy_dir), task, size, episode_length, len(seeds), seeds[0], seeds=seeds,
+        n_action_steps=n_action_steps,
+    )  # fmt: skip
     for s, ep in zip(seeds, info["per_episode"], strict=True):
         if ep.get("seed") not in (None, s):
             raise RuntimeError(f"lerobot evaluated seed {ep['seed']}, not {s}")
@@ -99,7 +107,7 @@ def evaluate(
         "policy_type": config.type,
         # lerobot runs this many actions of each chunk open-loop; WMRL's rollouts (--wmrl) query every
         # step, so the two agree episode by episode only at 1 (a WMRL export's)
-        "n_action_steps": getattr(config, "n_action_steps", None),
+        "n_action_steps": n_action_steps or getattr(config, "n_action_steps", None),
         "evaluator": "lerobot.scripts.lerobot_eval.eval_policy",
         "seeds": "WMRL's evaluation seeds (1000000 + 7919 k)" if seeds == wmrl_eval_seeds(n) else "given",
         "episodes": n,
@@ -154,6 +162,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"WMRL's first N evaluation seeds (default: the export's, else {DEFAULT_EPISODES})")  # fmt: skip
     p.add_argument("--seeds", default=None, help="comma-separated reset seeds instead of WMRL's")
     p.add_argument("--wmrl", action="store_true", help="also WMRL's own greedy rollouts on the same seeds")
+    p.add_argument("--n-action-steps", type=int, default=None,
+                   help="actions of each chunk lerobot executes open-loop (default: the folder's; 1: as WMRL)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -192,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(
                 f"--policy {args.policy}: config.json says {size} px, the export {defaults['image_size']}"
             )
-        result = evaluate(args.policy, task.removeprefix("metaworld-"), int(length), seeds, wmrl=args.wmrl)
+        result = evaluate(args.policy, task.removeprefix("metaworld-"), int(length), seeds, wmrl=args.wmrl,
+                          n_action_steps=args.n_action_steps)  # fmt: skip
     except ValueError as e:
         print(f"error: {e}".replace("domain.env.task=", "--task "), file=sys.stderr)
         return 2

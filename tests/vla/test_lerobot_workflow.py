@@ -245,6 +245,35 @@ def test_exported_folder_lerobot_evaluates_with_wmrls_success(user_act, tmp_path
     assert torch.allclose(got, want, atol=1e-6, rtol=0)
 
 
+def test_lerobot_eval_with_n_action_steps_1_runs_a_chunked_act_as_wmrl_does(user_act):
+    """The user's ACT (chunk_size 5, n_action_steps 5) evaluated by lerobot with n_action_steps=1
+    steps, episode by episode, WMRL's greedy rollouts of the same folder (same shaped reward at every
+    step, so the same sum); as saved it executes 5 actions per chunk open-loop and the rewards differ.
+    Out-of-range values are refused in one line."""
+    from wmrl_vla.lerobot_env import LeRobotEnvConfig, evaluate_with_lerobot, register_task
+    from wmrl_vla.lerobot_policy import PretrainedLeRobotPolicy
+    from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes
+
+    folder, steps, seeds = str(user_act[0]), 30, [3, 4]
+    task_id = register_task(LeRobotEnvConfig(type="metaworld", task=TASK, episode_length=steps))
+    pool = EnvPool(SIZE)
+    ours = run_episodes(
+        policy_actor(PretrainedLeRobotPolicy(folder), 0.0), [(task_id, s) for s in seeds], pool, "test"
+    )
+    pool.close()
+    closed, saved = (
+        evaluate_with_lerobot(folder, TASK, SIZE, steps, 0, 0, seeds=seeds, n_action_steps=n)["per_episode"]
+        for n in (1, None)
+    )
+    assert not any(r.success.max() for r in ours)  # 4 training steps: every reward is the shaped one
+    wmrl_sums = [10 * float(r.progress.sum()) for r in ours]
+    assert [e["sum_reward"] for e in closed] == pytest.approx(wmrl_sums, abs=1e-3)
+    assert [e["sum_reward"] for e in saved] != pytest.approx(wmrl_sums, abs=1e-3)
+    for n in (0, 6):
+        with pytest.raises(ValueError, match=rf"n_action_steps={n} is outside \[1, chunk_size=5\]"):
+            evaluate_with_lerobot(folder, TASK, SIZE, steps, 0, 0, seeds=seeds, n_action_steps=n)
+
+
 def test_at_lerobots_own_size_wmrl_steps_the_env_lerobot_eval_makes():
     """`--domain.image_size=480 --domain.env.episode_length=500` (lerobot's own MetaWorld values): the
     env WMRL rolls out in is, frame for frame, the one `lerobot-eval --env.type=metaworld` builds
