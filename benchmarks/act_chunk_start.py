@@ -65,6 +65,13 @@ def summary(successes: list[bool]) -> dict:
     return {"success": k / n, "successes": k, "episodes": n, "ci95_wilson": wilson(k, n)}
 
 
+# What the JSON says of the comparison standard (no WM method runs, so there is no anchors_only control).
+CONTROL = (
+    "anchors_only not run: no world-model method is compared here; the arms are one starting policy "
+    "evaluated three ways (lerobot as saved, lerobot at n_action_steps 1, WMRL's greedy rollouts)"
+)
+
+
 def run_task(task: str, a: argparse.Namespace, result: dict, write) -> None:
     from wmrl_vla.lerobot_eval import evaluate, wmrl_eval_seeds
 
@@ -111,7 +118,12 @@ def main() -> None:
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    result: dict = {"settings": vars(a), "command": " ".join(["python", *sys.argv]), "tasks": {}}
+    result: dict = {
+        "control": CONTROL,
+        "settings": vars(a),
+        "command": " ".join(["python", *sys.argv]),
+        "tasks": {},
+    }
     path = out / "act_chunk_start.json"
 
     def write() -> None:
