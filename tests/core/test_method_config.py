@@ -10,6 +10,8 @@ import draccus
 import pytest
 import torch
 import yaml
+from toy_runs import FAST as TOY_FAST
+from toy_runs import reference_and_half
 
 from wmrl.config import (
     ConfigError,
@@ -212,17 +214,7 @@ def _legacy_layout(d: dict) -> dict:
     return d | {name: own.get(name, d.get(name, defaults[name])) for name in SHARED}
 
 
-FAST = [
-    "--executor.type=inline",
-    "--tracking.wandb=disabled",
-    "--tracking.progress=false",
-    "--grpo.optimizer=sgd",
-    "--grpo.lr=20",
-    "--grpo.tasks_per_step=8",
-    "--debias.warmup_pairs=16",
-    "--denoise.warmup_obs=4",
-    "--ppi.warmup_groups=2",
-]
+FAST = [*TOY_FAST, "--ppi.warmup_groups=2"]
 
 
 @pytest.mark.parametrize("method", ["ppi", "wmrl", "real"])
@@ -235,18 +227,15 @@ def test_a_run_written_in_the_old_layout_resumes_exactly(tmp_path, method):
             None, [*FAST, f"--out_dir={tmp_path / out}", f"--method={method}", f"--grpo.steps={steps}"]
         )
 
-    ref = Trainer(c := cfg("ref", 6), c.domain.build(c))
-    ref.train()
-    part = cfg("run", 3)
-    Trainer(part, part.domain.build(part)).train()
+    ref, six = reference_and_half(tmp_path, cfg)
     run = tmp_path / "run"
-    (run / "config.yaml").write_text(yaml.safe_dump(_legacy_layout(to_dict(cfg("run", 6)))))
+    (run / "config.yaml").write_text(yaml.safe_dump(_legacy_layout(to_dict(six))))
     state = torch.load(run / CHECKPOINT, weights_only=False)
     state["fingerprint"] = _legacy_layout(state["fingerprint"])
     torch.save(state, run / CHECKPOINT)
 
     full = load_config(run / "config.yaml", [f"--out_dir={run}"])
-    assert full == cfg("run", 6)
+    assert full == six
     check_checkpoint_config(run, full, state["fingerprint"])
     resumed = Trainer(full, full.domain.build(full), resume=True)
     resumed.train()

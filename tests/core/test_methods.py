@@ -4,6 +4,8 @@ import dataclasses
 
 import pytest
 import torch
+from toy_runs import FAST as TOY_FAST
+from toy_runs import reference_and_half
 
 import wmrl.grid_spec  # imported before a test registers a method
 from wmrl.cli import main
@@ -123,18 +125,11 @@ def test_a_method_defined_in_one_file_trains_through_the_normal_config_path(tmp_
 
 
 FAST = [
-    "--executor.type=inline",
-    "--tracking.wandb=disabled",
-    "--tracking.progress=false",
-    "--grpo.optimizer=sgd",
-    "--grpo.lr=20",
-    "--grpo.tasks_per_step=8",
+    *TOY_FAST,
     "--grpo.steps=6",
     "--seed=3",
     # short warm-ups, so that calibration, the denoiser's w and ppi's λ all act within 6 steps
-    "--debias.warmup_pairs=16",
     "--debias.refit_every=8",
-    "--denoise.warmup_obs=4",
     "--ppi.warmup_groups=2",
 ]
 
@@ -257,10 +252,7 @@ def test_a_checkpoint_from_before_methods_kept_their_state_resumes_exactly(tmp_p
             None, [*FAST, f"--out_dir={tmp_path / out}", f"--method={name}", f"--grpo.steps={steps}"]
         )
 
-    ref = Trainer(c := cfg("ref", 6), c.domain.build(c))
-    ref.train()
-    part = cfg("run", 3)
-    Trainer(part, part.domain.build(part)).train()
+    ref, full = reference_and_half(tmp_path, cfg)
     path = tmp_path / "run" / CHECKPOINT
     state = torch.load(path, weights_only=False)
     own = state.pop("method")
@@ -272,7 +264,6 @@ def test_a_checkpoint_from_before_methods_kept_their_state_resumes_exactly(tmp_p
     legacy = {"debiaser": "debiaser", "denoiser": "denoiser", "tuner": "ppi"}
     state.update({legacy[k]: own.get(k, fresh[k]) for k in legacy})  # every run wrote all three
     torch.save(state, path)
-    full = cfg("run", 6)
     resumed = Trainer(full, full.domain.build(full), resume=True)
     assert set(resumed.method_state.components) == set(own)
     resumed.train()

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from toy_runs import FAST, toy_config
 
 from wmrl.anchors import choose_anchor_groups
 from wmrl.config import AnchorConfig, load_config
@@ -18,20 +19,9 @@ from wmrl.runs import train_run
 from wmrl.tracking import CHECKPOINT, RunDirError, read_metrics
 from wmrl.trainer import Trainer
 
-FAST = [
-    "--executor.type=inline",
-    "--tracking.wandb=disabled",
-    "--tracking.progress=false",
-    "--grpo.optimizer=sgd",
-    "--grpo.lr=20",
-    "--grpo.tasks_per_step=8",
-    "--debias.warmup_pairs=16",
-    "--denoise.warmup_obs=4",
-]
-
 
 def _cfg(tmp_path, *extra):
-    return load_config(None, [*FAST, f"--out_dir={tmp_path}", *extra])
+    return toy_config(f"--out_dir={tmp_path}", *extra)
 
 
 def test_anchor_selection_fraction_minimum_and_reproducibility():
