@@ -83,8 +83,10 @@ class VLAConfig(DomainConfig):
     # "lerobot_smolvla" (lerobot's SmolVLA built offline around a tiny random SmolVLM, the
     # instruction fed in, same Gaussian head: see wmrl_vla.smolvla_bridge) | "lerobot_diffusion"
     # (lerobot's DiffusionPolicy, small, random init, cloned with its diffusion loss; GRPO through its
-    # denoising chain's log-probability: see wmrl_vla.diffusion_bridge). d_model and n_layers size
-    # the first three (SmolVLA: its text tower's width and depth, at least 2 layers).
+    # denoising chain's log-probability: see wmrl_vla.diffusion_bridge) | "lerobot_smolvla_chain"
+    # (lerobot_smolvla, same SFT, acting by a stochastic flow chain with an exact log-probability:
+    # see SmolVLAFlowChainPolicy). d_model and n_layers size all but lerobot_diffusion (SmolVLA: its
+    # text tower's width and depth, at least 2 layers).
     policy: str = "small_vla"
     # A policy trained with lerobot (its `pretrained_model` folder, or a hub id): post-trained as is
     # (no SFT; domain.policy becomes the folder's kind, lerobot_act, lerobot_smolvla or

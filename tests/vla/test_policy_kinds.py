@@ -18,7 +18,7 @@ def test_every_policy_choice_is_a_registered_kind_with_its_flags():
     assert (
         POLICIES
         == tuple(POLICY_KINDS)
-        == ("small_vla", "lerobot_act", "lerobot_smolvla", "lerobot_diffusion")
+        == ("small_vla", "lerobot_act", "lerobot_smolvla", "lerobot_diffusion", "lerobot_smolvla_chain")
     )
     kinds = {p: policy_kind(domain(f"--domain.policy={p}")) for p in POLICIES}
     assert {p: k.name for p, k in kinds.items()} == {p: p for p in POLICIES}
@@ -26,8 +26,9 @@ def test_every_policy_choice_is_a_registered_kind_with_its_flags():
         "lerobot_act",
         "lerobot_smolvla",
         "lerobot_diffusion",
+        "lerobot_smolvla_chain",
     ]
-    assert [p for p, k in kinds.items() if k.export_refused] == ["lerobot_diffusion"]
+    assert [p for p, k in kinds.items() if k.export_refused] == ["lerobot_diffusion", "lerobot_smolvla_chain"]
     assert {p: k.folder_type for p, k in kinds.items() if k.folder_type} == {"lerobot_diffusion": "diffusion"}
     assert [p for p, k in kinds.items() if k.reads_latent] == ["small_vla"]
     assert [p for p, k in kinds.items() if k.sft_data_parallel] == ["small_vla"]
@@ -37,7 +38,7 @@ def test_every_policy_choice_is_a_registered_kind_with_its_flags():
     )
     with pytest.raises(
         ConfigError,
-        match="domain.policy='act' is not one of small_vla, lerobot_act, lerobot_smolvla, lerobot_diffusion",
+        match="domain.policy='act' is not one of small_vla, lerobot_act, lerobot_smolvla, lerobot_diffusion, lerobot_smolvla_chain",
     ):
         domain("--domain.policy=act")
     with pytest.raises(ConfigError, match="imagine_input=latent needs domain.policy=small_vla"):

@@ -24,6 +24,7 @@ from wmrl_vla.policies.base import POLICY_KINDS, PolicyKind, register_policy_kin
 from wmrl_vla.policies import small_vla as _small_vla  # noqa: F401
 from wmrl_vla.policies import lerobot_bridges as _lerobot_bridges  # noqa: F401
 from wmrl_vla.policies import lerobot_diffusion as _lerobot_diffusion  # noqa: F401
+from wmrl_vla.policies import lerobot_smolvla_chain as _lerobot_smolvla_chain  # noqa: F401
 from wmrl_vla.policies.lerobot_pretrained import LeRobotPretrained
 # isort: on
 

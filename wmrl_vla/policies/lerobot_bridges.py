@@ -123,44 +123,45 @@ class LeRobotSmolVLA(LeRobotBridge):
     name = "lerobot_smolvla"
     lerobot_module, lerobot_class = "smolvla.modeling_smolvla", "SmolVLAPolicy"
 
+    @staticmethod
+    def policy_class():
+        """The bridge class this kind post-trains."""
+        from wmrl_vla.smolvla_bridge import SmolVLAGaussianPolicy
+
+        return SmolVLAGaussianPolicy
+
     @property
     def vlm_cache(self) -> str:
         return str(Path(self.cfg.cache_dir) / "smolvlm")
 
     def build(self):
         """The SFT stage's checkpoint: its tokenizer (trained on the demos' instructions) lives there."""
-        from wmrl_vla.smolvla_bridge import SmolVLAGaussianPolicy
-
         path = self.cache_path()
         if not path.exists():
             raise FileNotFoundError(
                 f"the SmolVLA bridge's tokenizer is in its SFT checkpoint {path}, which is missing; "
                 "export on the machine (domain.cache_dir) the run was trained with"
             )
-        return SmolVLAGaussianPolicy.load(path, vlm_cache_dir=self.vlm_cache)
+        return self.policy_class().load(path, vlm_cache_dir=self.vlm_cache)
 
     def prepare(self, demos: list[dict], device: torch.device, accelerator=None, progress: bool = True):
         import torch
 
         from wmrl.device import DeviceError
         from wmrl_vla.demos import task_dims
-        from wmrl_vla.smolvla_bridge import (
-            SmolVLABridgeConfig,
-            SmolVLAGaussianPolicy,
-            default_instruction_corpus,
-        )
+        from wmrl_vla.smolvla_bridge import SmolVLABridgeConfig, default_instruction_corpus
 
         if device.type != "cpu":
             raise DeviceError(
-                f"domain.policy=lerobot_smolvla runs on the CPU only (device={device}); use --device=cpu"
+                f"domain.policy={self.name} runs on the CPU only (device={device}); use --device=cpu"
             )
         cfg = self.cfg
         if self.cache_path().exists():
-            return SmolVLAGaussianPolicy.load(self.cache_path(), vlm_cache_dir=self.vlm_cache)
+            return self.policy_class().load(self.cache_path(), vlm_cache_dir=self.vlm_cache)
         state_dim, action_dim = task_dims(cfg.tasks)
         corpus = sorted(set(default_instruction_corpus()) | {d["instruction"] for d in demos})
         torch.manual_seed(cfg.demo_seed)
-        policy = SmolVLAGaussianPolicy(
+        policy = self.policy_class()(
             SmolVLABridgeConfig(image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim,
                                 text_hidden=cfg.d_model, text_layers=max(2, cfg.n_layers), corpus=corpus,
                                 vlm_cache_dir=self.vlm_cache)
