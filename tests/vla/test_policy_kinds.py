@@ -103,3 +103,15 @@ def test_the_flat_wm_refinement_fields_are_the_world_models_refinement():
     assert cfg.wm_refinement == VLAWMRefinement(
         update_steps=7, lr=0.01, batch_size=5, horizon=3, state_horizon=9, calibrate=False
     )
+
+
+def test_the_smolvla_chain_kind_resolves_and_refuses_export(tmp_path):
+    from wmrl_vla.export import export_vla
+    from wmrl_vla.policies.lerobot_smolvla_chain import LeRobotSmolVLAChain
+    from wmrl_vla.smolvla_bridge import SmolVLAFlowChainPolicy
+
+    cfg = load_config("vla-debug", ["--domain.policy=lerobot_smolvla_chain"])
+    kind = policy_kind(cfg.domain)
+    assert isinstance(kind, LeRobotSmolVLAChain) and kind.policy_class() is SmolVLAFlowChainPolicy
+    with pytest.raises(ValueError, match="wmrl export does not write a post-trained SmolVLA flow chain yet"):
+        export_vla(cfg.domain, cfg, {}, tmp_path)  # refused before any weight is read
