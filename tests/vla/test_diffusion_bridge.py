@@ -5,6 +5,7 @@ diffusers' own ``DDPMScheduler.step`` for the means and ``torch.distributions.No
 import numpy as np
 import pytest
 import torch
+from chain_checks import one_grpo_step, rescored_ratio, rollout_log_probs, sim_chain_batch
 from torch.distributions import Normal
 
 from wmrl.config import load_config
@@ -178,26 +179,27 @@ def test_bc_lowers_the_diffusion_loss():
     assert loss() < 0.9 * before
 
 
-def test_rollouts_carry_chains_into_the_batch(policy):
-    """Real simulator rollouts of a chain policy record their chains (SimRollout -> payload -> batch)
-    and the batch re-scores them to the recorded log-probs."""
-    from wmrl_vla.batch import collate, sim_payload
-    from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes
-
+def test_rollouts_carry_chains_into_the_batch_and_a_grpo_step_raises_the_positive_ones():
+    """Real simulator rollouts of a chain policy record their chains (SimRollout -> payload -> batch),
+    the batch re-scores them to ratio 1, and one update of the core's GRPO loss (rollout 0 advantage
+    +1, rollout 1 -1) raises rollout 0's chains' log-density and lowers rollout 1's (the shared
+    checks in chain_checks.py, as for SmolVLA's chain)."""
     torch.manual_seed(0)
     pol = DiffusionChainPolicy.from_config(
         DiffusionBridgeConfig(**{**CFG.__dict__, "state_dim": 6, "action_dim": 2})
     )
-    pool = EnvPool(16, max_steps=3)
-    try:
-        rs = run_episodes(policy_actor(pol, 1.0, torch.Generator().manual_seed(0)),
-                          [("wmrl/DMC-reacher-easy-v0", s) for s in (0, 1)], pool)  # fmt: skip
-    finally:
-        pool.close()
-    assert rs[0].chains is not None and rs[0].chains.shape == (rs[0].length, CFG.chain_steps + 1, 4, 2)
-    batch = collate([sim_payload(r) for r in rs], [None], 2, 16, pol.tokenizer)
+    batch = sim_chain_batch(pol, "wmrl/DMC-reacher-easy-v0", [0, 1], 16, max_steps=3)
     assert batch.extras["chains"].shape[2:] == (CFG.chain_steps + 1, 4, 2)
-    torch.testing.assert_close(pol.log_probs(batch) * batch.mask, batch.logprobs, rtol=0, atol=1e-4)
+    ratio = rescored_ratio(pol, batch)
+    torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=5e-5)
+    before = rollout_log_probs(pol, batch)
+    w0 = [p.detach().clone() for p in pol.parameters()]
+    # a small step: the untrained U-Net's log-density is steep (at lr 1e-3 a step can overshoot)
+    stats = one_grpo_step(pol, batch, torch.tensor([1.0, -1.0]), lr=1e-4)
+    assert stats["loss/optimizer_steps"] == 1 and stats["loss/clip_frac"] == 0
+    after = rollout_log_probs(pol, batch)
+    assert float(after[0]) > float(before[0]) and float(after[1]) < float(before[1]), (before, after)
+    assert any(not torch.equal(a, b) for a, b in zip(w0, pol.parameters(), strict=True))
 
 
 def test_a_lerobot_diffusion_folder_is_post_trainable(tmp_path):

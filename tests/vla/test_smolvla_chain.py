@@ -1,14 +1,20 @@
 """SmolVLA's flow-matching chain with an exact log-probability (wmrl_vla.smolvla_bridge.
 SmolVLAFlowChainPolicy), built offline around the tiny local SmolVLM, checked against an independent
-step-by-step computation with lerobot's own ``denoise_step`` and ``torch.distributions.Normal``."""
+step-by-step computation with lerobot's own ``denoise_step`` and ``torch.distributions.Normal``; and
+the policy the ``lerobot_smolvla_chain`` kind builds from a VLA domain config, rolled out in the real
+simulator and updated by the core's GRPO step (the shared checks in ``chain_checks.py``)."""
 
+import copy
 import math
 
 import pytest
 import torch
+from chain_checks import one_grpo_step, rescored_ratio, rollout_log_probs, sim_chain_batch
 from torch.distributions import Normal
 
+from wmrl.config import load_config
 from wmrl.domain import RolloutBatch
+from wmrl_vla.policies import policy_kind
 from wmrl_vla.smolvla_bridge import SmolVLABridgeConfig, SmolVLAFlowChainPolicy
 
 INSTR = ["reach the red target", "touch the blue spot"]
@@ -102,3 +108,74 @@ def test_rescored_chain_gives_ratio_one_and_gradient_raises_it(policy):
         after = (adv[:, None] * policy.log_probs(batch)).sum()
     assert float(after) > float(before.detach())
     assert any(not torch.equal(a, b) for a, b in zip(w0, trainable, strict=True))
+
+
+@pytest.fixture(scope="module")
+def kind_policy(tmp_path_factory):
+    """(domain config, policy) as the pipeline makes them: vla-debug (one of our MuJoCo tasks, 32 px)
+    with ``domain.policy=lerobot_smolvla_chain``, its expert demos recorded and cloned by the kind's
+    ``prepare`` (the SFT checkpoint cached in the domain's cache_dir)."""
+    from wmrl_vla.pipeline import prepare_demos
+
+    root = tmp_path_factory.mktemp("smolvla-chain-kind")
+    over = [f"--domain.cache_dir={root}", "--domain.policy=lerobot_smolvla_chain"]
+    cfg = load_config("vla-debug", over).domain
+    demos = prepare_demos(cfg, progress=False)
+    return cfg, policy_kind(cfg).prepare(demos, torch.device("cpu"), progress=False)
+
+
+@pytest.fixture(scope="module")
+def kind_batch(kind_policy):
+    """Two real rollouts (3 steps at most) of the kind's policy, collated into one group."""
+    cfg, pol = kind_policy
+    return sim_chain_batch(pol, cfg.tasks[0], [0, 1], cfg.image_size, max_steps=3)
+
+
+def test_the_kind_builds_the_chain_policy_of_the_domain_config(kind_policy):
+    """prepare clones (lerobot_smolvla's SFT: Gaussian NLL of the mean + flow-matching loss) and
+    caches SmolVLAFlowChainPolicy at the task's dims; build (wmrl export's path) loads that checkpoint
+    back as the same chain policy."""
+    import json
+
+    from wmrl_vla.demos import task_dims
+
+    cfg, pol = kind_policy
+    kind = policy_kind(cfg)
+    assert type(pol) is SmolVLAFlowChainPolicy and pol.records_chain
+    assert (pol.cfg.image_size, pol.cfg.state_dim, pol.cfg.action_dim) == (
+        cfg.image_size,
+        *task_dims(cfg.tasks),
+    )
+    assert pol.cfg.text_hidden == cfg.d_model
+    sft = json.loads(kind.cache_path().with_suffix(".json").read_text())
+    assert len(sft["nll"]) == cfg.sft_epochs and math.isfinite(sft["nll"][-1]) and sft["policy"] == kind.name
+    again = kind.build()
+    assert type(again) is SmolVLAFlowChainPolicy
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in pol.state_dict().items())
+
+
+def test_the_kind_policy_carries_its_chains_from_the_simulator_and_rescores_them(kind_policy, kind_batch):
+    """(b) Real rollouts carry their chains into the batch, and re-scoring that batch under unchanged
+    parameters gives ratio 1 on every real token."""
+    _, pol = kind_policy
+    k, a, ex = pol.cfg.num_steps, pol.cfg.action_dim, kind_batch.extras
+    assert ex["chains"].shape == (2, kind_batch.mask.shape[1] // a, k + 1, 1, a)
+    steps = ex["step_mask"] > 0
+    torch.testing.assert_close(ex["chains"][:, :, -1, 0][steps], ex["actions"][steps])  # each chain's end
+    ratio = rescored_ratio(pol, kind_batch)
+    torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=5e-5)
+
+
+def test_one_grpo_step_on_the_kind_policy_raises_the_positive_advantage_chains(kind_policy, kind_batch):
+    """(c) One update of the core's GRPO loss on that batch (rollout 0 advantage +1, rollout 1 -1)
+    changes SmolVLA's parameters, raises rollout 0's chains' log-density and lowers rollout 1's."""
+    pol = copy.deepcopy(kind_policy[1])
+    before = rollout_log_probs(pol, kind_batch)
+    w0 = {n: p.detach().clone() for n, p in pol.named_parameters() if p.requires_grad}
+    stats = one_grpo_step(pol, kind_batch, torch.tensor([1.0, -1.0]), lr=1e-2)
+    assert stats["loss/optimizer_steps"] == 1 and stats["loss/clip_frac"] == 0  # ratio 1 when it starts
+    after = rollout_log_probs(pol, kind_batch)
+    assert float(after[0]) > float(before[0]) and float(after[1]) < float(before[1]), (before, after)
+    changed = {n for n, p in pol.named_parameters() if n in w0 and not torch.equal(p, w0[n])}
+    assert any("lm_expert" in n for n in changed) and any("vision_model" in n for n in changed)
+    assert "log_std" not in changed  # the Gaussian head's spread plays no part in the chain
