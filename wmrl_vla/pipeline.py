@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from wmrl.config import ConfigError
 from wmrl.device import resolve_device
 from wmrl.distributed import writes_run_dir
 from wmrl.methods import method_of
@@ -236,6 +237,12 @@ def prepare_world_model(
 
 
 def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
+    twins = cfg.twin_anchors and method_of(run).uses_twins  # only ppi's update uses them
+    if twins and policy_kind(cfg).records_chain:  # refused before anything is built
+        raise ConfigError(
+            f"domain.policy={cfg.policy} acts by a denoising chain, which cannot share method={run.method}'s "
+            "common random numbers (domain.twin_anchors=true); set --domain.twin_anchors=false"
+        )
     torch.set_num_threads(run.torch_threads)
     device = resolve_device(run.device)  # policy, SFT, world model, imagination and evaluation run there
     show = run.tracking.progress
@@ -275,7 +282,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         max_steps=cfg.max_steps,
         out_dir=out if main else None,
         seed=run.seed,
-        twin_anchors=cfg.twin_anchors and method_of(run).uses_twins,  # only ppi's update uses them
+        twin_anchors=twins,
         imagine_input=cfg.imagine_input,
         latent_refresh_steps=cfg.latent_refresh_steps,
         # --precision=bf16 (wmrl.device.check_precision)

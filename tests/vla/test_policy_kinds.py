@@ -29,6 +29,7 @@ def test_every_policy_choice_is_a_registered_kind_with_its_flags():
         "lerobot_smolvla_chain",
     ]
     assert [p for p, k in kinds.items() if k.export_refused] == ["lerobot_diffusion", "lerobot_smolvla_chain"]
+    assert [p for p, k in kinds.items() if k.records_chain] == ["lerobot_diffusion", "lerobot_smolvla_chain"]
     assert {p: k.folder_type for p, k in kinds.items() if k.folder_type} == {"lerobot_diffusion": "diffusion"}
     assert [p for p, k in kinds.items() if k.reads_latent] == ["small_vla"]
     assert [p for p, k in kinds.items() if k.sft_data_parallel] == ["small_vla"]
@@ -80,7 +81,8 @@ def test_the_diffusion_kind_builds_a_chain_policy_of_the_task_dims_and_refuses_e
         state_dim,
         action_dim,
     )
-    assert net.records_chain and policy_kind(cfg.domain).words() == "the SFT policy"
+    assert net.records_chain and policy_kind(cfg.domain).records_chain
+    assert policy_kind(cfg.domain).words() == "the SFT policy"
     with pytest.raises(ValueError, match="wmrl export does not write a post-trained diffusion policy yet"):
         export_vla(cfg.domain, cfg, {}, tmp_path)  # refused before any weight is read
 
@@ -115,3 +117,20 @@ def test_the_smolvla_chain_kind_resolves_and_refuses_export(tmp_path):
     assert isinstance(kind, LeRobotSmolVLAChain) and kind.policy_class() is SmolVLAFlowChainPolicy
     with pytest.raises(ValueError, match="wmrl export does not write a post-trained SmolVLA flow chain yet"):
         export_vla(cfg.domain, cfg, {}, tmp_path)  # refused before any weight is read
+
+
+@pytest.mark.parametrize("policy", ["lerobot_diffusion", "lerobot_smolvla_chain"])
+def test_a_chain_policy_refuses_ppis_twin_anchors_before_building_anything(policy, tmp_path):
+    """A denoising chain cannot share ppi's common random numbers: one line before any demo, SFT or
+    world model is built; other methods ignore domain.twin_anchors."""
+    from wmrl_vla.pipeline import build_domain
+
+    over = [f"--domain.cache_dir={tmp_path}", f"--domain.policy={policy}", "--domain.twin_anchors=true"]
+    cfg = load_config("vla-debug", ["--method=ppi", *over])
+    with pytest.raises(
+        ConfigError,
+        match=f"^domain.policy={policy} acts by a denoising chain, which cannot share method=ppi's common "
+        r"random numbers \(domain.twin_anchors=true\); set --domain.twin_anchors=false$",
+    ):
+        build_domain(cfg.domain, cfg)
+    assert not any(tmp_path.iterdir())

@@ -68,6 +68,9 @@ class PolicyKind:
     folder_type: ClassVar[str | None] = None
     # why ``wmrl export`` cannot write this kind yet (None: it can)
     export_refused: ClassVar[str | None] = None
+    # the policy acts by a denoising chain it records with each rollout (``records_chain``): it draws
+    # (K+1) x H x A normals a step, so it cannot share common random numbers (``ppi``'s twin anchors)
+    records_chain: ClassVar[bool] = False
 
     def __init__(self, cfg: PolicyConfig) -> None:
         self.cfg = cfg

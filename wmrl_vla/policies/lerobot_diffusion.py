@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 class LeRobotDiffusion(PolicyKind):
     name = "lerobot_diffusion"
     folder_type = "diffusion"
+    records_chain = True
     export_refused = (
         "wmrl export does not write a post-trained diffusion policy yet; its weights are the "
         "checkpoint's state['policy'] (DiffusionChainPolicy.load_state_dict)"

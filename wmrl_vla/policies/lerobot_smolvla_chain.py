@@ -16,6 +16,7 @@ from wmrl_vla.policies.lerobot_bridges import LeRobotSmolVLA
 @register_policy_kind
 class LeRobotSmolVLAChain(LeRobotSmolVLA):
     name = "lerobot_smolvla_chain"
+    records_chain = True
     export_refused = (
         "wmrl export does not write a post-trained SmolVLA flow chain yet; its weights are the "
         "checkpoint's state['policy'] (SmolVLAFlowChainPolicy.load_state_dict)"
