@@ -118,6 +118,7 @@ def run_seed(seed: int, a: argparse.Namespace) -> dict:
         DiffusionBridgeConfig(
             image_size=a.image_size, state_dim=spec["state_dim"], action_dim=spec["action_dim"],
             use_image=a.use_image, horizon=a.horizon, chain_steps=a.chain_steps, min_std=a.min_std,
+            chain_scoring=a.chain_scoring,
         )
     )  # fmt: skip
     bc = train_bc(policy, records, a.bc_steps, lr=a.bc_lr, seed=seed)
@@ -148,6 +149,9 @@ def run_seed(seed: int, a: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    from wmrl_vla.denoising_chain import CHAIN_SCORINGS
+    from wmrl_vla.diffusion_bridge import DiffusionBridgeConfig
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="benchmarks/results/diffusion_grpo")
     p.add_argument("--task", default="wmrl/DMC-reacher-easy-v0")
@@ -158,6 +162,11 @@ def main() -> None:
     p.add_argument("--horizon", type=int, default=4)
     p.add_argument("--chain-steps", type=int, default=8)
     p.add_argument("--min-std", type=float, default=0.1)
+    p.add_argument(
+        "--chain-scoring", choices=CHAIN_SCORINGS, default=DiffusionBridgeConfig.chain_scoring,
+        help="the chain terms a token scores: joint (all), executed_marginal (exact marginal of the "
+        "executed action), executed_only (DPPO's heuristic, biased)",
+    )  # fmt: skip
     p.add_argument("--bc-steps", type=int, default=1500)
     p.add_argument("--bc-lr", type=float, default=1e-3)
     p.add_argument("--grpo-steps", type=int, default=8)
