@@ -54,14 +54,17 @@ def in_lockstep(actor, specs: list, pool, split: str, lockstep: int) -> list:
 
 
 def evaluate(policy, task: str, pool, episodes: int, temperature: float, lockstep: int) -> dict:
-    """Held-out success and reward of ``policy`` at ``temperature`` (its noise seeded alike every call)."""
+    """Held-out success (per episode too, for the paired before/after test) and reward of ``policy`` at
+    ``temperature`` (its noise seeded alike every call)."""
     from wmrl_vla.rollout import policy_actor
 
     actor = policy_actor(policy, temperature, torch.Generator().manual_seed(12345))
     rs = in_lockstep(actor, [(task, EVAL_SEED0 + k) for k in range(episodes)], pool, "test", lockstep)
+    per_episode = [bool(r.success.max() > 0) for r in rs]
     return {
-        "success": float(np.mean([r.success.max() for r in rs])),
+        "success": float(np.mean(per_episode)),
         "reward": float(np.mean([r.reward for r in rs])),
+        "per_episode": per_episode,
     }
 
 
@@ -104,6 +107,8 @@ def grpo_step(policy, opt, task: str, pool, a: argparse.Namespace, gen: torch.Ge
 
 
 def run_seed(seed: int, a: argparse.Namespace) -> dict:
+    from act_chunk_start import paired  # benchmarks/ is the script's folder
+
     import sims
     from wmrl_vla.diffusion_bridge import DiffusionBridgeConfig, DiffusionChainPolicy, train_bc
     from wmrl_vla.rollout import EnvPool, run_expert_episodes
@@ -125,7 +130,8 @@ def run_seed(seed: int, a: argparse.Namespace) -> dict:
     t_bc = time.perf_counter() - t0
     temps = [float(t) for t in a.eval_temperatures.split(",")]
     before = {f"t{t:g}": evaluate(policy, a.task, pool, a.eval_episodes, t, a.lockstep) for t in temps}
-    print(f"[seed {seed}] BC loss {bc[-1]:.4f}; before {before} ({t_bc:.0f}s)", flush=True)
+    rates = {k: v["success"] for k, v in before.items()}
+    print(f"[seed {seed}] BC loss {bc[-1]:.4f}; success before {rates} ({t_bc:.0f}s)", flush=True)
     opt = torch.optim.AdamW(policy.parameters(), lr=a.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed + 777)
     steps = []
@@ -141,10 +147,13 @@ def run_seed(seed: int, a: argparse.Namespace) -> dict:
         "before": before,
         "after": after,
         **{f"gain_success_{k}": after[k]["success"] - before[k]["success"] for k in before},
+        # the same held-out episodes before and after: discordant pairs and McNemar's exact p
+        **{f"paired_{k}": paired(after[k]["per_episode"], before[k]["per_episode"]) for k in before},
         "grpo": steps,
         "seconds": time.perf_counter() - t0,
     }
-    print(f"[seed {seed}] after {after} ({out['seconds']:.0f}s)", flush=True)
+    rates = {k: v["success"] for k, v in after.items()}
+    print(f"[seed {seed}] success after {rates} ({out['seconds']:.0f}s)", flush=True)
     return out
 
 
