@@ -134,10 +134,19 @@ def run_seed(seed: int, a: argparse.Namespace) -> dict:
     print(f"[seed {seed}] BC loss {bc[-1]:.4f}; success before {rates} ({t_bc:.0f}s)", flush=True)
     opt = torch.optim.AdamW(policy.parameters(), lr=a.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed + 777)
-    steps = []
+    steps, during = [], {}
+    eval_at = {int(n) for n in a.eval_at.split(",") if n} & set(range(1, a.grpo_steps))
     for k in range(a.grpo_steps):
         steps.append(grpo_step(policy, opt, a.task, pool, a, gen, k))
         print(f"[seed {seed}] {steps[-1]}", flush=True)
+        if k + 1 in eval_at:  # its own noise generator: the training draws are unchanged
+            ev = {f"t{t:g}": evaluate(policy, a.task, pool, a.eval_episodes, t, a.lockstep) for t in temps}
+            during[k + 1] = {
+                **ev,
+                **{f"paired_{t}": paired(ev[t]["per_episode"], before[t]["per_episode"]) for t in ev},
+            }
+            rates = {t: v["success"] for t, v in ev.items()}
+            print(f"[seed {seed}] success after {k + 1} steps {rates}", flush=True)
     after = {f"t{t:g}": evaluate(policy, a.task, pool, a.eval_episodes, t, a.lockstep) for t in temps}
     pool.close()
     out = {
@@ -150,6 +159,7 @@ def run_seed(seed: int, a: argparse.Namespace) -> dict:
         # the same held-out episodes before and after: discordant pairs and McNemar's exact p
         **{f"paired_{k}": paired(after[k]["per_episode"], before[k]["per_episode"]) for k in before},
         "grpo": steps,
+        "after_steps": during,  # held-out evaluations after these GRPO steps (--eval-at)
         "seconds": time.perf_counter() - t0,
     }
     rates = {k: v["success"] for k, v in after.items()}
@@ -187,6 +197,7 @@ def main() -> None:
     p.add_argument("--clip-eps", type=float, default=0.2)
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--eval-episodes", type=int, default=50)
+    p.add_argument("--eval-at", default="", help="also evaluate after these GRPO steps (comma list)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--lockstep", type=int, default=16, help="envs stepped at once (memory)")
     p.add_argument(
