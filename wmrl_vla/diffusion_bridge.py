@@ -20,7 +20,8 @@ denoising steps (the tokens of a step sum to the chain's joint log-density); ``b
 zeros. ``chain_scoring`` picks the terms summed (:func:`~wmrl_vla.denoising_chain.scored_terms`):
 the whole chain (``"joint"``, the default), the exact marginal of the executed first action that
 integrates out the final step of the chunk's other positions (``"executed_marginal"``), or DPPO's
-biased heuristic that scores the executed position alone at every step (``"executed_only"``). ``temperature`` scales the start noise and every step's noise (0: the chain of means from zero
+biased heuristic that scores the executed position alone at every step (``"executed_only"``).
+``temperature`` scales the start noise and every step's noise (0: the chain of means from zero
 noise, deterministic); the recorded log-prob is always the untempered policy's.
 
 Two ways in: :meth:`DiffusionChainPolicy.from_config` builds a small policy from lerobot's
