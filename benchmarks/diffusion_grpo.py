@@ -54,14 +54,17 @@ def in_lockstep(actor, specs: list, pool, split: str, lockstep: int) -> list:
 
 
 def evaluate(policy, task: str, pool, episodes: int, temperature: float, lockstep: int) -> dict:
-    """Held-out success and reward of ``policy`` at ``temperature`` (its noise seeded alike every call)."""
+    """Held-out success (per episode too, for the paired before/after test) and reward of ``policy`` at
+    ``temperature`` (its noise seeded alike every call)."""
     from wmrl_vla.rollout import policy_actor
 
     actor = policy_actor(policy, temperature, torch.Generator().manual_seed(12345))
     rs = in_lockstep(actor, [(task, EVAL_SEED0 + k) for k in range(episodes)], pool, "test", lockstep)
+    per_episode = [bool(r.success.max() > 0) for r in rs]
     return {
-        "success": float(np.mean([r.success.max() for r in rs])),
+        "success": float(np.mean(per_episode)),
         "reward": float(np.mean([r.reward for r in rs])),
+        "per_episode": per_episode,
     }
 
 
@@ -104,6 +107,8 @@ def grpo_step(policy, opt, task: str, pool, a: argparse.Namespace, gen: torch.Ge
 
 
 def run_seed(seed: int, a: argparse.Namespace) -> dict:
+    from act_chunk_start import paired  # benchmarks/ is the script's folder
+
     import sims
     from wmrl_vla.diffusion_bridge import DiffusionBridgeConfig, DiffusionChainPolicy, train_bc
     from wmrl_vla.rollout import EnvPool, run_expert_episodes
@@ -118,19 +123,30 @@ def run_seed(seed: int, a: argparse.Namespace) -> dict:
         DiffusionBridgeConfig(
             image_size=a.image_size, state_dim=spec["state_dim"], action_dim=spec["action_dim"],
             use_image=a.use_image, horizon=a.horizon, chain_steps=a.chain_steps, min_std=a.min_std,
+            chain_scoring=a.chain_scoring,
         )
     )  # fmt: skip
     bc = train_bc(policy, records, a.bc_steps, lr=a.bc_lr, seed=seed)
     t_bc = time.perf_counter() - t0
     temps = [float(t) for t in a.eval_temperatures.split(",")]
     before = {f"t{t:g}": evaluate(policy, a.task, pool, a.eval_episodes, t, a.lockstep) for t in temps}
-    print(f"[seed {seed}] BC loss {bc[-1]:.4f}; before {before} ({t_bc:.0f}s)", flush=True)
+    rates = {k: v["success"] for k, v in before.items()}
+    print(f"[seed {seed}] BC loss {bc[-1]:.4f}; success before {rates} ({t_bc:.0f}s)", flush=True)
     opt = torch.optim.AdamW(policy.parameters(), lr=a.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed + 777)
-    steps = []
+    steps, during = [], {}
+    eval_at = {int(n) for n in a.eval_at.split(",") if n} & set(range(1, a.grpo_steps))
     for k in range(a.grpo_steps):
         steps.append(grpo_step(policy, opt, a.task, pool, a, gen, k))
         print(f"[seed {seed}] {steps[-1]}", flush=True)
+        if k + 1 in eval_at:  # its own noise generator: the training draws are unchanged
+            ev = {f"t{t:g}": evaluate(policy, a.task, pool, a.eval_episodes, t, a.lockstep) for t in temps}
+            during[k + 1] = {
+                **ev,
+                **{f"paired_{t}": paired(ev[t]["per_episode"], before[t]["per_episode"]) for t in ev},
+            }
+            rates = {t: v["success"] for t, v in ev.items()}
+            print(f"[seed {seed}] success after {k + 1} steps {rates}", flush=True)
     after = {f"t{t:g}": evaluate(policy, a.task, pool, a.eval_episodes, t, a.lockstep) for t in temps}
     pool.close()
     out = {
@@ -140,14 +156,21 @@ def run_seed(seed: int, a: argparse.Namespace) -> dict:
         "before": before,
         "after": after,
         **{f"gain_success_{k}": after[k]["success"] - before[k]["success"] for k in before},
+        # the same held-out episodes before and after: discordant pairs and McNemar's exact p
+        **{f"paired_{k}": paired(after[k]["per_episode"], before[k]["per_episode"]) for k in before},
         "grpo": steps,
+        "after_steps": during,  # held-out evaluations after these GRPO steps (--eval-at)
         "seconds": time.perf_counter() - t0,
     }
-    print(f"[seed {seed}] after {after} ({out['seconds']:.0f}s)", flush=True)
+    rates = {k: v["success"] for k, v in after.items()}
+    print(f"[seed {seed}] success after {rates} ({out['seconds']:.0f}s)", flush=True)
     return out
 
 
 def main() -> None:
+    from wmrl_vla.denoising_chain import CHAIN_SCORINGS
+    from wmrl_vla.diffusion_bridge import DiffusionBridgeConfig
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="benchmarks/results/diffusion_grpo")
     p.add_argument("--task", default="wmrl/DMC-reacher-easy-v0")
@@ -158,6 +181,11 @@ def main() -> None:
     p.add_argument("--horizon", type=int, default=4)
     p.add_argument("--chain-steps", type=int, default=8)
     p.add_argument("--min-std", type=float, default=0.1)
+    p.add_argument(
+        "--chain-scoring", choices=CHAIN_SCORINGS, default=DiffusionBridgeConfig.chain_scoring,
+        help="the chain terms a token scores: joint (all), executed_marginal (exact marginal of the "
+        "executed action), executed_only (DPPO's heuristic, biased)",
+    )  # fmt: skip
     p.add_argument("--bc-steps", type=int, default=1500)
     p.add_argument("--bc-lr", type=float, default=1e-3)
     p.add_argument("--grpo-steps", type=int, default=8)
@@ -169,6 +197,7 @@ def main() -> None:
     p.add_argument("--clip-eps", type=float, default=0.2)
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--eval-episodes", type=int, default=50)
+    p.add_argument("--eval-at", default="", help="also evaluate after these GRPO steps (comma list)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--lockstep", type=int, default=16, help="envs stepped at once (memory)")
     p.add_argument(

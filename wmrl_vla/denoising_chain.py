@@ -18,6 +18,11 @@ this is the policy gradient of the chain-level MDP DPPO describes). The step mea
 * **Flow matching** (SmolVLA): a stochastic Euler step ``x + v_theta(x, t) dt + sigma sqrt(|dt|) eps``
   (:func:`euler_step_mean`, std ``sigma sqrt(|dt|)``).
 
+Which terms a token scores (:func:`scored_chain_log_prob`, ``scoring``): the joint density of the
+whole chain (``"joint"``), or only what the executed chunk positions depend on: the exact marginal
+that integrates out the final step of the unexecuted positions (``"executed_marginal"``), or DPPO's
+heuristic that keeps the executed positions alone at every step (``"executed_only"``, biased).
+
 Shapes: a batch of ``B`` chains over action chunks of ``H`` steps and ``A`` dims is
 ``chain [B, K+1, H, A]``; step means ``[B, K, H, A]``; spreads ``[K]``.
 """
@@ -39,24 +44,73 @@ def gaussian_log_density(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor 
     return -0.5 * ((x - mean) / std) ** 2 - std.log() - 0.5 * LOG_2PI
 
 
-def chain_log_prob(chain: torch.Tensor, means: torch.Tensor, stds: torch.Tensor) -> torch.Tensor:
-    """``[B, H, A]`` log-density of each chunk element's chain, summed over its ``K`` steps and the
-    standard-normal start::
-
-        log N(x^0; 0, 1) + sum_{k<K} log N(x^{k+1}; means[:, k], stds[k]^2)
+def chain_log_terms(chain: torch.Tensor, means: torch.Tensor, stds: torch.Tensor) -> torch.Tensor:
+    """``[B, K+1, H, A]`` the chain's Gaussian log-density terms, one per chain state and chunk
+    element: row 0 the standard-normal start ``log N(x^0; 0, 1)``, row ``k+1`` step ``k``'s
+    ``log N(x^{k+1}; means[:, k], stds[k]^2)``.
 
     ``chain [B, K+1, H, A]`` (noise first), ``means [B, K, H, A]`` (``means[:, k]`` is the mean of
-    step ``k`` given ``chain[:, k]``), ``stds [K]`` (> 0). Summing the result over ``H`` and ``A``
-    gives the chain's joint log-density."""
+    step ``k`` given ``chain[:, k]``), ``stds [K]`` (> 0). Their sum is the chain's joint log-density."""
     b, k1 = chain.shape[:2]
     if means.shape != (b, k1 - 1, *chain.shape[2:]) or stds.shape != (k1 - 1,):
         raise ValueError(
             f"chain {tuple(chain.shape)}, means {tuple(means.shape)} and stds {tuple(stds.shape)} do not "
             "match: expected [B, K+1, H, A], [B, K, H, A], [K]"
         )
-    start = gaussian_log_density(chain[:, 0], torch.zeros_like(chain[:, 0]), 1.0)
+    start = gaussian_log_density(chain[:, :1], torch.zeros_like(chain[:, :1]), 1.0)
     steps = gaussian_log_density(chain[:, 1:], means, stds.to(chain.dtype).view(1, -1, 1, 1))
-    return start + steps.sum(1)
+    return torch.cat([start, steps], 1)
+
+
+def chain_log_prob(chain: torch.Tensor, means: torch.Tensor, stds: torch.Tensor) -> torch.Tensor:
+    """``[B, H, A]`` log-density of each chunk element's chain, summed over its ``K`` steps and the
+    standard-normal start (:func:`chain_log_terms` summed over its rows)::
+
+        log N(x^0; 0, 1) + sum_{k<K} log N(x^{k+1}; means[:, k], stds[k]^2)
+
+    Summing the result over ``H`` and ``A`` gives the chain's joint log-density."""
+    return chain_log_terms(chain, means, stds).sum(1)
+
+
+CHAIN_SCORINGS = ("joint", "executed_marginal", "executed_only")
+
+
+def scored_terms(steps: int, horizon: int, executed: int, scoring: str) -> torch.Tensor:
+    """``[K+1, H]`` bool: the rows (start, then step ``k`` as row ``k+1``) and chunk positions of
+    :func:`chain_log_terms` that ``scoring`` sums, when the environment executes the chunk's first
+    ``executed`` positions (``1 <= executed <= H``; closed loop: 1)::
+
+        "joint"              every term: log p(x^0..x^K)                               exact
+        "executed_marginal"  all but the final step's terms of positions >= executed:
+                             log p(x^0..x^{K-1}, x^K[:executed])                       exact
+        "executed_only"      positions < executed at every row (DPPO's heuristic)      biased
+
+    ``"executed_marginal"`` is an exact marginal: given ``x^{K-1}`` the final step factorises over
+    positions and nothing depends on an unexecuted ``x^K[j]``, so its Gaussian integrates to 1.
+    ``"executed_only"`` is no density of what the policy samples: the U-Net mixes the chunk's
+    positions, so the executed positions' step means depend on the intermediate states of the
+    unexecuted ones, whose terms it drops (fewer terms: a ratio less sensitive to the parameters)."""
+    if scoring not in CHAIN_SCORINGS:
+        raise ValueError(f"chain scoring {scoring!r} is not one of {', '.join(CHAIN_SCORINGS)}")
+    if not 1 <= executed <= horizon:
+        raise ValueError(f"executed={executed} chunk positions: must be 1..{horizon} (the chunk length)")
+    keep = torch.ones(steps + 1, horizon, dtype=torch.bool)
+    if scoring == "executed_marginal":
+        keep[-1, executed:] = False
+    elif scoring == "executed_only":
+        keep[:, executed:] = False
+    return keep
+
+
+def scored_chain_log_prob(
+    chain: torch.Tensor, means: torch.Tensor, stds: torch.Tensor, scoring: str = "joint", executed: int = 1
+) -> torch.Tensor:
+    """``[B, A]`` each action dimension's chain log-prob under ``scoring``: the terms of
+    :func:`chain_log_terms` ``[B, K+1, H, A]`` kept by :func:`scored_terms` ``[K+1, H]``, summed over
+    rows and chunk positions. ``"joint"`` is :func:`chain_log_prob` summed over ``H``."""
+    terms = chain_log_terms(chain, means, stds)
+    keep = scored_terms(terms.shape[1] - 1, terms.shape[2], executed, scoring).to(terms.device)
+    return (terms * keep[None, :, :, None]).sum((1, 2))
 
 
 def sample_chain(

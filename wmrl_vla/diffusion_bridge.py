@@ -17,7 +17,11 @@ floored at ``min_std`` (a noiseless step has no density, and exploration needs n
 Tokens: each action dimension of each step is one token (``[N, T*A]``, as the Gaussian bridges), its
 log-prob the chain's log-density of that dimension summed over the chunk's ``H`` steps and the ``K``
 denoising steps (the tokens of a step sum to the chain's joint log-density); ``batch.tokens`` are
-zeros. ``temperature`` scales the start noise and every step's noise (0: the chain of means from zero
+zeros. ``chain_scoring`` picks the terms summed (:func:`~wmrl_vla.denoising_chain.scored_terms`):
+the whole chain (``"joint"``, the default), the exact marginal of the executed first action that
+integrates out the final step of the chunk's other positions (``"executed_marginal"``), or DPPO's
+biased heuristic that scores the executed position alone at every step (``"executed_only"``).
+``temperature`` scales the start noise and every step's noise (0: the chain of means from zero
 noise, deterministic); the recorded log-prob is always the untempered policy's.
 
 Two ways in: :meth:`DiffusionChainPolicy.from_config` builds a small policy from lerobot's
@@ -38,11 +42,12 @@ import torch
 from torch import nn
 
 from wmrl_vla.denoising_chain import (
-    chain_log_prob,
+    CHAIN_SCORINGS,
     ddpm_chain_schedule,
     ddpm_step_mean,
     ddpm_step_std,
     sample_chain,
+    scored_chain_log_prob,
 )
 from wmrl_vla.policy import InstructionTokenizer
 
@@ -67,6 +72,10 @@ class DiffusionBridgeConfig:
     chain_steps: int = 10
     # Floor of every step's standard deviation (normalised action units).
     min_std: float = 0.1
+    # The chain terms a token's log-prob sums (wmrl_vla.denoising_chain.scored_terms): "joint" (all),
+    # "executed_marginal" (exact: the unexecuted positions' final step integrated out) or
+    # "executed_only" (DPPO's heuristic: the executed position alone at every step; biased).
+    chain_scoring: str = "joint"
 
     def lerobot_config(self):
         from lerobot.configs.types import FeatureType, PolicyFeature
@@ -118,6 +127,7 @@ class DiffusionChainPolicy(nn.Module):
         processors=None,
         bridge_config: DiffusionBridgeConfig | None = None,
         source_path: str | None = None,
+        chain_scoring: str = DiffusionBridgeConfig.chain_scoring,
     ) -> None:
         super().__init__()
         c = lerobot_policy.config
@@ -128,6 +138,9 @@ class DiffusionChainPolicy(nn.Module):
             )
         if min_std <= 0:
             raise ValueError(f"min_std={min_std} must be > 0 (every denoising step needs a density)")
+        if chain_scoring not in CHAIN_SCORINGS:
+            raise ValueError(f"chain_scoring={chain_scoring!r} is not one of {', '.join(CHAIN_SCORINGS)}")
+        self.chain_scoring = chain_scoring
         self.lerobot_policy = lerobot_policy.to("cpu")
         self.model = lerobot_policy.diffusion
         self.processors = processors  # (preprocessor, postprocessor) of a lerobot folder, or None
@@ -152,18 +165,28 @@ class DiffusionChainPolicy(nn.Module):
     def from_config(cls, cfg: DiffusionBridgeConfig) -> DiffusionChainPolicy:
         from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
 
-        return cls(DiffusionPolicy(cfg.lerobot_config()), cfg.chain_steps, cfg.min_std, bridge_config=cfg)
+        return cls(
+            DiffusionPolicy(cfg.lerobot_config()), cfg.chain_steps, cfg.min_std, bridge_config=cfg,
+            chain_scoring=cfg.chain_scoring,
+        )  # fmt: skip
 
     @classmethod
     def from_folder(
-        cls, path: str | Path, chain_steps: int | None = None, min_std: float = 0.1
+        cls,
+        path: str | Path,
+        chain_steps: int | None = None,
+        min_std: float = 0.1,
+        chain_scoring: str = DiffusionBridgeConfig.chain_scoring,
     ) -> DiffusionChainPolicy:
         """A ``lerobot-train`` diffusion folder with its saved processors (its inputs normalised as in
         training, the action unnormalised after the chain)."""
         from wmrl_vla.lerobot_policy import load_lerobot_folder
 
         policy, pre, post = load_lerobot_folder(path)
-        return cls(policy, chain_steps, min_std, processors=(pre, post), source_path=str(path))
+        return cls(
+            policy, chain_steps, min_std, processors=(pre, post), source_path=str(path),
+            chain_scoring=chain_scoring,
+        )  # fmt: skip
 
     def train(self, mode: bool = True) -> DiffusionChainPolicy:
         """The lerobot network stays in eval mode (no random crop, no dropout): a chain's log-prob
@@ -210,6 +233,8 @@ class DiffusionChainPolicy(nn.Module):
         clip = c.clip_sample_range if c.clip_sample else None
         return ddpm_step_mean(x, out, ab[:, 0], ab[:, 1], c.prediction_type, clip)
 
+    executed_positions = 1  # the chunk positions the environment executes: the first (closed loop)
+
     def to_action(self, chunk: torch.Tensor) -> torch.Tensor:
         """``[B, A]`` env action from the chain's end ``[B, H, A]``: its first step (unnormalised by a
         folder's postprocessor)."""
@@ -246,7 +271,7 @@ class DiffusionChainPolicy(nn.Module):
             return self.step_means(x.to(dev), ks[k].expand(b), cond).cpu()
 
         chain, means = sample_chain(mean, start, self.stds.cpu(), temperature, generator)
-        logp = chain_log_prob(chain, means, self.stds.cpu()).sum(1)  # [B, A]
+        logp = self.score(chain, means, self.stds.cpu())  # [B, A]
         action = self.to_action(chain[:, -1].to(dev)).cpu()
         return torch.zeros_like(logp, dtype=torch.long), logp, action, chain
 
@@ -270,7 +295,12 @@ class DiffusionChainPolicy(nn.Module):
         x = chains[:, :-1].reshape(b * k, *self.chunk_shape)
         steps = torch.arange(k, device=chains.device).repeat(b)
         means = self.step_means(x, steps, cond.repeat_interleave(k, 0)).view(b, k, *self.chunk_shape)
-        return chain_log_prob(chains, means, self.stds).sum(1)
+        return self.score(chains, means, self.stds)
+
+    def score(self, chains: torch.Tensor, means: torch.Tensor, stds: torch.Tensor) -> torch.Tensor:
+        """``[B, A]`` the chain terms ``chain_scoring`` keeps, summed
+        (:func:`~wmrl_vla.denoising_chain.scored_chain_log_prob`)."""
+        return scored_chain_log_prob(chains, means, stds, self.chain_scoring, self.executed_positions)
 
     def log_probs(self, batch, chunk: int = 256) -> torch.Tensor:
         """``[N, T*A]`` chain log-probs (differentiable) of ``extras["chains"]`` ``[N, T, K+1, H, A]``

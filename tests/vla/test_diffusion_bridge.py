@@ -10,7 +10,7 @@ from torch.distributions import Normal
 
 from wmrl.config import load_config
 from wmrl.domain import RolloutBatch
-from wmrl_vla.denoising_chain import chain_log_prob, ddpm_step_std
+from wmrl_vla.denoising_chain import CHAIN_SCORINGS, chain_log_prob, ddpm_step_std, scored_chain_log_prob
 from wmrl_vla.diffusion_bridge import DiffusionBridgeConfig, DiffusionChainPolicy, action_chunks, train_bc
 from wmrl_vla.policies import policy_kind
 
@@ -65,34 +65,102 @@ def test_chain_log_prob_is_the_sum_of_its_gaussians():
         chain_log_prob(chain, means[:, :2], stds)
 
 
-def test_chain_log_prob_equals_diffusers_ddpm_steps(policy):
-    """(a) The recorded chain's log-prob equals one computed step by step from diffusers' own
-    ``DDPMScheduler.step`` (its mean: the step's output minus its own noise, drawn again from a
-    generator in the same state) and ``torch.distributions.Normal``."""
+def _diffusers_terms(policy, states, chain):
+    """``[start, step 0, ..., step K-1]``, each ``[B, H, A]``: the chain's Gaussian log-densities
+    computed step by step from diffusers' own ``DDPMScheduler.step`` (its mean: the step's output minus
+    its own noise, drawn again from a generator in the same state) and ``torch.distributions.Normal``."""
     from diffusers import DDPMScheduler
 
+    sched = DDPMScheduler.from_config(policy.model.noise_scheduler.config)
+    sched.set_timesteps(CFG.chain_steps)
+    b = chain.shape[0]
+    with torch.no_grad():
+        cond = policy.model._prepare_global_conditioning(
+            {"observation.state": states[:, None], "observation.environment_state": states[:, None]}
+        )
+        terms = [Normal(0.0, 1.0).log_prob(chain[:, 0])]
+        for k, t in enumerate(sched.timesteps):
+            x = chain[:, k]
+            out = policy.model.unet(x, torch.full((b,), int(t)), global_cond=cond)
+            noisy = sched.step(out, t, x, generator=torch.Generator().manual_seed(9)).prev_sample
+            z = torch.randn(x.shape, generator=torch.Generator().manual_seed(9))
+            std = float(sched._get_variance(t)) ** 0.5 if t > 0 else 0.0
+            mean = noisy - std * z if t > 0 else noisy
+            terms.append(Normal(mean, max(std, CFG.min_std)).log_prob(chain[:, k + 1]))
+    return terms
+
+
+def _variant(policy, chain_scoring):
+    """``policy``'s network (shared) scored with ``chain_scoring``."""
+    return DiffusionChainPolicy(
+        policy.lerobot_policy, CFG.chain_steps, CFG.min_std, bridge_config=CFG, chain_scoring=chain_scoring
+    )
+
+
+@pytest.mark.parametrize("executed", [1, 2])
+def test_scored_chain_log_prob_sums_exactly_its_kept_terms(executed):
+    """Each scoring sums exactly its Gaussian terms (torch.distributions.Normal), for the first
+    ``executed`` of H=3 chunk positions executed; "joint" is chain_log_prob summed over positions."""
+    g = torch.Generator().manual_seed(2)
+    chain, means = torch.randn(2, 4, 3, 2, generator=g), torch.randn(2, 3, 3, 2, generator=g)
+    stds = torch.tensor([0.5, 0.2, 0.1])
+    e = executed
+
+    def normal(k, pos):  # [B, A]: row k's terms (0 the start, k+1 step k) summed over chunk positions pos
+        d = Normal(0.0, 1.0) if k == 0 else Normal(means[:, k - 1, pos], stds[k - 1])
+        return d.log_prob(chain[:, k, pos]).sum(1)
+
+    every = slice(None)
+    want = {
+        "joint": sum(normal(k, every) for k in range(4)),
+        "executed_marginal": sum(normal(k, every) for k in range(3)) + normal(3, slice(0, e)),
+        "executed_only": sum(normal(k, slice(0, e)) for k in range(4)),
+    }
+    for scoring, w in want.items():
+        torch.testing.assert_close(scored_chain_log_prob(chain, means, stds, scoring, e), w)
+    torch.testing.assert_close(
+        scored_chain_log_prob(chain, means, stds), chain_log_prob(chain, means, stds).sum(1)
+    )
+    with pytest.raises(ValueError, match="'dppo' is not one of joint, executed_marginal, executed_only"):
+        scored_chain_log_prob(chain, means, stds, "dppo")
+    with pytest.raises(ValueError, match="executed=4 chunk positions: must be 1..3"):
+        scored_chain_log_prob(chain, means, stds, "executed_only", 4)
+
+
+def test_chain_log_prob_equals_diffusers_ddpm_steps(policy):
+    """(a) The recorded chain's log-prob equals one computed step by step from diffusers' own
+    ``DDPMScheduler.step`` and ``torch.distributions.Normal`` (:func:`_diffusers_terms`)."""
     images, states = _obs(4, seed=3)
     _, logp, action, chain = policy.act_with_chain(
         images, states, None, 1.0, torch.Generator().manual_seed(5)
     )
     assert chain.shape == (4, CFG.chain_steps + 1, CFG.horizon, CFG.action_dim)
     torch.testing.assert_close(action, chain[:, -1, 0])
-    sched = DDPMScheduler.from_config(policy.model.noise_scheduler.config)
-    sched.set_timesteps(CFG.chain_steps)
-    with torch.no_grad():
-        cond = policy.model._prepare_global_conditioning(
-            {"observation.state": states[:, None], "observation.environment_state": states[:, None]}
-        )
-        want = Normal(0.0, 1.0).log_prob(chain[:, 0])
-        for k, t in enumerate(sched.timesteps):
-            x = chain[:, k]
-            out = policy.model.unet(x, torch.full((4,), int(t)), global_cond=cond)
-            noisy = sched.step(out, t, x, generator=torch.Generator().manual_seed(9)).prev_sample
-            z = torch.randn(x.shape, generator=torch.Generator().manual_seed(9))
-            std = float(sched._get_variance(t)) ** 0.5 if t > 0 else 0.0
-            mean = noisy - std * z if t > 0 else noisy
-            want = want + Normal(mean, max(std, CFG.min_std)).log_prob(chain[:, k + 1])
+    want = sum(_diffusers_terms(policy, states, chain))
     torch.testing.assert_close(logp, want.sum(1), rtol=1e-5, atol=1e-4)
+
+
+def test_executed_scorings_equal_diffusers_terms_they_keep(policy):
+    """The executed-position scorings of a real policy's chain, sampled and re-scored, equal the sum of
+    exactly their kept diffusers/Normal terms: "executed_marginal" all but the final step's terms of
+    the unexecuted positions 1..H-1, "executed_only" position 0 alone at every step."""
+    images, states = _obs(3, seed=6)
+    chain = policy.act_with_chain(images, states, None, 1.0, torch.Generator().manual_seed(7))[3]
+    terms = _diffusers_terms(policy, states, chain)
+    want = {
+        "joint": sum(t.sum(1) for t in terms),
+        "executed_marginal": sum(t.sum(1) for t in terms[:-1]) + terms[-1][:, 0],
+        "executed_only": sum(t[:, 0] for t in terms),
+    }
+    for scoring in CHAIN_SCORINGS:
+        pol = _variant(policy, scoring)
+        _, logp, _, again = pol.act_with_chain(images, states, None, 1.0, torch.Generator().manual_seed(7))
+        assert torch.equal(again, chain)  # the scoring changes the log-prob, not the sampler
+        torch.testing.assert_close(logp, want[scoring], rtol=1e-5, atol=1e-4)
+        with torch.no_grad():
+            torch.testing.assert_close(pol.chain_log_probs(images, states, chain), logp, rtol=0, atol=5e-5)
+    with pytest.raises(ValueError, match="chain_scoring='dppo' is not one of joint"):
+        _variant(policy, "dppo")
 
 
 def test_stds_follow_the_scheduler_and_the_floor(policy):
@@ -102,10 +170,12 @@ def test_stds_follow_the_scheduler_and_the_floor(policy):
     assert ddpm_step_std(0.5, 0.8, 0.0) == pytest.approx(((0.2 / 0.5) * (1 - 0.5 / 0.8)) ** 0.5)
 
 
-def test_rescored_chain_gives_ratio_one(policy):
+@pytest.mark.parametrize("chain_scoring", CHAIN_SCORINGS)
+def test_rescored_chain_gives_ratio_one(policy, chain_scoring):
     """(b) Re-scoring the recorded chains under unchanged parameters: ratio 1 on every real token, to
-    float32 rounding against the sampler's step-by-step U-Net passes (each token sums K x H Gaussian
-    terms), and bit for bit between two re-scorings."""
+    float32 rounding against the sampler's step-by-step U-Net passes (each token sums up to K x H
+    Gaussian terms), and bit for bit between two re-scorings; under every scoring."""
+    policy = _variant(policy, chain_scoring)
     batch = _batch(policy)
     new = policy.log_probs(batch)
     ratio = torch.exp(new - batch.logprobs)[batch.mask > 0]
