@@ -46,6 +46,13 @@ class TaskSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     expert_kwargs: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def splits_combos(self) -> bool:
+        """Whether the env's ``split`` selects instruction/colour combinations (our own tasks); the
+        other sources accept ``split`` for interface parity only (held out by seed alone), so their
+        envs of every split are interchangeable."""
+        return self.source == "own"
+
     def info(self) -> dict[str, Any]:
         return {
             "task_id": self.task_id,

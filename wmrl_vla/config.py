@@ -202,6 +202,13 @@ class VLAConfig(DomainConfig):
     # env and renderer (~20 MB), so this bounds evaluation memory: 400 at once peaked at 11.4 GB, 64 at 4.3 GB
     # (benchmarks/vla_eval_memory.py).
     eval_lockstep: int = 64
+    # Simulated training rollouts (anchor groups' rollouts) stepped in lockstep at once, each with its
+    # env and renderer; null: all of a step's at once (a `real` step of 8 groups of 8 holds 64). A
+    # bound runs them in chunks of at most this many rollouts (a group may straddle two chunks: same
+    # tasks and seeds, the sampling generator drawn in another order) and caps the envs the run holds
+    # at max(rollout_lockstep, eval_lockstep): lerobot's MetaWorld env holds about 0.16 GB
+    # (benchmarks/results/metaworld_env_memory.json).
+    rollout_lockstep: int | None = None
     n_videos: int = 2
 
     @property
@@ -357,6 +364,11 @@ class VLAConfig(DomainConfig):
         """Sampling temperatures and the held-out evaluation."""
         if self.eval_lockstep < 1:
             raise ConfigError(f"domain.eval_lockstep={self.eval_lockstep} must be >= 1")
+        if self.rollout_lockstep is not None and self.rollout_lockstep < 1:
+            raise ConfigError(
+                f"domain.rollout_lockstep={self.rollout_lockstep} must be >= 1 (or null: all of a step's "
+                "simulated rollouts at once)"
+            )
         if self.eval_combos not in ("test", "train"):
             raise ConfigError(f"domain.eval_combos={self.eval_combos!r} is not one of test, train")
         if self.temperature <= 0 or self.eval_temperature < 0:

@@ -55,6 +55,7 @@ from wmrl_vla.rollout import (
     policy_actor,
     replay_reward,
     run_episodes,
+    run_in_lockstep,
 )
 from wmrl_vla.world_model import VLAWorldModel
 from world_models.vla_dynamics import VLADynamics, instruction_ids
@@ -91,6 +92,7 @@ class VLADomain:
         imagine_input: str = "pixels",
         latent_refresh_steps: int = 5,
         bf16_unsupported: str | None = None,
+        rollout_lockstep: int | None = None,
     ) -> None:
         import sims
 
@@ -107,6 +109,10 @@ class VLADomain:
             raise ValueError(f"eval_combos={ev.combos!r} is not one of test, train")
         if ev.lockstep < 1:
             raise ValueError(f"eval_lockstep={ev.lockstep} must be >= 1")
+        if rollout_lockstep is not None and rollout_lockstep < 1:
+            raise ValueError(
+                f"rollout_lockstep={rollout_lockstep} must be >= 1 (or None: a step's all at once)"
+            )
         if ev.sampled and ev.temperature == temperature:
             raise ValueError(
                 f"eval_sampled: the evaluation already samples at temperature {temperature} (eval_temperature)"
@@ -126,7 +132,11 @@ class VLADomain:
         self.horizon = {t: max_steps or sims.task_info(t)["max_steps"] for t in self.tasks}
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.twin_anchors = twin_anchors
-        self.pool = EnvPool(image_size, max_steps)
+        # simulated training rollouts at once (None: all of a step's); with a bound, the pool holds
+        # at most that many envs or evaluation's eval_lockstep, whichever is larger
+        self.rollout_lockstep = rollout_lockstep
+        capacity = None if rollout_lockstep is None else max(rollout_lockstep, ev.lockstep)
+        self.pool = EnvPool(image_size, max_steps, capacity)
         self.seed = seed
         self.gen = torch.Generator().manual_seed(seed)
         self.n_evals = 0
@@ -189,15 +199,17 @@ class VLADomain:
             shape = (n_groups, group_size, horizon, self.policy.cfg.action_dim)
             noise = torch.rand(shape, generator=self.gen)
         if sim_groups:
-            # one lockstep call per env split
+            # per env split, at most rollout_lockstep rollouts in lockstep at a time (a group may
+            # straddle two calls: only the order the sampling generator is drawn in changes)
             for split in sorted({tasks[g].env_split for g in sim_groups}):
                 sel = [g for g in sim_groups if tasks[g].env_split == split]
                 specs = [(tasks[g].task_id, tasks[g].seed) for g in sel for _ in range(group_size)]
-                sim = run_episodes(
+                sim = run_in_lockstep(
                     policy_actor(self.policy, self.temperature, self.gen),
                     specs,
                     self.pool,
                     split,
+                    self.rollout_lockstep,
                     noise=None if noise is None else noise[sel].flatten(0, 1),
                 )
                 for k, ep in enumerate(sim):

@@ -287,6 +287,7 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
         latent_refresh_steps=cfg.latent_refresh_steps,
         # --precision=bf16 (wmrl.device.check_precision)
         bf16_unsupported=cfg.bf16_unsupported(),
+        rollout_lockstep=cfg.rollout_lockstep,
     )
     if cfg.imagine_input == "latent":
         with stage(f"[vla] fitting the latent adapter ({cfg.latent_adapter_steps} steps)", show):

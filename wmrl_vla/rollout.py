@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -97,32 +98,62 @@ def rollout_reward(progress: np.ndarray, success: np.ndarray) -> float:
 
 
 class EnvPool:
-    """Reusable envs per (task, split): building a model and a renderer costs more than a reset."""
+    """Reusable envs per (task, split): building a model and a renderer costs more than a reset.
 
-    def __init__(self, image_size: int, max_steps: int | None = None) -> None:
+    Envs of a task whose ``split`` changes nothing (MetaWorld, dm_control, lerobot's MetaWorld:
+    ``TaskSpec.splits_combos`` false) are shared by every split, so training and evaluation reuse
+    the same ones. ``capacity`` bounds the envs alive (lent and idle; None: no bound): building one
+    past it first closes the longest-idle env of another (task, split), so a run that asks for at
+    most ``capacity`` at once never holds more (each env holds its model and renderer: about
+    0.16 GB for lerobot's MetaWorld, benchmarks/results/metaworld_env_memory.json).
+    """
+
+    def __init__(self, image_size: int, max_steps: int | None = None, capacity: int | None = None) -> None:
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"EnvPool capacity={capacity} must be >= 1 (or None: no bound)")
         self.image_size = image_size
         self.max_steps = max_steps
-        self._free: dict[tuple[str, str], list] = {}
+        self.capacity = capacity
+        self.live = 0  # envs built and not yet closed
+        self._idle: list[tuple[tuple[str, str], Any]] = []  # (key, env), longest idle first
+
+    @staticmethod
+    def key(task_id: str, split: str) -> tuple[str, str]:
+        """Which envs can stand for each other: ``(task_id, split)``, the split ``"all"`` where it
+        changes nothing."""
+        from sims.registry import get
+
+        return (task_id, split if get(task_id).splits_combos else "all")
 
     def get(self, task_id: str, split: str):
-        free = self._free.setdefault((task_id, split), [])
-        if free:
-            return free.pop()
+        key = self.key(task_id, split)
+        for i in range(len(self._idle) - 1, -1, -1):  # the most recently returned of its key
+            if self._idle[i][0] == key:
+                return self._idle.pop(i)[1]
+        if self.capacity is not None and self.live >= self.capacity:
+            if not self._idle:
+                raise RuntimeError(
+                    f"EnvPool: all {self.live} envs of its capacity are in use; ask for at most {self.capacity} at once"
+                )
+            self._idle.pop(0)[1].close()
+            self.live -= 1
         import sims
 
-        kwargs = {"split": split}
+        kwargs = {"split": key[1]}
         if self.max_steps is not None:
             kwargs["max_steps"] = self.max_steps
-        return sims.make(task_id, image_size=self.image_size, **kwargs)
+        env = sims.make(task_id, image_size=self.image_size, **kwargs)
+        self.live += 1
+        return env
 
     def put(self, task_id: str, split: str, env) -> None:
-        self._free.setdefault((task_id, split), []).append(env)
+        self._idle.append((self.key(task_id, split), env))
 
     def close(self) -> None:
-        for envs in self._free.values():
-            for e in envs:
-                e.close()
-        self._free.clear()
+        for _, e in self._idle:
+            e.close()
+        self.live -= len(self._idle)
+        self._idle.clear()
 
 
 def _chw(img: np.ndarray) -> np.ndarray:
@@ -215,6 +246,24 @@ def run_episodes(
                 chains=np.stack(rc["chains"]).astype(np.float32) if rc["chains"] else None,
             )
         )
+    return out
+
+
+def run_in_lockstep(
+    actor: Actor,
+    specs: Sequence[tuple[str, int]],
+    pool: EnvPool,
+    split: str,
+    lockstep: int | None = None,
+    noise: torch.Tensor | None = None,
+) -> list[SimRollout]:
+    """:func:`run_episodes` over ``specs``, at most ``lockstep`` episodes (an env each) at a time,
+    in order (None: all of them in one call); ``noise`` ``[len(specs), T, A]`` is sliced alike."""
+    size = lockstep or max(1, len(specs))
+    out: list[SimRollout] = []
+    for first in range(0, len(specs), size):
+        part = None if noise is None else noise[first : first + size]
+        out += run_episodes(actor, specs[first : first + size], pool, split, noise=part)
     return out
 
 
