@@ -207,7 +207,7 @@ class VLAConfig(DomainConfig):
     # bound runs them in chunks of at most this many rollouts (a group may straddle two chunks: same
     # tasks and seeds, the sampling generator drawn in another order) and caps the envs the run holds
     # at max(rollout_lockstep, eval_lockstep): lerobot's MetaWorld env holds about 0.16 GB
-    # (benchmarks/results/metaworld_env_memory.json).
+    # (benchmarks/results/vla_rollout_memory.json; docs/vla.md).
     rollout_lockstep: int | None = None
     n_videos: int = 2
 
