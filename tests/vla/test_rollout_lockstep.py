@@ -188,3 +188,19 @@ def test_bad_bounds_are_refused_in_one_line(vla_debug):
         pool.get(TWO_TASKS[1], "train")
     pool.put(TWO_TASKS[0], "train", env)
     pool.close()
+
+
+def test_the_built_domain_takes_the_bound_from_its_config(vla_debug, tmp_path):
+    from wmrl.config import load_config
+
+    _, _, root = vla_debug
+    cfg = load_config(
+        "vla-debug",
+        [f"--out_dir={tmp_path / 'run'}", f"--domain.cache_dir={root / 'cache'}",
+         "--domain.rollout_lockstep=3", "--domain.eval_lockstep=2"],
+    )  # fmt: skip
+    domain = cfg.domain.build(cfg)
+    try:
+        assert domain.rollout_lockstep == 3 and domain.pool.capacity == 3
+    finally:
+        domain.close()
