@@ -220,7 +220,7 @@ def main() -> None:
     # seeds already in the file (earlier processes, one seed each to bound memory) are kept
     result: dict = json.loads(path.read_text()) if path.exists() else {"runs": []}
     for s in [int(x) for x in a.seeds.split(",")]:
-        run = {"settings": vars(a), "command": " ".join([sys.executable, *sys.argv]), **run_seed(s, a)}
+        run = {"settings": vars(a), "command": " ".join(["python", *sys.argv]), **run_seed(s, a)}
         result["runs"] = [r for r in result["runs"] if r["seed"] != s] + [run]
         per = result["runs"]
         keys = sorted(set.intersection(*(set(r["before"]) for r in per)))
