@@ -13,6 +13,10 @@ Per seed:
    (:meth:`wmrl_vla.diffusion_bridge.DiffusionChainPolicy.log_probs`);
 5. evaluate again on the same held-out seeds: success *after*.
 
+``--act-steps k`` (DPPO's ``act_steps``) executes the first ``k`` actions of each sampled chunk open
+loop, in evaluation and in GRPO alike: one decision (a chain, its log-prob scored over the ``k``
+executed positions) per ``k`` environment steps; 1 (the default) re-plans every step.
+
     for s in 0 1 2; do uv run python benchmarks/diffusion_grpo.py --seeds $s; done
 
 (one seed per process bounds memory; each appends its run to the JSON, replacing an earlier run of
@@ -123,7 +127,7 @@ def run_seed(seed: int, a: argparse.Namespace) -> dict:
         DiffusionBridgeConfig(
             image_size=a.image_size, state_dim=spec["state_dim"], action_dim=spec["action_dim"],
             use_image=a.use_image, horizon=a.horizon, chain_steps=a.chain_steps, min_std=a.min_std,
-            chain_scoring=a.chain_scoring,
+            chain_scoring=a.chain_scoring, act_steps=a.act_steps,
         )
     )  # fmt: skip
     bc = train_bc(policy, records, a.bc_steps, lr=a.bc_lr, seed=seed)
@@ -186,6 +190,11 @@ def main() -> None:
         help="the chain terms a token scores: joint (all), executed_marginal (exact marginal of the "
         "executed action), executed_only (DPPO's heuristic, biased)",
     )  # fmt: skip
+    p.add_argument(
+        "--act-steps", type=int, default=DiffusionBridgeConfig.act_steps,
+        help="chunk positions executed open loop per sampled chain, one GRPO decision each (1: closed "
+        "loop; DPPO's act_steps, at most --horizon)",
+    )  # fmt: skip
     p.add_argument("--bc-steps", type=int, default=1500)
     p.add_argument("--bc-lr", type=float, default=1e-3)
     p.add_argument("--grpo-steps", type=int, default=8)
@@ -211,7 +220,7 @@ def main() -> None:
     # seeds already in the file (earlier processes, one seed each to bound memory) are kept
     result: dict = json.loads(path.read_text()) if path.exists() else {"runs": []}
     for s in [int(x) for x in a.seeds.split(",")]:
-        run = {"settings": vars(a), "command": " ".join([sys.executable, *sys.argv]), **run_seed(s, a)}
+        run = {"settings": vars(a), "command": " ".join(["python", *sys.argv]), **run_seed(s, a)}
         result["runs"] = [r for r in result["runs"] if r["seed"] != s] + [run]
         per = result["runs"]
         keys = sorted(set.intersection(*(set(r["before"]) for r in per)))

@@ -10,7 +10,9 @@ Batch layout (``T`` = longest rollout in steps, ``A`` = action dims; tokens step
 ``tokens``/``logprobs``/``mask`` ``[N, T*A]``; ``extras``: ``images`` ``[N, T, 3, H, W]`` uint8 (the
 frames the policy saw), ``states`` ``[N, T, S]``, ``instr`` ``[N, L]``, ``actions`` ``[N, T, A]``,
 ``step_mask`` ``[N, T]``, ``init_images`` ``[N, 3, H, W]``, ``init_states`` ``[N, S]``; a chain
-policy's rollouts (payload ``chains`` ``[T, K+1, H, A]``) add ``chains`` ``[N, T, K+1, H, A]``.
+policy's rollouts (payload ``chains`` ``[T, K+1, H, A]``) add ``chains`` ``[N, T, K+1, H, A]``. A
+policy that executes chunks open loop has one step per decision (:func:`sim_payload`): ``T`` counts
+decisions, and ``actions`` holds each chunk's first action.
 """
 
 from __future__ import annotations
@@ -27,15 +29,18 @@ from world_models.vla_dynamics import instruction_ids
 
 
 def sim_payload(r: SimRollout) -> dict:
-    """A simulated rollout's payload dict (its frames without the last observation)."""
+    """A simulated rollout's payload dict (its frames without the last observation), one step per
+    decision: a rollout of chunks executed open loop (``r.decision_steps``) keeps the frames, states
+    and first actions of its decisions alone (the chunk's other actions are in ``rollout``)."""
+    d = slice(None) if r.decision_steps is None else r.decision_steps
     return {
         "kind": "sim",
         "task_id": r.task_id,
         "seed": r.seed,
         "instruction": r.instruction,
-        "images": r.images[:-1],
-        "states": r.states[:-1],
-        "actions": r.actions,
+        "images": r.images[:-1][d],
+        "states": r.states[:-1][d],
+        "actions": r.actions[d],
         "bins": r.bins,
         "logprobs": r.logprobs,
         "reward": r.reward,

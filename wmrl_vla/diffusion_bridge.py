@@ -8,6 +8,7 @@ the DDPM posterior mean and a floored spread (:mod:`wmrl_vla.denoising_chain`, D
     x^0 ~ N(0, I)                                        [H, A]
     x^{k+1} ~ N(m_theta(x^k, t_k, o), s_k^2 I)           k = 0..K-1, t_k the scheduler's timesteps
     action = x^K[0]                                      the chunk's first step (closed loop)
+    actions = x^K[:k]                                    or its first k = act_steps, open loop
 
 and records the whole chain with the rollout (``act_with_chain``; ``batch.extras["chains"]``
 ``[N, T, K+1, H, A]``), so :meth:`log_probs` re-scores the same chain under the current parameters:
@@ -23,6 +24,11 @@ integrates out the final step of the chunk's other positions (``"executed_margin
 biased heuristic that scores the executed position alone at every step (``"executed_only"``).
 ``temperature`` scales the start noise and every step's noise (0: the chain of means from zero
 noise, deterministic); the recorded log-prob is always the untempered policy's.
+
+``act_steps`` ``k`` (default 1, closed loop) executes the chunk's first ``k`` positions open loop
+before the next chain is sampled (DPPO's ``act_steps``; ``k`` at most the horizon ``H``): one decision
+(one chain, one log-prob) per ``k`` environment steps, and the scorings' "executed positions" are
+those ``k`` (at ``k = H`` all three scorings are the joint).
 
 Two ways in: :meth:`DiffusionChainPolicy.from_config` builds a small policy from lerobot's
 ``DiffusionConfig`` (random init, no hub; :func:`train_bc` clones it with lerobot's own diffusion
@@ -62,8 +68,10 @@ class DiffusionBridgeConfig:
     # True: one camera image (ResNet-18 with GroupNorm, random init) plus the state; False: the state
     # alone (fed as lerobot's environment state too, its only conditioning besides the robot state).
     use_image: bool = True
-    # Action chunk length (a multiple of 2 ** len(down_dims)); the first action is executed.
+    # Action chunk length (a multiple of 2 ** len(down_dims)).
     horizon: int = 4
+    # Chunk positions executed open loop per sampled chain (1: closed loop, the first; at most horizon).
+    act_steps: int = 1
     down_dims: list[int] = field(default_factory=lambda: [32, 64])
     diffusion_step_embed_dim: int = 32
     spatial_softmax_num_keypoints: int = 16
@@ -95,7 +103,7 @@ class DiffusionBridgeConfig:
             output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(self.action_dim,))},
             n_obs_steps=1,
             horizon=self.horizon,
-            n_action_steps=1,
+            n_action_steps=self.act_steps,
             drop_n_last_frames=0,
             crop_shape=None,
             pretrained_backbone_weights=None,
@@ -128,6 +136,7 @@ class DiffusionChainPolicy(nn.Module):
         bridge_config: DiffusionBridgeConfig | None = None,
         source_path: str | None = None,
         chain_scoring: str = DiffusionBridgeConfig.chain_scoring,
+        act_steps: int = DiffusionBridgeConfig.act_steps,
     ) -> None:
         super().__init__()
         c = lerobot_policy.config
@@ -140,7 +149,11 @@ class DiffusionChainPolicy(nn.Module):
             raise ValueError(f"min_std={min_std} must be > 0 (every denoising step needs a density)")
         if chain_scoring not in CHAIN_SCORINGS:
             raise ValueError(f"chain_scoring={chain_scoring!r} is not one of {', '.join(CHAIN_SCORINGS)}")
+        if not 1 <= act_steps <= c.horizon:
+            raise ValueError(f"act_steps={act_steps} must be 1..{c.horizon} (the policy's chunk horizon)")
         self.chain_scoring = chain_scoring
+        # the chunk positions the environment executes per chain, open loop (1: the first, closed loop)
+        self.act_steps = int(act_steps)
         self.lerobot_policy = lerobot_policy.to("cpu")
         self.model = lerobot_policy.diffusion
         self.processors = processors  # (preprocessor, postprocessor) of a lerobot folder, or None
@@ -167,7 +180,7 @@ class DiffusionChainPolicy(nn.Module):
 
         return cls(
             DiffusionPolicy(cfg.lerobot_config()), cfg.chain_steps, cfg.min_std, bridge_config=cfg,
-            chain_scoring=cfg.chain_scoring,
+            chain_scoring=cfg.chain_scoring, act_steps=cfg.act_steps,
         )  # fmt: skip
 
     @classmethod
@@ -177,6 +190,7 @@ class DiffusionChainPolicy(nn.Module):
         chain_steps: int | None = None,
         min_std: float = 0.1,
         chain_scoring: str = DiffusionBridgeConfig.chain_scoring,
+        act_steps: int = DiffusionBridgeConfig.act_steps,
     ) -> DiffusionChainPolicy:
         """A ``lerobot-train`` diffusion folder with its saved processors (its inputs normalised as in
         training, the action unnormalised after the chain)."""
@@ -185,7 +199,7 @@ class DiffusionChainPolicy(nn.Module):
         policy, pre, post = load_lerobot_folder(path)
         return cls(
             policy, chain_steps, min_std, processors=(pre, post), source_path=str(path),
-            chain_scoring=chain_scoring,
+            chain_scoring=chain_scoring, act_steps=act_steps,
         )  # fmt: skip
 
     def train(self, mode: bool = True) -> DiffusionChainPolicy:
@@ -233,13 +247,16 @@ class DiffusionChainPolicy(nn.Module):
         clip = c.clip_sample_range if c.clip_sample else None
         return ddpm_step_mean(x, out, ab[:, 0], ab[:, 1], c.prediction_type, clip)
 
-    executed_positions = 1  # the chunk positions the environment executes: the first (closed loop)
-
-    def to_action(self, chunk: torch.Tensor) -> torch.Tensor:
-        """``[B, A]`` env action from the chain's end ``[B, H, A]``: its first step (unnormalised by a
-        folder's postprocessor)."""
-        a = chunk[:, 0]
-        return self.processors[1](a) if self.processors is not None else a
+    def to_actions(self, chunk: torch.Tensor) -> torch.Tensor:
+        """The env actions the chain's end ``chunk [B, H, A]`` executes: ``[B, A]`` its first position
+        (``act_steps`` 1, closed loop), else ``[B, k, A]`` its first ``k = act_steps`` positions
+        ``chunk[:, :k]``, executed open loop; unnormalised by a folder's postprocessor."""
+        b, _, a = chunk.shape
+        k = self.act_steps
+        acts = chunk[:, :k].reshape(b * k, a)
+        if self.processors is not None:
+            acts = self.processors[1](acts)
+        return acts.reshape(b, a) if k == 1 else acts.reshape(b, k, a)
 
     @torch.no_grad()
     def act_with_chain(
@@ -251,9 +268,11 @@ class DiffusionChainPolicy(nn.Module):
         generator: torch.Generator | None = None,
         noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sample one step: (placeholder tokens ``[B, A]`` zeros, log-probs ``[B, A]`` of the chain
-        under the untempered policy (module docstring), actions ``[B, A]``, chain ``[B, K+1, H, A]``),
-        on the CPU. ``generator`` draws the noise (a CPU generator)."""
+        """Sample one decision: (placeholder tokens ``[B, A]`` zeros, log-probs ``[B, A]`` of the chain
+        under the untempered policy, scored over the ``act_steps`` executed positions (module
+        docstring), actions ``[B, A]`` (``act_steps`` 1) or ``[B, act_steps, A]`` to execute open loop
+        (:meth:`to_actions`), chain ``[B, K+1, H, A]``), on the CPU. ``generator`` draws the noise (a
+        CPU generator)."""
         if temperature < 0:
             raise ValueError(f"temperature={temperature} must be >= 0")
         if noise is not None:
@@ -272,7 +291,7 @@ class DiffusionChainPolicy(nn.Module):
 
         chain, means = sample_chain(mean, start, self.stds.cpu(), temperature, generator)
         logp = self.score(chain, means, self.stds.cpu())  # [B, A]
-        action = self.to_action(chain[:, -1].to(dev)).cpu()
+        action = self.to_actions(chain[:, -1].to(dev)).cpu()
         return torch.zeros_like(logp, dtype=torch.long), logp, action, chain
 
     def act(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -300,7 +319,7 @@ class DiffusionChainPolicy(nn.Module):
     def score(self, chains: torch.Tensor, means: torch.Tensor, stds: torch.Tensor) -> torch.Tensor:
         """``[B, A]`` the chain terms ``chain_scoring`` keeps, summed
         (:func:`~wmrl_vla.denoising_chain.scored_chain_log_prob`)."""
-        return scored_chain_log_prob(chains, means, stds, self.chain_scoring, self.executed_positions)
+        return scored_chain_log_prob(chains, means, stds, self.chain_scoring, self.act_steps)
 
     def log_probs(self, batch, chunk: int = 256) -> torch.Tensor:
         """``[N, T*A]`` chain log-probs (differentiable) of ``extras["chains"]`` ``[N, T, K+1, H, A]``

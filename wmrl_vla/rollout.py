@@ -18,7 +18,11 @@ SUCCESS_WEIGHT = 0.5
 
 @dataclass
 class SimRollout:
-    """One episode. ``T`` steps; frames and states include the observation after the last action."""
+    """One episode. ``T`` steps; frames and states include the observation after the last action.
+
+    ``bins``, ``logprobs`` and ``chains`` are per *decision* (one policy call): per step (``D = T``)
+    in closed loop, or, for a policy that executes a chunk of actions open loop, one per chunk, made
+    at env steps ``decision_steps`` (``D <= T``)."""
 
     task_id: str
     seed: int
@@ -26,13 +30,16 @@ class SimRollout:
     images: np.ndarray  # [T+1, 3, H, W] uint8
     states: np.ndarray  # [T+1, S] float32
     actions: np.ndarray  # [T, A] float32 (bin centres for a discrete policy)
-    bins: np.ndarray  # [T, A] int64 (action tokens; zeros for an expert)
-    logprobs: np.ndarray  # [T, A] float32
+    bins: np.ndarray  # [D, A] int64 (action tokens; zeros for an expert)
+    logprobs: np.ndarray  # [D, A] float32
     progress: np.ndarray  # [T] reward after each action (1 once succeeded)
     success: np.ndarray  # [T] float32, 0/1
     goal: np.ndarray | None = None  # [2] the named object's table xy at reset (goal_xy)
-    # [T, K+1, H, A] float32: a chain policy's denoising chains (wmrl_vla.diffusion_bridge), else None
+    # [D, K+1, H, A] float32: a chain policy's denoising chains (wmrl_vla.diffusion_bridge), else None
     chains: np.ndarray | None = None
+    # [D] int64: the env step at which each decision was made, for a policy that executes chunks open
+    # loop (the actor returned actions [B, k, A]); None: closed loop, one decision per step (D = T)
+    decision_steps: np.ndarray | None = None
 
     @property
     def length(self) -> int:
@@ -162,7 +169,8 @@ def _chw(img: np.ndarray) -> np.ndarray:
 
 #: ``actor(images, states, instructions)``, or with ``noise=`` (per-row uniforms ``[B, A]``) when
 #: :func:`run_episodes` is given common random numbers: ``(bins, logprobs, actions)``, plus the
-#: denoising chains ``[B, K+1, H, A]`` for a chain policy (``policy.records_chain``).
+#: denoising chains ``[B, K+1, H, A]`` for a chain policy (``policy.records_chain``); ``actions``
+#: ``[B, A]`` (one step) or ``[B, k, A]`` (a chunk of ``k`` steps executed open loop).
 Actor = Callable[..., tuple[torch.Tensor, ...]]
 
 
@@ -176,9 +184,13 @@ def run_episodes(
     """Roll out ``actor`` in the real simulator from each ``(task_id, seed)``, all in lockstep.
 
     ``actor(images [B, 3, H, W] uint8, states [B, S], instructions) -> (bins [B, A], logprobs
-    [B, A], actions [B, A])`` (+ ``chains [B, K+1, H, A]``, kept as ``SimRollout.chains``). Episodes end at success (terminated) or the time limit. ``noise``
-    ``[len(specs), T, A]`` (T at least the longest episode): episode i's sampling uniforms at step
-    t, passed to the actor as ``noise=`` (common random numbers with an imagined twin).
+    [B, A], actions [B, A])`` (+ ``chains [B, K+1, H, A]``, kept as ``SimRollout.chains``). Episodes
+    end at success (terminated) or the time limit. ``actions [B, k, A]`` instead: each row's ``k``
+    actions are executed open loop (an episode that ends mid-chunk drops the rest) before the actor
+    is called again, one decision per chunk (``SimRollout.decision_steps``). ``noise``
+    ``[len(specs), T, A]`` (T at least the longest episode): episode i's sampling uniforms at
+    decision t (step t in closed loop), passed to the actor as ``noise=`` (common random numbers
+    with an imagined twin).
     """
     envs, obs, instrs, goals = [], [], [], []
     for task_id, seed in specs:
@@ -199,34 +211,44 @@ def run_episodes(
             "p": [],
             "s": [],
             "chains": [],
+            "decisions": [],
         }
         for o in obs
     ]
     alive = list(range(n))
     t = 0
+    chunked = False  # the actor returns chunks of actions [B, k, A], executed open loop
     while alive:
         imgs = torch.from_numpy(np.stack([rec[i]["images"][-1] for i in alive]))
         sts = torch.from_numpy(np.stack([rec[i]["states"][-1] for i in alive]).astype(np.float32))
         kw = {} if noise is None else {"noise": noise[alive, t]}
         bins, lps, acts, *chains = actor(imgs, sts, [instrs[i] for i in alive], **kw)
         t += 1
-        still = []
-        for j, i in enumerate(alive):
-            a = acts[j].numpy().astype(np.float32)
-            o, r, term, trunc, info = envs[i].step(a)
+        chunked = acts.dim() == 3
+        plan = acts if chunked else acts[:, None]  # [B, k, A]
+        for j, i in enumerate(alive):  # one decision per actor call
             rc = rec[i]
-            rc["actions"].append(a)
+            rc["decisions"].append(len(rc["actions"]))
             rc["bins"].append(bins[j].numpy())
             rc["lp"].append(lps[j].numpy())
             if chains:
                 rc["chains"].append(chains[0][j].numpy())
-            rc["p"].append(float(r))
-            rc["s"].append(float(info["success"]))
-            rc["images"].append(_chw(o["image"]))
-            rc["states"].append(o["state"])
-            if not (term or trunc):
-                still.append(i)
-        alive = still
+        live = list(enumerate(alive))  # (the actor's row, the episode) still running
+        for p in range(plan.shape[1]):
+            still = []
+            for j, i in live:
+                a = plan[j, p].numpy().astype(np.float32)
+                o, r, term, trunc, info = envs[i].step(a)
+                rc = rec[i]
+                rc["actions"].append(a)
+                rc["p"].append(float(r))
+                rc["s"].append(float(info["success"]))
+                rc["images"].append(_chw(o["image"]))
+                rc["states"].append(o["state"])
+                if not (term or trunc):
+                    still.append((j, i))
+            live = still
+        alive = [i for _, i in live]
     out = []
     for (task_id, seed), rc, instr, env, goal in zip(specs, rec, instrs, envs, goals, strict=True):
         pool.put(task_id, split, env)
@@ -244,6 +266,7 @@ def run_episodes(
                 success=np.array(rc["s"], np.float32),
                 goal=goal,
                 chains=np.stack(rc["chains"]).astype(np.float32) if rc["chains"] else None,
+                decision_steps=np.array(rc["decisions"], np.int64) if chunked else None,
             )
         )
     return out

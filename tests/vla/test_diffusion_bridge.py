@@ -14,6 +14,7 @@ from wmrl_vla.denoising_chain import CHAIN_SCORINGS, chain_log_prob, ddpm_step_s
 from wmrl_vla.diffusion_bridge import DiffusionBridgeConfig, DiffusionChainPolicy, action_chunks, train_bc
 from wmrl_vla.policies import policy_kind
 
+REACHER = "wmrl/DMC-reacher-easy-v0"
 CFG = DiffusionBridgeConfig(
     image_size=16, state_dim=5, action_dim=3, use_image=False, horizon=4, down_dims=[8, 16],
     diffusion_step_embed_dim=8, num_train_timesteps=20, chain_steps=5, min_std=0.05,
@@ -90,11 +91,12 @@ def _diffusers_terms(policy, states, chain):
     return terms
 
 
-def _variant(policy, chain_scoring):
-    """``policy``'s network (shared) scored with ``chain_scoring``."""
+def _variant(policy, chain_scoring, act_steps=1):
+    """``policy``'s network (shared) scored with ``chain_scoring``, executing ``act_steps`` positions."""
     return DiffusionChainPolicy(
-        policy.lerobot_policy, CFG.chain_steps, CFG.min_std, bridge_config=CFG, chain_scoring=chain_scoring
-    )
+        policy.lerobot_policy, CFG.chain_steps, CFG.min_std, bridge_config=CFG, chain_scoring=chain_scoring,
+        act_steps=act_steps,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("executed", [1, 2])
@@ -313,3 +315,127 @@ def test_a_lerobot_diffusion_folder_is_post_trainable(tmp_path):
     _, logp, action, chain = pol.act_with_chain(images, states, None, 1.0, torch.Generator().manual_seed(0))
     assert chain.shape == (2, 4, 4, 2) and action.shape == (2, 2)
     torch.testing.assert_close(pol.chain_log_probs(images, states, chain), logp, rtol=0, atol=5e-5)
+
+
+@pytest.mark.parametrize("act_steps", [2, 4])
+def test_open_loop_chunk_log_prob_scores_the_executed_positions(policy, act_steps):
+    """With ``act_steps`` k the actions are the chain's first k chunk positions and the log-prob sums
+    exactly the Normal terms (diffusers' step means) each scoring keeps for those k positions; at
+    k = H every scoring is the joint. Re-scored, the ratio is 1."""
+    images, states = _obs(3, seed=8)
+    chain = policy.act_with_chain(images, states, None, 1.0, torch.Generator().manual_seed(9))[3]
+    terms = _diffusers_terms(policy, states, chain)  # [start, step 0..K-1], each [B, H, A]
+    k = act_steps
+    want = {
+        "joint": sum(t.sum(1) for t in terms),
+        "executed_marginal": sum(t.sum(1) for t in terms[:-1]) + terms[-1][:, :k].sum(1),
+        "executed_only": sum(t[:, :k].sum(1) for t in terms),
+    }
+    for scoring in CHAIN_SCORINGS:
+        pol = _variant(policy, scoring, act_steps)
+        _, logp, actions, again = pol.act_with_chain(
+            images, states, None, 1.0, torch.Generator().manual_seed(9)
+        )
+        assert torch.equal(again, chain)  # act_steps changes what is executed and scored, not the sampler
+        assert torch.equal(actions, chain[:, -1, :k])  # [B, k, A], executed open loop
+        torch.testing.assert_close(logp, want[scoring], rtol=1e-5, atol=1e-4)
+        with torch.no_grad():
+            rho = torch.exp(pol.chain_log_probs(images, states, chain) - logp)
+        assert float((rho - 1).abs().max()) < 1e-5
+    if k == CFG.horizon:
+        torch.testing.assert_close(want["executed_only"], want["joint"])
+
+
+def test_act_steps_beyond_the_horizon_is_refused(policy):
+    for bad in (0, CFG.horizon + 1):
+        with pytest.raises(
+            ValueError, match=rf"^act_steps={bad} must be 1..4 \(the policy's chunk horizon\)$"
+        ):
+            _variant(policy, "joint", bad)
+
+
+def _reacher_policy(**fields):
+    torch.manual_seed(0)
+    return DiffusionChainPolicy.from_config(
+        DiffusionBridgeConfig(**{**CFG.__dict__, "state_dim": 6, "action_dim": 2, **fields})
+    )
+
+
+def test_open_loop_rollout_records_one_decision_per_chunk():
+    """A policy executing 3 of its 4 chunk positions open loop, in the real simulator for 7 steps:
+    decisions at steps 0, 3, 6 (the last chunk cut by the time limit), each one chain whose first 3
+    positions are the actions executed; the batch holds one step per decision (its frame and state),
+    re-scores them to ratio 1, and the recorded log-prob is the Normal sum of the 3 executed
+    positions' terms (executed_only). The ratio is 1 to float32 rounding, |rho - 1| < 5e-5 as in the
+    closed-loop rollout test: the sampler's U-Net passes (2 rows) and the re-scoring's (one pass, 30
+    rows) round differently, and each token sums 18 terms of several units each."""
+    from wmrl_vla.batch import collate, sim_payload
+    from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes
+
+    pol = _reacher_policy(act_steps=3, chain_scoring="executed_only")
+    pool = EnvPool(16, max_steps=7)
+    try:
+        rs = run_episodes(
+            policy_actor(pol, 1.0, torch.Generator().manual_seed(0)), [(REACHER, 0), (REACHER, 1)], pool
+        )
+    finally:
+        pool.close()
+    for r in rs:
+        assert r.length == 7 and r.decision_steps.tolist() == [0, 3, 6]
+        assert r.chains.shape == (3, CFG.chain_steps + 1, 4, 2) and r.logprobs.shape == (3, 2)
+        for d, step in enumerate(r.decision_steps):
+            done = r.actions[step : step + 3]
+            np.testing.assert_array_equal(done, r.chains[d, -1, : len(done)])
+    batch = collate([sim_payload(r) for r in rs], [None], 2, 16, pol.tokenizer)
+    assert batch.mask.shape == (2, 3 * 2) and bool(batch.mask.all())
+    assert torch.equal(batch.extras["states"][1], torch.from_numpy(rs[1].states[[0, 3, 6]]))
+    ratio = rescored_ratio(pol, batch)
+    torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=5e-5)
+    assert torch.equal(rescored_ratio(pol, batch), ratio)  # re-scoring is deterministic
+    chains = torch.from_numpy(rs[0].chains)
+    with torch.no_grad():
+        x = chains[:, :-1].reshape(-1, 4, 2)
+        steps = torch.arange(CFG.chain_steps).repeat(3)
+        cond = pol.condition(
+            torch.zeros(3, 3, 16, 16, dtype=torch.uint8), torch.from_numpy(rs[0].states[[0, 3, 6]])
+        )
+        means = pol.step_means(x, steps, cond.repeat_interleave(CFG.chain_steps, 0)).view(
+            3, CFG.chain_steps, 4, 2
+        )
+    want = Normal(0.0, 1.0).log_prob(chains[:, 0, :3]).sum(1) + sum(
+        Normal(means[:, k, :3], pol.stds[k]).log_prob(chains[:, k + 1, :3]).sum(1)
+        for k in range(CFG.chain_steps)
+    )
+    torch.testing.assert_close(torch.from_numpy(rs[0].logprobs), want, rtol=1e-5, atol=1e-4)
+
+
+def test_closed_loop_rollout_is_unchanged_by_act_steps_one():
+    """act_steps 1 (the default) is the closed loop it always was: run_episodes records exactly
+    (bit for bit) the actions, log-probs and chains of a step-by-step loop written here, one
+    act_with_chain call per env step from the same generator, and no decision_steps."""
+    import sims
+    from wmrl_vla.rollout import EnvPool, policy_actor, run_episodes
+
+    pol = _reacher_policy()
+    pool = EnvPool(16, max_steps=5)
+    try:
+        (r,) = run_episodes(policy_actor(pol, 1.0, torch.Generator().manual_seed(3)), [(REACHER, 0)], pool)
+    finally:
+        pool.close()
+    env = sims.make(REACHER, image_size=16, split="train", max_steps=5)
+    o, _ = env.reset(seed=0)
+    g, acts, lps, chains = torch.Generator().manual_seed(3), [], [], []
+    done = False
+    while not done:
+        img = torch.from_numpy(np.ascontiguousarray(o["image"].transpose(2, 0, 1)))[None]
+        _, lp, a, ch = pol.act_with_chain(img, torch.from_numpy(o["state"][None]), None, 1.0, g)
+        o, _, term, trunc, _ = env.step(a[0].numpy())
+        acts.append(a[0].numpy())
+        lps.append(lp[0].numpy())
+        chains.append(ch[0].numpy())
+        done = term or trunc
+    env.close()
+    assert r.decision_steps is None and r.length == len(acts) == 5
+    np.testing.assert_array_equal(r.actions, np.stack(acts))
+    np.testing.assert_array_equal(r.logprobs, np.stack(lps))
+    np.testing.assert_array_equal(r.chains, np.stack(chains))
