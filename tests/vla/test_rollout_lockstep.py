@@ -166,10 +166,12 @@ def test_envs_whose_split_changes_nothing_serve_every_split(live_envs):
     pool.close()
 
 
-@pytest.mark.parametrize("task_id", ["wmrl/MetaWorld-reach-v3", "lerobot/metaworld-reach-v3"])
-def test_a_reused_metaworld_env_replays_a_fresh_ones_episode(task_id):
-    """What sharing envs across steps and splits rests on: a reset with a seed restores the episode
-    exactly, whatever the env ran before."""
+@pytest.mark.parametrize(
+    "task_id", ["wmrl/MetaWorld-reach-v3", "lerobot/metaworld-reach-v3", "wmrl/PushColor-v0"]
+)
+def test_a_reused_env_replays_a_fresh_ones_episode(task_id):
+    """What sharing envs across steps and splits, and closing idle ones to build another task's,
+    rests on: a reset with a seed restores the episode exactly, whatever the env ran before."""
     import sims
     from wmrl_vla.lerobot_env import LeRobotEnvConfig, register_task
 
