@@ -53,8 +53,9 @@ def settled_gb() -> float:
     return resident_gb()
 
 
-def overrides(groups: int, eval_episodes: int, out: Path) -> list[str]:
-    """The pilot spec's domain overrides, its build sized down, ``groups`` simulated groups a step."""
+def overrides(groups: int, eval_episodes: int, out: Path, extra: list[str]) -> list[str]:
+    """The pilot spec's domain overrides, its build sized down, ``groups`` simulated groups a step,
+    then ``extra``."""
     import yaml
 
     (dom,) = yaml.safe_load(SPEC.read_text())["domains"]
@@ -63,7 +64,7 @@ def overrides(groups: int, eval_episodes: int, out: Path) -> list[str]:
             "--domain.wm_train_steps=5", "--domain.wm_offline_per_task=0",
             "--domain.wm_policy_rollouts_per_task=0", f"--domain.eval_episodes_per_task={eval_episodes}",
             "--domain.eval_sampled=false", f"--domain.cache_dir={out / 'cache'}", f"--out_dir={out / 'run'}",
-            "--tracking.progress=false"]  # fmt: skip
+            "--tracking.progress=false", *extra]  # fmt: skip
 
 
 def snapshot(domain, phase: str, t0: float) -> dict:
@@ -95,7 +96,7 @@ def child(groups: int, a: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config("vla-rl", overrides(groups, a.eval_episodes, Path(tmp)))
+        cfg = load_config("vla-rl", overrides(groups, a.eval_episodes, Path(tmp), a.override))
         domain = cfg.domain.build(cfg)
         assert isinstance(domain, VLADomain)
         rollouts_peak: list[float] = []  # the high-water mark once a step's rollouts are done
@@ -128,7 +129,7 @@ def child(groups: int, a: argparse.Namespace) -> None:
 def measure(groups: int, a: argparse.Namespace) -> dict:
     """One ``groups`` setting in a fresh process, watched: its peak RSS and its phases."""
     cmd = [sys.executable, __file__, "--child", str(groups), "--steps", str(a.steps),
-           "--eval-episodes", str(a.eval_episodes), "--pool", a.pool]  # fmt: skip
+           "--eval-episodes", str(a.eval_episodes), "--pool", a.pool, *(f"--override={o}" for o in a.override)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     watched = 0.0
     while True:
@@ -208,6 +209,7 @@ def main() -> None:
         default="default",
         help="keep_all: the pool never closes an env (as before its default bound)",
     )
+    p.add_argument("--override", action="append", default=[], help="a config override (repeatable)")
     p.add_argument("--cap-gb", type=float, default=3.0, help="stop a process whose RSS passes this")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=Path("runs/vla_step_memory.json"))
