@@ -2,8 +2,8 @@
 the rollouts a step simulates: where a `real` cell of ``benchmarks/specs/vla_room_pilot4.yaml``
 (16 groups of 8 = 128 simulated rollouts a step) holds its memory.
 
-    uv run python benchmarks/vla_step_memory.py --groups 2 4 8 --steps 3 --eval-episodes 8 \
-        --out benchmarks/results/vla_step_memory.json
+    uv run python benchmarks/vla_step_memory.py --groups 1 2 --steps 2 --eval-episodes 4 \
+        --cap-gb 3.0 --out benchmarks/results/vla_step_memory.json
 
 Each ``--groups`` value runs in a fresh process: the pilot spec's domain (its tasks, image size,
 policy and world model; ``--method=real``, groups of 8) built small (2 demos a task, 1 SFT epoch, no
@@ -11,7 +11,7 @@ DAgger, 5 world-model steps, no offline or policy episodes for it), then ``--ste
 an evaluation (``--eval-episodes`` a task on the held-out split, ``eval_lockstep`` 64, as the
 pilot's), and ``--steps`` more steps. After each phase it records the process's resident memory
 (``/proc/self/statm``, after ``gc.collect`` and glibc's ``malloc_trim``), its high-water mark
-(``ru_maxrss``; for a step also once its rollouts are done, before the update), the envs its pool holds
+(``ru_maxrss``; for a step also once its rollouts are done and once its policy update is), the envs its pool holds
 (``EnvPool.live``, per task and split) and the world model's replay (episodes and their array
 bytes). At the end it closes the pool's envs and records the memory again: the envs' share. A
 watchdog stops a process whose resident memory passes ``--cap-gb`` (the machine is shared).
@@ -83,9 +83,22 @@ def snapshot(domain, phase: str, t0: float) -> dict:
     return row
 
 
+def mark_after(obj, name: str, key: str, marks: dict[str, float]) -> None:
+    """Wrap ``obj.name`` so that each call records the high-water mark (GB) after it as ``marks[key]``."""
+    import resource
+
+    call = getattr(obj, name)
+
+    def marked(*args, **kwargs):
+        out = call(*args, **kwargs)
+        marks[key] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 3)
+        return out
+
+    setattr(obj, name, marked)
+
+
 def child(groups: int, a: argparse.Namespace) -> None:
     """One ``groups`` setting in this process: build, steps, evaluation, steps; a JSON line."""
-    import resource
 
     import torch
 
@@ -99,27 +112,21 @@ def child(groups: int, a: argparse.Namespace) -> None:
         cfg = load_config("vla-rl", overrides(groups, a.eval_episodes, Path(tmp), a.override))
         domain = cfg.domain.build(cfg)
         assert isinstance(domain, VLADomain)
-        rollouts_peak: list[float] = []  # the high-water mark once a step's rollouts are done
-        generate = domain.generate
-
-        def generate_then_mark(*args, **kwargs):
-            out = generate(*args, **kwargs)
-            rollouts_peak.append(round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 3))
-            return out
-
-        domain.generate = generate_then_mark  # type: ignore[method-assign]
+        trainer = Trainer(cfg, domain)
+        marks: dict[str, float] = {}  # the high-water mark once a step's rollouts, its update are done
+        mark_after(domain, "generate", "peak_after_rollouts_gb", marks)
+        mark_after(trainer, "_update", "peak_after_update_gb", marks)
         if a.pool == "keep_all":  # the pool before its default bound: every env it built stays
             domain.pool.capacity = 10**9
-        trainer = Trainer(cfg, domain)
         rows = [snapshot(domain, "build", t0)]
         for k in range(a.steps):
             trainer.train_step()
-            rows.append(snapshot(domain, f"step{k + 1}", t0) | {"peak_after_rollouts_gb": rollouts_peak[-1]})
+            rows.append(snapshot(domain, f"step{k + 1}", t0) | marks)
         trainer.evaluate()
         rows.append(snapshot(domain, "evaluation", t0))
         for k in range(a.steps, 2 * a.steps):
             trainer.train_step()
-            rows.append(snapshot(domain, f"step{k + 1}", t0) | {"peak_after_rollouts_gb": rollouts_peak[-1]})
+            rows.append(snapshot(domain, f"step{k + 1}", t0) | marks)
         domain.pool.close()
         rows.append(snapshot(domain, "pool_closed", t0))
         domain.close()
