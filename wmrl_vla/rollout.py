@@ -109,10 +109,14 @@ class EnvPool:
 
     Envs of a task whose ``split`` changes nothing (MetaWorld, dm_control, lerobot's MetaWorld:
     ``TaskSpec.splits_combos`` false) are shared by every split, so training and evaluation reuse
-    the same ones. ``capacity`` bounds the envs alive (lent and idle; None: no bound): building one
-    past it first closes the longest-idle env of another (task, split), so a run that asks for at
-    most ``capacity`` at once never holds more (each env holds its model and renderer: about
-    0.16 GB for lerobot's MetaWorld, benchmarks/results/metaworld_env_memory.json).
+    the same ones. ``capacity`` bounds the envs alive (lent and idle): building one past it first
+    closes the longest-idle env of another (task, split), so a run that asks for at most
+    ``capacity`` at once never holds more. None: the bound is the most envs lent at once so far (a
+    step's simulated rollouts, an evaluation's lockstep), so envs idle under one (task, split) make
+    room for another's instead of piling up per key (each env holds its model and renderer: about
+    0.16 GB for lerobot's MetaWorld, benchmarks/results/metaworld_env_memory.json; 0.02 GB for our
+    own tasks at 64 px, benchmarks/results/vla_step_memory.json). An env's episode depends on its
+    reset seed alone, so which env serves a rollout changes no result.
     """
 
     def __init__(self, image_size: int, max_steps: int | None = None, capacity: int | None = None) -> None:
@@ -122,6 +126,7 @@ class EnvPool:
         self.max_steps = max_steps
         self.capacity = capacity
         self.live = 0  # envs built and not yet closed
+        self.most_lent = 0  # the most envs lent at once so far (the bound where capacity is None)
         self._idle: list[tuple[tuple[str, str], Any]] = []  # (key, env), longest idle first
 
     @staticmethod
@@ -137,7 +142,9 @@ class EnvPool:
         for i in range(len(self._idle) - 1, -1, -1):  # the most recently returned of its key
             if self._idle[i][0] == key:
                 return self._idle.pop(i)[1]
-        if self.capacity is not None and self.live >= self.capacity:
+        self.most_lent = max(self.most_lent, self.live - len(self._idle) + 1)  # with this one
+        bound = self.most_lent if self.capacity is None else self.capacity
+        if self.live >= bound:
             if not self._idle:
                 raise RuntimeError(
                     f"EnvPool: all {self.live} envs of its capacity are in use; ask for at most {self.capacity} at once"

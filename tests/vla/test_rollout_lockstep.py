@@ -122,6 +122,33 @@ def test_the_pool_never_holds_more_envs_than_the_bound(vla_debug, live_envs):
     assert live_envs["peak"] == 16
 
 
+def test_the_default_pool_holds_no_more_envs_than_it_lent_at_once(vla_debug, live_envs):
+    """Without a bound the pool holds at most the most envs lent at once (here a step's 12
+    rollouts): idle envs of another task or split make room instead of piling up per (task, split)
+    as they did (a pool that keeps every env it built: each task's largest step, and evaluation's
+    envs of the held-out split beside them), and the steps and the evaluation are the very same."""
+    ev = VLAEvaluation(temperature=0.0, episodes_per_task=3, lockstep=4, n_videos=0)
+    runs = {}
+    for capacity in (None, 10**9):  # the default; a pool that never closes an env
+        d = domain_of(vla_debug, TWO_TASKS, evaluation=ev)
+        d.pool.capacity = capacity
+        try:
+            batches = [generate(d, 3, seed=s) for s in (2, 3)]
+            scores = d.evaluate("eval")
+            batches.append(generate(d, 3, seed=2))
+            runs[capacity] = (batches, scores, d.pool.live)
+        finally:
+            d.pool.close()
+    mixes = [sorted(p["task_id"] for p in b.payload) for b in runs[None][0][:2]]
+    assert mixes[0] != mixes[1]  # the two steps split their 12 rollouts differently between the tasks
+    assert runs[None][2] == 12 < runs[10**9][2]
+    for a, b in zip(runs[None][0], runs[10**9][0], strict=True):
+        for pa, pb in zip(a.payload, b.payload, strict=True):
+            np.testing.assert_array_equal(pa["actions"], pb["actions"])
+            assert pa["reward"] == pb["reward"]
+    assert runs[None][1] == runs[10**9][1]
+
+
 def test_envs_whose_split_changes_nothing_serve_every_split(live_envs):
     """MetaWorld envs (lerobot's too) hold nothing out by split: training and evaluation share them;
     our own tasks' envs are kept per split."""
@@ -139,10 +166,12 @@ def test_envs_whose_split_changes_nothing_serve_every_split(live_envs):
     pool.close()
 
 
-@pytest.mark.parametrize("task_id", ["wmrl/MetaWorld-reach-v3", "lerobot/metaworld-reach-v3"])
-def test_a_reused_metaworld_env_replays_a_fresh_ones_episode(task_id):
-    """What sharing envs across steps and splits rests on: a reset with a seed restores the episode
-    exactly, whatever the env ran before."""
+@pytest.mark.parametrize(
+    "task_id", ["wmrl/MetaWorld-reach-v3", "lerobot/metaworld-reach-v3", "wmrl/PushColor-v0"]
+)
+def test_a_reused_env_replays_a_fresh_ones_episode(task_id):
+    """What sharing envs across steps and splits, and closing idle ones to build another task's,
+    rests on: a reset with a seed restores the episode exactly, whatever the env ran before."""
     import sims
     from wmrl_vla.lerobot_env import LeRobotEnvConfig, register_task
 
