@@ -252,7 +252,9 @@ def test_waiting_for_an_anchor_write_is_shown_and_counted_apart(capfd):
     threading.Timer(0.3, lambda: pending.set_result(None)).start()
     start = time.perf_counter()
     recorder.flush()
-    assert recorder.wait_s >= 0.29 and recorder.wait_s <= time.perf_counter() - start
+    # counted, not timed: the flush waited for a write that lands 0.3 s after the timer started (a
+    # loaded machine starts the flush some ms later), so the count is well above 0 and within the call
+    assert 0.15 < recorder.wait_s <= time.perf_counter() - start
     assert (
         "[vla] writing anchor rollouts to the LeRobot dataset runs/x/anchors [00:00]"
         in capfd.readouterr().err
