@@ -17,13 +17,10 @@ import json
 import os
 from pathlib import Path
 
+from memory_watch import resident_gb  # benchmarks/ is the script's folder
+
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def resident_gb() -> float:
-    """This process's resident set (``/proc/self/statm``'s second field, pages), in GB."""
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
 
 
 def main() -> None:

@@ -24,21 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from memory_watch import run_watched  # benchmarks/ is the script's folder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SPEC = Path(__file__).with_name("specs") / "user_folders" / "act_room_pilot.yaml"
-
-
-def resident_gb(pid: int | str = "self") -> float:
-    """A process's resident set (``/proc/<pid>/statm``'s second field, pages), in GB."""
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
 
 
 def overrides(a: argparse.Namespace, bound: int, out: Path) -> list[str]:
@@ -95,24 +90,7 @@ def measure(a: argparse.Namespace, bound: int) -> dict:
     cmd = [sys.executable, __file__, "--child", str(bound), "--policy-path", a.policy_path,
            "--dataset-root", a.dataset_root, "--groups", str(a.groups), "--group-size", str(a.group_size), "--eval-episodes", str(a.eval_episodes)]  # fmt: skip
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    watched = 0.0
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        try:
-            watched = max(watched, resident_gb(proc.pid))
-        except (FileNotFoundError, ProcessLookupError):
-            pass
-        if watched > a.cap_gb:
-            proc.kill()
-            raise SystemExit(f"bound {bound}: resident {watched:.2f} GB passed --cap-gb={a.cap_gb}; stopped")
-        time.sleep(0.2)
-    assert proc.stdout is not None
-    lines = proc.stdout.read().strip().splitlines()
-    if os.waitstatus_to_exitcode(status) != 0 or not lines:
-        raise SystemExit(f"bound {bound} failed: {' '.join(cmd)}")
+    usage, lines = run_watched(cmd, a.cap_gb, f"bound {bound}")
     return {"rollout_lockstep": bound or None, "peak_rss_gb": round(usage.ru_maxrss / 1e6, 3),
             "wall_s": round(time.perf_counter() - t0, 1), "phases": json.loads(lines[-1])}  # fmt: skip
 

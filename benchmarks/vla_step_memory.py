@@ -24,7 +24,6 @@ import ctypes
 import gc
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,15 +31,11 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from memory_watch import resident_gb, run_watched  # benchmarks/ is the script's folder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MUJOCO_GL", "egl")
 SPEC = Path(__file__).with_name("specs") / "vla_room_pilot4.yaml"
-
-
-def resident_gb(pid: int | str = "self") -> float:
-    """A process's resident set (``/proc/<pid>/statm``'s second field, pages), in GB."""
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
 
 
 def settled_gb() -> float:
@@ -137,26 +132,7 @@ def measure(groups: int, a: argparse.Namespace) -> dict:
     """One ``groups`` setting in a fresh process, watched: its peak RSS and its phases."""
     cmd = [sys.executable, __file__, "--child", str(groups), "--steps", str(a.steps),
            "--eval-episodes", str(a.eval_episodes), "--pool", a.pool, *(f"--override={o}" for o in a.override)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    watched = 0.0
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        try:
-            watched = max(watched, resident_gb(proc.pid))
-        except (FileNotFoundError, ProcessLookupError):
-            pass
-        if watched > a.cap_gb:
-            proc.kill()
-            raise SystemExit(
-                f"groups {groups}: resident {watched:.2f} GB passed --cap-gb={a.cap_gb}; stopped"
-            )
-        time.sleep(0.2)
-    assert proc.stdout is not None
-    lines = proc.stdout.read().strip().splitlines()
-    if os.waitstatus_to_exitcode(status) != 0 or not lines:
-        raise SystemExit(f"groups {groups} failed: {' '.join(cmd)}")
+    usage, lines = run_watched(cmd, a.cap_gb, f"groups {groups}")
     return {"groups": groups, "rollouts_per_step": 8 * groups, "peak_rss_gb": round(usage.ru_maxrss / 1e6, 3),
             "phases": json.loads(lines[-1])}  # fmt: skip
 
