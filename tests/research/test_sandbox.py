@@ -1126,6 +1126,81 @@ def test_a_supervisor_lost_to_the_host_is_retried_not_graded():
         assert sb.worker_pids() != [pid]  # the lost worker was replaced
 
 
+# --- a job killed from outside is not the solution's failure -------------------------------------
+# Waits (up to its timeout) for a file the host creates in its data folder, printing a marker first.
+WAIT_FOR_GO = """
+import os, time
+import numpy as np
+print("waiting", flush=True)
+while not os.path.exists(os.path.join(os.environ["WMRL_DATA_DIR"], "go")):
+    time.sleep(0.05)
+np.save("predictions.npy", np.zeros(2))
+"""
+
+
+def _kill_waiting_jobs(sb: Sandbox, data: Path, kills: int, stop: threading.Event) -> list[int]:
+    """SIGKILL from the host, as the kernel's global OOM killer would, each of the first ``kills``
+    jobs of ``sb`` found waiting (its marker printed; a live process of its worker's uid), then let
+    the next job finish (create ``data/go``). Returns the pids killed."""
+    killed: list[int] = []
+    while not stop.is_set() and len(killed) < kills:
+        printed = any(b"waiting" in f.read_bytes() for f in sb.jobs_root.glob("job*/stdout") if f.exists())
+        jobs = [p for p in sandboxed_processes(settle_s=0) if p.pid not in killed] if printed else []
+        for p in jobs:
+            p.kill()
+            killed.append(p.pid)
+        time.sleep(0.05)
+    (data / "go").touch()
+    return killed
+
+
+@pytest.mark.skipif(not cgroup_support()["memory"], reason="an outside kill is decidable only with cgroups")
+@pytest.mark.parametrize("kills", [1, 2])
+def test_a_job_killed_from_outside_runs_again_and_is_never_graded_as_killed(kills, tmp_path, monkeypatch):
+    """A job SIGKILLed by the host (the global OOM killer, when another process ran the machine out
+    of memory), not by its own limits, was graded "killed" (FAILURE_SCORE): it runs again on a fresh
+    worker, and when killed from outside on every try the sandbox raises SandboxError (ungraded)."""
+    monkeypatch.setenv("WMRL_RESEARCH_DATA", str(tmp_path))
+    with Sandbox(SandboxConfig(warm=True, preload=("numpy",))) as sb:
+        data = sb.data_root / "host-kill"
+        data.mkdir(mode=0o755)
+        stop = threading.Event()
+        killed: list[int] = []
+        killer = threading.Thread(target=lambda: killed.extend(_kill_waiting_jobs(sb, data, kills, stop)))
+        killer.start()
+        try:
+            if kills < 2:
+                r = sb.run(WAIT_FOR_GO, data, timeout_s=60)
+                assert r.status == "ok", (r.status, r.message, r.stderr[-300:])
+            else:
+                with pytest.raises(SandboxError, match="SIGKILLed from outside.*2 tries"):
+                    sb.run(WAIT_FOR_GO, data, timeout_s=60)
+        finally:
+            stop.set()
+            killer.join()
+        assert len(killed) == kills and sb.outside_kills == kills
+        (data / "go").unlink()
+        assert sb.run(WAIT_FOR_GO.replace('"go"', '"."'), data, timeout_s=60).status == "ok"
+
+
+def test_a_job_that_reports_minus_nine_or_meets_its_own_limits_is_graded_killed_not_run_again():
+    """Only the supervisor's view of a job's death counts: a job that exits with code -9 itself, or
+    is SIGKILLed by its own memory group's OOM killer or its CPU-time hard limit, fails as before."""
+    public, _ = get_task(TASK).data_dirs()
+    fake = grade("import sys\nsys.exit(-9)\n")
+    assert fake.status == "killed" and fake.score == FAILURE_SCORE, fake.message
+    cfg = SandboxConfig(warm=True, mem_mb=256, cpu_s=1, preload=("numpy",))
+    with Sandbox(cfg) as sb:
+        hog = "import mmap\nm = mmap.mmap(-1, 2**30)\nfor i in range(0, 2**30, 4096):\n    m[i] = 1\n"
+        cpu = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n"
+        for src, why in ((hog, "out of its memory"), (cpu, "SIGKILL")):
+            r = sb.run(src, public, timeout_s=30)
+            assert r.status == "killed" and why in r.message, (r.status, r.message)
+        assert sb.outside_kills == 0
+        for job in sorted(sb.jobs_root.glob("job*/result.json")):
+            assert json.loads(job.read_text()).get("outside_kill") in (False, None), job
+
+
 # --- no channel between rollouts (issue 52) ---------------------------------------------------------
 def test_a_datagram_socketpair_cannot_reach_a_socket_on_a_mounted_path():
     """``socketpair(AF_UNIX, SOCK_DGRAM)`` + ``connect(AF_UNSPEC)`` + ``sendto(path)`` reached any
