@@ -80,9 +80,9 @@ memory of all its processes), below the worker's, so its OOM kills stay inside i
 or the next job, pre-forked in a group of its own; that one gets its ``oom_score_adj`` of 1000
 only when its request arrives); a supervisor or worker lost anyway is retried once on a fresh
 worker (``SUPERVISOR_TRIES``), not graded, and the lost worker's cgroups are removed; so is a job
-SIGKILLed from outside (the host's global OOM killer, when another process exhausts the machine's
+OOM-killed from outside (the host's global OOM killer, when another process exhausts the machine's
 memory), which only the memory cgroup tells from its own limits (``sandbox_worker.supervisor.
-killed_from_outside``: ``memory.failcnt``, ``RLIMIT_CPU``); killed so twice: :class:`SandboxError`.
+killed_from_outside``: ``oom_kill``, ``memory.failcnt``, ``RLIMIT_CPU``); killed so twice: :class:`SandboxError`.
 Without cgroups such a kill is graded ``killed``; only cgroup v1 controllers are
 detected (on a v2-only host the rlimits alone apply, so several processes each get ``mem_mb``);
 a job forked from a warm worker inherits the worker's already-imported modules (copy-on-write: it

@@ -103,6 +103,19 @@ class JobCgroups:
             return None
         return sum(int(self._read("memory", "memory.failcnt", own=own)) for own in (True, False))
 
+    def oom_kills(self) -> int | None:
+        """Processes of the job's memory group killed by an OOM killer (the ``oom_kill`` line of its
+        ``memory.oom_control``): its own group's, an ancestor group's or the host's global one, all
+        counted in the victim's group; None without a memory group. A kill by a signal (the job's
+        own ``kill -9`` included) does not count."""
+        if "memory" not in self.parents:
+            return None
+        for line in self._read("memory", "memory.oom_control").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return None
+
     def remove(self) -> None:
         for parent in self.parents.values():
             os.rmdir(self.name, dir_fd=parent)
