@@ -6,13 +6,13 @@ real predictions only), and the next execution must still work.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import json
 import os
 import platform
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -1132,41 +1132,54 @@ def test_a_supervisor_lost_to_the_host_is_retried_not_graded():
 FILL_1GIB = "import numpy as np\nb = np.ones(2**27)\nnp.save('predictions.npy', np.zeros(2))\n"
 
 
-@contextlib.contextmanager
-def _inside_a_memory_group_of(limit_bytes: int):
-    """Move this process into a new memory cgroup capped at ``limit_bytes`` (under its own, which
-    must be writable: the sandbox's cgroups need it too), so a sandbox built inside nests its
-    workers' groups under it: an OOM there is an ancestor group's, as the host's global OOM is,
-    outside every limit of the job's. Yields the group's folder; moves back and removes it after."""
+# Run in a child process moved into a memory group capped at 700 MB (under this process's group):
+# the sandbox it builds nests its workers' groups under that one, so a job filling 1 GiB inside its
+# own limit meets an OOM there, an ancestor group's, outside every limit of the job's, as the host's
+# global OOM is. Then, with the cap lifted, the same job runs. Prints what it saw as JSON.
+IN_A_LIMITED_GROUP = """
+import json, os, sys
+from pathlib import Path
+group = Path(sys.argv[1])
+(group / "cgroup.procs").write_text(str(os.getpid()))  # first: the sandbox finds its groups' parent here
+from wmrl_research.sandbox import Sandbox, SandboxConfig, SandboxError
+from wmrl_research.tasks import get_task
+public, _ = get_task(sys.argv[2]).data_dirs()
+seen = {}
+with Sandbox(SandboxConfig(warm=True, mem_mb=2048, preload=("numpy",))) as sb:
+    try:
+        seen["first"] = sb.run(sys.argv[3], public, timeout_s=120).status
+    except SandboxError as e:
+        seen["first"] = "SandboxError: " + str(e)
+    seen["outside_kills"] = sb.outside_kills
+    (group / "memory.limit_in_bytes").write_text(str(4 * 2**30))
+    seen["after"] = sb.run(sys.argv[3], public, timeout_s=120).status
+print(json.dumps(seen))
+"""
+
+
+def test_a_job_killed_by_an_oom_outside_its_limits_runs_again_and_is_never_graded_as_killed():
+    """A job killed by an OOM killer that none of its own limits explains (here an ancestor group's,
+    like the host's global one when another process runs the machine out of memory) was graded
+    "killed" (FAILURE_SCORE): it runs again on a fresh worker, and killed so on every try the sandbox
+    raises SandboxError (ungraded); with the memory back, the same job runs."""
     parent = cgroup_support()["memory"]
     assert parent is not None, "cgroup v1 memory controller not writable: the sandbox's own limits need it"
     group = parent / f"wmrl-test-ancestor-{os.getpid()}"
     group.mkdir()
     try:
-        (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
-        (group / "cgroup.procs").write_text(str(os.getpid()))
-        cgroup_support.cache_clear()  # found again: under the new group
-        yield group
+        (group / "memory.limit_in_bytes").write_text(str(700 * 2**20))
+        out = subprocess.run(
+            [sys.executable, "-c", IN_A_LIMITED_GROUP, str(group), TASK, FILL_1GIB],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        )
     finally:
-        (parent / "cgroup.procs").write_text(str(os.getpid()))
-        cgroup_support.cache_clear()
         group.rmdir()
-
-
-def test_a_job_killed_by_an_oom_outside_its_limits_runs_again_and_is_never_graded_as_killed(tmp_path):
-    """A job killed by an OOM killer that none of its own limits explains (here an ancestor group's,
-    like the host's global one when another process runs the machine out of memory) was graded
-    "killed" (FAILURE_SCORE): it runs again on a fresh worker, and killed so on every try the sandbox
-    raises SandboxError (ungraded); with the memory back, the same job runs."""
-    public, _ = get_task(TASK).data_dirs()
-    with _inside_a_memory_group_of(700 * 2**20) as group:
-        with Sandbox(SandboxConfig(warm=True, mem_mb=2048, preload=("numpy",))) as sb:
-            with pytest.raises(SandboxError, match="SIGKILLed from outside.*2 tries"):
-                sb.run(FILL_1GIB, public, timeout_s=120)
-            assert sb.outside_kills == 2
-            (group / "memory.limit_in_bytes").write_text(str(4 * 2**30))
-            r = sb.run(FILL_1GIB, public, timeout_s=120)
-            assert r.status == "ok", (r.status, r.message, r.stderr[-300:])
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["first"].startswith("SandboxError") and "SIGKILLed from outside" in seen["first"], seen
+    assert "2 tries" in seen["first"] and seen["outside_kills"] == 2 and seen["after"] == "ok", seen
 
 
 # Waits (up to its timeout) for a file the host creates in its data folder, printing a marker first.
