@@ -79,7 +79,11 @@ other jobs down, within its CPU limit); each job has its own memory group capped
 memory of all its processes), below the worker's, so its OOM kills stay inside it (never the worker
 or the next job, pre-forked in a group of its own; that one gets its ``oom_score_adj`` of 1000
 only when its request arrives); a supervisor or worker lost anyway is retried once on a fresh
-worker (``SUPERVISOR_TRIES``), not graded, and the lost worker's cgroups are removed; only cgroup v1 controllers are
+worker (``SUPERVISOR_TRIES``), not graded, and the lost worker's cgroups are removed; so is a job
+OOM-killed from outside (the host's global OOM killer, when another process exhausts the machine's
+memory), which only the memory cgroup tells from its own limits (``sandbox_worker.supervisor.
+killed_from_outside``: ``oom_kill``, ``memory.failcnt``, ``RLIMIT_CPU``); killed so twice: :class:`SandboxError`.
+Without cgroups such a kill is graded ``killed``; only cgroup v1 controllers are
 detected (on a v2-only host the rlimits alone apply, so several processes each get ``mem_mb``);
 a job forked from a warm worker inherits the worker's already-imported modules (copy-on-write: it
 cannot change the worker's copy), with global state such as RNGs identical for every job. Generated
@@ -138,7 +142,10 @@ from wmrl_research.sandbox_host import (
     _remove_stale,
     bwrap_path,
     cgroup_support,
+    job_status,
     job_uid,
+    outside_kill,
+    tail,
 )
 from wmrl_research.sandbox_mounts import BUNDLED_DATA as BUNDLED_DATA
 from wmrl_research.sandbox_mounts import RUNTIME_DATA as RUNTIME_DATA
@@ -313,6 +320,7 @@ class Sandbox:
         self._cond = threading.Condition()
         self._done: deque[Path] = deque()
         self._closed = False
+        self.outside_kills = 0  # jobs SIGKILLed from outside (each ran again, or raised SandboxError)
         atexit.register(self.close)
 
     # --- public ---------------------------------------------------------------------------------
@@ -365,11 +373,12 @@ class Sandbox:
             "data": rel.as_posix(),
             "env": self._job_env("/tmp/data"),
         }
-        # A supervisor (or worker) lost to the host is not the solution's failure: the job runs again
-        # on a fresh worker (the lost one is closed, its cgroups removed), at most SUPERVISOR_TRIES times.
+        # A supervisor (or worker) lost to the host, or a job killed from outside (module doc), is not
+        # the solution's failure: the job runs again on a fresh worker (the lost one is closed, its
+        # cgroups removed), at most SUPERVISOR_TRIES times.
         for _ in range(SUPERVISOR_TRIES):
             worker = self._acquire()
-            healthy = False
+            healthy = outside = False
             try:
                 worker.send(req)
                 reply = worker.read_reply(timeout=timeout_s + 30.0)
@@ -379,13 +388,19 @@ class Sandbox:
                     and reply.get("supervisor_exit") == 0
                     and worker.alive()
                 )
+                outside = healthy and outside_kill(job_dir)
+                healthy = healthy and not outside
             except (BrokenPipeError, OSError, json.JSONDecodeError):
                 reply = None
             finally:
                 self._release(worker, healthy)
             if healthy:
                 break
-            if reply is None:
+            if outside:
+                with self._cond:
+                    self.outside_kills += 1
+                lost = f"{job} was SIGKILLed from outside, by none of its own limits (the host's OOM killer?)"
+            elif reply is None:
                 lost = f"sandbox worker failed during {job}; see {worker.log.name}"
             else:
                 lost = f"job supervisor exited with {reply.get('supervisor_exit')}; see {worker.log.name}"
@@ -457,24 +472,12 @@ class Sandbox:
             info = json.loads((job_dir / "result.json").read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise SandboxError(f"no result from the job supervisor in {job_dir}: {e}") from e
-        stdout, stderr = _tail(job_dir / "stdout"), _tail(job_dir / "stderr")
+        stdout, stderr = tail(job_dir / "stdout", TAIL_CHARS), tail(job_dir / "stderr", TAIL_CHARS)
         for name in ("stdout", "stderr", "solution.py"):  # keep only what callers need on disk
             (job_dir / name).unlink(missing_ok=True)
         preds = job_dir / PREDICTIONS_FILE
         code = int(info["exit_code"])
-        if info["timed_out"]:
-            status, msg = "timeout", f"wall-clock timeout after {info['seconds']:.1f} s"
-        elif code < 0:
-            sig = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
-            status, msg = "killed", f"killed by {sig} (memory, CPU-time or process limit, or a signal)"
-        elif code != 0:
-            status, msg = "error", f"exit code {code}"
-            if info.get("status_error"):
-                msg += f" ({info['status_error']})"
-        elif not preds.exists():
-            status, msg = "invalid", info.get("predictions") or "no predictions file"
-        else:
-            status, msg = "ok", ""
+        status, msg = job_status(info, preds.exists())
         self._done.append(job_dir)
         while len(self._done) > KEEP_JOB_DIRS:
             shutil.rmtree(self._done.popleft(), ignore_errors=True)
@@ -520,17 +523,6 @@ class Sandbox:
     def _python(self) -> str:
         """The interpreter's path inside the sandbox."""
         return str(_python_layout().python)
-
-
-def _tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - TAIL_CHARS))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 _DEFAULT: dict[tuple, Sandbox] = {}

@@ -80,7 +80,8 @@ class SandboxResult:
 
     ``status``: ``ok`` (exit 0 and a predictions file), ``error`` (non-zero exit: an exception),
     ``timeout`` (killed at the wall-clock limit), ``invalid`` (exit 0 but no usable predictions
-    file), ``killed`` (died from a signal: out of memory, CPU limit, killed itself).
+    file), ``killed`` (died from a signal: out of memory, CPU limit, killed itself; an OOM kill that
+    none of its own limits explains runs the job again, then raises ``SandboxError``: module doc).
     """
 
     status: str

@@ -5,8 +5,10 @@ are importable from there too.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -28,6 +30,45 @@ def job_uid(slot: int, pid: int | None = None) -> int:
 
 class SandboxError(RuntimeError):
     """The sandbox itself failed (not the solution): the job is ungraded."""
+
+
+def job_status(info: dict, has_predictions: bool) -> tuple[str, str]:
+    """A job's ``SandboxResult.status`` and message from its supervisor's ``result.json`` (``info``)."""
+    code = int(info["exit_code"])
+    if info["timed_out"]:
+        return "timeout", f"wall-clock timeout after {info['seconds']:.1f} s"
+    if code < 0:
+        sig = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        why = "out of its memory" if info.get("memory_limit_hit") else "memory, CPU-time or process limit"
+        return "killed", f"killed by {sig} ({why}, or a signal)"
+    if code != 0:
+        why = f" ({info['status_error']})" if info.get("status_error") else ""
+        return "error", f"exit code {code}{why}"
+    if not has_predictions:
+        return "invalid", info.get("predictions") or "no predictions file"
+    return "ok", ""
+
+
+def outside_kill(job_dir: Path) -> bool:
+    """Whether the job's supervisor found it SIGKILLed by none of its own limits (``outside_kill``
+    in its ``result.json``: ``sandbox_worker.supervisor.killed_from_outside``; absent without the
+    job's memory cgroup, and from results of older workers: False)."""
+    try:
+        return json.loads((job_dir / "result.json").read_text()).get("outside_kill") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def tail(path: Path, chars: int) -> str:
+    """The last ``chars`` bytes of the file at ``path``, decoded ('' if it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - chars))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def bwrap_path() -> str | None:

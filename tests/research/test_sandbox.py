@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -1124,6 +1125,129 @@ def test_a_supervisor_lost_to_the_host_is_retried_not_graded():
         r = sb.run(task.baseline_source, public, timeout_s=60)
         assert r.status == "ok", r.message
         assert sb.worker_pids() != [pid]  # the lost worker was replaced
+
+
+# --- a job killed from outside is not the solution's failure -------------------------------------
+# Fills 1 GiB, well inside its own memory group (mem_mb 2048), then writes its predictions.
+FILL_1GIB = "import numpy as np\nb = np.ones(2**27)\nnp.save('predictions.npy', np.zeros(2))\n"
+
+
+# Run in a child process moved into a memory group capped at 700 MB (under this process's group):
+# the sandbox it builds nests its workers' groups under that one, so a job filling 1 GiB inside its
+# own limit meets an OOM there, an ancestor group's, outside every limit of the job's, as the host's
+# global OOM is. Then, with the cap lifted, the same job runs. Prints what it saw as JSON.
+IN_A_LIMITED_GROUP = """
+import json, os, sys
+from pathlib import Path
+group = Path(sys.argv[1])
+(group / "cgroup.procs").write_text(str(os.getpid()))  # first: the sandbox finds its groups' parent here
+from wmrl_research.sandbox import Sandbox, SandboxConfig, SandboxError
+from wmrl_research.tasks import get_task
+public, _ = get_task(sys.argv[2]).data_dirs()
+seen = {}
+with Sandbox(SandboxConfig(warm=True, mem_mb=2048, preload=("numpy",))) as sb:
+    try:
+        seen["first"] = sb.run(sys.argv[3], public, timeout_s=120).status
+    except SandboxError as e:
+        seen["first"] = "SandboxError: " + str(e)
+    seen["outside_kills"] = sb.outside_kills
+    (group / "memory.limit_in_bytes").write_text(str(4 * 2**30))
+    seen["after"] = sb.run(sys.argv[3], public, timeout_s=120).status
+print(json.dumps(seen))
+"""
+
+
+def test_a_job_killed_by_an_oom_outside_its_limits_runs_again_and_is_never_graded_as_killed():
+    """A job killed by an OOM killer that none of its own limits explains (here an ancestor group's,
+    like the host's global one when another process runs the machine out of memory) was graded
+    "killed" (FAILURE_SCORE): it runs again on a fresh worker, and killed so on every try the sandbox
+    raises SandboxError (ungraded); with the memory back, the same job runs."""
+    parent = cgroup_support()["memory"]
+    assert parent is not None, "cgroup v1 memory controller not writable: the sandbox's own limits need it"
+    group = parent / f"wmrl-test-ancestor-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(700 * 2**20))
+        out = subprocess.run(
+            [sys.executable, "-c", IN_A_LIMITED_GROUP, str(group), TASK, FILL_1GIB],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        )
+    finally:
+        group.rmdir()
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["first"].startswith("SandboxError") and "SIGKILLed from outside" in seen["first"], seen
+    assert "2 tries" in seen["first"] and seen["outside_kills"] == 2 and seen["after"] == "ok", seen
+
+
+# Waits (up to its timeout) for a file the host creates in its data folder, printing a marker first.
+WAIT_FOR_GO = """
+import os, time
+import numpy as np
+print("waiting", flush=True)
+while not os.path.exists(os.path.join(os.environ["WMRL_DATA_DIR"], "go")):
+    time.sleep(0.05)
+np.save("predictions.npy", np.zeros(2))
+"""
+
+
+def _kill_waiting_jobs(sb: Sandbox, data: Path, kills: int, stop: threading.Event) -> list[int]:
+    """SIGKILL from the host, as the kernel's global OOM killer would, each of the first ``kills``
+    jobs of ``sb`` found waiting (its marker printed; a live process of its worker's uid), then let
+    the next job finish (create ``data/go``). Returns the pids killed."""
+    killed: list[int] = []
+    while not stop.is_set() and len(killed) < kills:
+        printed = any(b"waiting" in f.read_bytes() for f in sb.jobs_root.glob("job*/stdout") if f.exists())
+        jobs = [p for p in sandboxed_processes(settle_s=0) if p.pid not in killed] if printed else []
+        for p in jobs:
+            p.kill()
+            killed.append(p.pid)
+        time.sleep(0.05)
+    (data / "go").touch()
+    return killed
+
+
+def test_a_job_killed_by_a_signal_stays_its_own_failure(tmp_path, monkeypatch):
+    """Only an OOM kill is outside the job: one SIGKILLed by a signal (from the host here; a job's
+    own ``kill -9`` reaches no further, its PID 1 ignores it) is graded "killed" and not run again,
+    or a solution that got itself so killed would turn a failure into an ungraded rollout."""
+    monkeypatch.setenv("WMRL_RESEARCH_DATA", str(tmp_path))
+    with Sandbox(SandboxConfig(warm=True, preload=("numpy",))) as sb:
+        data = sb.data_root / "host-kill"
+        data.mkdir(mode=0o755)
+        stop = threading.Event()
+        killed: list[int] = []
+        killer = threading.Thread(target=lambda: killed.extend(_kill_waiting_jobs(sb, data, 1, stop)))
+        killer.start()
+        try:
+            r = sb.run(WAIT_FOR_GO, data, timeout_s=60)
+        finally:
+            stop.set()
+            killer.join()
+        assert len(killed) == 1 and r.status == "killed", (r.status, r.message)
+        assert sb.outside_kills == 0
+        result = json.loads(sorted(sb.jobs_root.glob("job*/result.json"))[-1].read_text())
+        assert result["outside_kill"] is False
+
+
+def test_a_job_that_reports_minus_nine_or_meets_its_own_limits_is_graded_killed_not_run_again():
+    """Only the supervisor's view of a job's death counts: a job that exits with code -9 itself, or
+    is SIGKILLed by its own memory group's OOM killer or its CPU-time hard limit, fails as before."""
+    public, _ = get_task(TASK).data_dirs()
+    fake = grade("import sys\nsys.exit(-9)\n")
+    assert fake.status == "killed" and fake.score == FAILURE_SCORE, fake.message
+    cfg = SandboxConfig(warm=True, mem_mb=256, cpu_s=1, preload=("numpy",))
+    with Sandbox(cfg) as sb:
+        hog = "import mmap\nm = mmap.mmap(-1, 2**30)\nfor i in range(0, 2**30, 4096):\n    m[i] = 1\n"
+        cpu = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n"
+        for src, why in ((hog, "out of its memory"), (cpu, "SIGKILL")):
+            r = sb.run(src, public, timeout_s=30)
+            assert r.status == "killed" and why in r.message, (r.status, r.message)
+        assert sb.outside_kills == 0
+        for job in sorted(sb.jobs_root.glob("job*/result.json")):
+            assert json.loads(job.read_text()).get("outside_kill") in (False, None), job
 
 
 # --- no channel between rollouts (issue 52) ---------------------------------------------------------

@@ -93,6 +93,29 @@ class JobCgroups:
             out[key] = int(self._read(ctl, file)) * scale
         return out
 
+    def memory_limit_hits(self) -> int | None:
+        """How often a charge met the job's memory limit or the worker's (``memory.failcnt`` of both
+        groups: each such charge reclaims, then OOM-kills in the group if reclaim fails); None without
+        a memory group. A host's global OOM kill, or an ancestor group's, raises neither count (the
+        ``oom_kill`` line of ``memory.oom_control`` counts every OOM kill of the group's processes,
+        the global OOM killer's too, so it cannot tell them apart)."""
+        if "memory" not in self.parents:
+            return None
+        return sum(int(self._read("memory", "memory.failcnt", own=own)) for own in (True, False))
+
+    def oom_kills(self) -> int | None:
+        """Processes of the job's memory group killed by an OOM killer (the ``oom_kill`` line of its
+        ``memory.oom_control``): its own group's, an ancestor group's or the host's global one, all
+        counted in the victim's group; None without a memory group. A kill by a signal (the job's
+        own ``kill -9`` included) does not count."""
+        if "memory" not in self.parents:
+            return None
+        for line in self._read("memory", "memory.oom_control").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return None
+
     def remove(self) -> None:
         for parent in self.parents.values():
             os.rmdir(self.name, dir_fd=parent)

@@ -83,6 +83,7 @@ def supervise(
     # The job's CPU time so far (forked, waiting) is the sandbox's; so is its setup after the request
     # (it reports that itself, from trusted code, before the solution runs): neither is charged.
     before = groups.usage().get("cpu_s", 0.0)
+    hits_before, oom_before = groups.memory_limit_hits(), groups.oom_kills()
     t0 = time.monotonic()
     os.write(go_w, line)
     os.close(go_w)
@@ -126,6 +127,13 @@ def supervise(
     else:  # wait4: the job's whole life since its fork
         info["cpu_s"] -= since_fork
     info["cpu_s"] = max(0.0, info["cpu_s"])
+    hits, ooms = groups.memory_limit_hits(), groups.oom_kills()
+    if hits is not None and hits_before is not None and ooms is not None and oom_before is not None:
+        limit_hit = hits > hits_before  # decidable only with the job's memory group
+        info["memory_limit_hit"] = limit_hit
+        info["outside_kill"] = killed_from_outside(
+            status, exited and not reported, info["cpu_s"], float(req["cpu_s"]), limit_hit, ooms > oom_before
+        )
     why = _copy_predictions(dir_fd)
     remove_ipc_objects(proc_fd, uid)
     unmount_job_tmpfs()
@@ -136,6 +144,28 @@ def supervise(
     os.write(done_fd, b"d")
     os.close(pidfd)
     os.close(proc_fd)
+
+
+def killed_from_outside(
+    status: int, died: bool, cpu_s: float, cpu_limit_s: float, memory_limit_hit: bool, oom_killed: bool
+) -> bool:
+    """Whether the job was SIGKILLed by an OOM killer that none of its own limits explains: the
+    host's (another process ran the machine out of memory) or an ancestor cgroup's.
+
+    ``oom_killed``: its memory group's ``oom_kill`` count rose, so an OOM killer, not a signal,
+    killed it: a job that SIGKILLs itself (or is killed by an operator) stays its own failure, or a
+    solution could turn any failure into an ungraded rollout with ``os.kill(os.getpid(), 9)``.
+
+    ``status``: its wait status; ``died``: it ended before it reported an exit code or ran out of its
+    wall-clock time (else the supervisor killed it; and a reported -9 is only the job's own word).
+    Its own limits that SIGKILL: its memory group's (or the worker's) OOM killer
+    (``memory_limit_hit``) and ``RLIMIT_CPU``'s hard limit, ``cpu_limit_s`` + 1 s of one process's
+    CPU time (``cpu_s``, the job's measured CPU time, reaches ``cpu_limit_s`` by then: its setup,
+    left out of it, is far below 1 s). An OOM kill that none of these explains is outside the job.
+    """
+    if not died or not os.WIFSIGNALED(status) or os.WTERMSIG(status) != signal.SIGKILL:
+        return False
+    return oom_killed and not memory_limit_hit and cpu_s < cpu_limit_s
 
 
 def _setup_cpu_s(fd: int) -> tuple[float, float]:
