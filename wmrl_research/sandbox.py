@@ -320,7 +320,7 @@ class Sandbox:
         self._cond = threading.Condition()
         self._done: deque[Path] = deque()
         self._closed = False
-        self.outside_kills = 0  # jobs SIGKILLed from outside (each ran again, or raised SandboxError)
+        self.outside_kills = 0  # jobs OOM-killed outside their limits (each ran again or raised)
         atexit.register(self.close)
 
     # --- public ---------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ def job_status(info: dict, has_predictions: bool) -> tuple[str, str]:
 
 
 def outside_kill(job_dir: Path) -> bool:
-    """Whether the job's supervisor found it SIGKILLed by none of its own limits (``outside_kill``
+    """Whether the job's supervisor found it OOM-killed outside its own limits (``outside_kill``
     in its ``result.json``: ``sandbox_worker.supervisor.killed_from_outside``; absent without the
     job's memory cgroup, and from results of older workers: False)."""
     try:

@@ -96,9 +96,8 @@ class JobCgroups:
     def memory_limit_hits(self) -> int | None:
         """How often a charge met the job's memory limit or the worker's (``memory.failcnt`` of both
         groups: each such charge reclaims, then OOM-kills in the group if reclaim fails); None without
-        a memory group. A host's global OOM kill, or an ancestor group's, raises neither count (the
-        ``oom_kill`` line of ``memory.oom_control`` counts every OOM kill of the group's processes,
-        the global OOM killer's too, so it cannot tell them apart)."""
+        a memory group. A host's global OOM kill, or an ancestor group's, raises neither count, while
+        :meth:`oom_kills` rises for every OOM kill: the two together tell an outside OOM kill."""
         if "memory" not in self.parents:
             return None
         return sum(int(self._read("memory", "memory.failcnt", own=own)) for own in (True, False))
