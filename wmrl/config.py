@@ -97,6 +97,9 @@ class GRPOConfig:
     # Optimizer passes over each batch, and minibatches per pass (split by group).
     epochs: int = 1
     minibatches: int = 1
+    # Rollouts a forward and backward pass holds at most: a minibatch's gradient is accumulated over
+    # passes of this many (the same update, a fraction of the memory); null: a minibatch at once.
+    micro_batch: int | None = None
     # A registered advantage kind (wmrl/advantages.py): "grpo": (r - mean) / (std + std_eps) per group;
     # "dr_grpo": r - mean (Dr.GRPO, arXiv:2503.20783).
     advantage: str = "grpo"
@@ -129,6 +132,10 @@ class GRPOConfig:
         check(
             1 <= self.minibatches <= self.tasks_per_step,
             f"grpo.minibatches={self.minibatches} must lie in [1, grpo.tasks_per_step={self.tasks_per_step}]",
+        )
+        check(
+            self.micro_batch is None or self.micro_batch >= 1,
+            f"grpo.micro_batch={self.micro_batch} must be >= 1 (or null: a minibatch at once)",
         )
         one_of("grpo.optimizer", self.optimizer, ("adamw", "sgd"))
         one_of("grpo.advantage", self.advantage, tuple(ADVANTAGES))

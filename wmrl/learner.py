@@ -272,29 +272,15 @@ def grpo_update(
             if rows.numel() == 0:  # only counted groups without a used row (on every rank alike)
                 continue
             sel, idle = share.rows(rows)
-            mb = batch.select(sel)
-            with autocast():
-                logp = share.log_probs(mb)
-            loss, stats = clipped_policy_loss(
-                logp.float(),
-                mb.logprobs.float(),
-                advantages[sel],
-                mb.mask,
-                cfg.clip_eps,
-                cfg.loss_agg,
-                None if ref_logp is None else ref_logp[sel],
-                cfg.kl_coef,
+            optimizer.zero_grad(set_to_none=True)
+            stats = _accumulate(
+                share, batch, sel, idle, advantages, ref_logp, anchor, cfg, autocast,
                 loss_denom=denoms[chunk.to(denoms.device)].sum().clamp(min=1),
                 token_denom=share.token_denom(batch.mask[rows]),
-                anchor=None if anchor is None else anchor[sel],
-            )
-            if idle:
-                loss, stats = loss * 0.0, {k: v * 0.0 for k, v in stats.items()}
-            optimizer.zero_grad(set_to_none=True)
-            share.backward(loss)
+            )  # fmt: skip
             grad_norm = clip_gradients(params, cfg.max_grad_norm)
             optimizer.step()
-            totals = share.totals({"loss": loss.detach(), **stats})
+            totals = share.totals(stats)
             totals |= {
                 "grad_norm": float(grad_norm),
                 "grad_clipped": _was_clipped(grad_norm, cfg.max_grad_norm),
@@ -303,6 +289,57 @@ def grpo_update(
                 sums[k] = sums.get(k, 0.0) + v
             n_steps += 1
     return _update_metrics(sums, n_steps)
+
+
+def _accumulate(
+    share: _Share,
+    batch: RolloutBatch,
+    sel: torch.Tensor,
+    idle: bool,
+    advantages: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    anchor: torch.Tensor | None,
+    cfg: GRPOConfig,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+    loss_denom: torch.Tensor,
+    token_denom: torch.Tensor | None,
+) -> dict[str, torch.Tensor]:
+    """One minibatch's gradient, accumulated into ``.grad`` over passes of at most
+    ``cfg.micro_batch`` of its rows ``sel`` (all at once when None). Every pass divides by the
+    minibatch's denominators (``loss_denom``; ``token_denom``, default its rows' real tokens), so the
+    passes' losses, gradients and diagnostics sum to the whole minibatch's: the update is the same,
+    up to floating-point order, and the autograd graph held is one pass's. Data-parallel, only the
+    last pass synchronises the gradients (``no_sync`` before it), so ranks that hold different
+    numbers of rows still meet once. Returns the summed ``loss`` and diagnostics (detached)."""
+    size = sel.numel() if cfg.micro_batch is None else cfg.micro_batch
+    passes = torch.split(sel, size)
+    if token_denom is None and len(passes) > 1:
+        token_denom = batch.mask[sel].sum().clamp(min=1)
+    sums: dict[str, torch.Tensor] = {}
+    for i, part in enumerate(passes):
+        mb = batch.select(part)
+        with share.accumulating(last=i == len(passes) - 1):
+            with autocast():
+                logp = share.log_probs(mb)
+            loss, stats = clipped_policy_loss(
+                logp.float(),
+                mb.logprobs.float(),
+                advantages[part],
+                mb.mask,
+                cfg.clip_eps,
+                cfg.loss_agg,
+                None if ref_logp is None else ref_logp[part],
+                cfg.kl_coef,
+                loss_denom=loss_denom,
+                token_denom=token_denom,
+                anchor=None if anchor is None else anchor[part],
+            )
+            if idle:
+                loss, stats = loss * 0.0, {k: v * 0.0 for k, v in stats.items()}
+            share.backward(loss)
+        for k, v in {"loss": loss.detach(), **stats}.items():
+            sums[k] = sums[k] + v if k in sums else v
+    return sums
 
 
 class _Share:
@@ -353,6 +390,13 @@ class _Share:
     def token_denom(self, minibatch_mask: torch.Tensor) -> torch.Tensor | None:
         """The whole minibatch's real tokens (data-parallel), for diagnostics that sum over ranks."""
         return None if self.accelerator is None else minibatch_mask.sum().clamp(min=1)
+
+    def accumulating(self, last: bool) -> contextlib.AbstractContextManager:
+        """Around a pass of a minibatch's gradient accumulation: data-parallel, every pass but the
+        ``last`` keeps its gradient local (DDP's ``no_sync``); the last one averages them all."""
+        if self.accelerator is None or last:
+            return contextlib.nullcontext()
+        return self.accelerator.no_sync(self.model)
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.accelerator is None:

@@ -2,7 +2,9 @@
 
 ``python dp_worker.py OUT_ROOT OVERRIDE...`` trains, with the same overrides:
 - ``OUT_ROOT/replicate``: ``generation=replicate`` through ``wmrl.runs.train_run`` (the
-  command-line path: metrics, checkpoint and summary.json written by the main process);
+  command-line path: metrics, checkpoint and summary.json written by the main process), its
+  minibatches' gradients accumulated over passes of 3 rollouts (``grpo.micro_batch``; the ranks
+  hold different numbers of them);
 - ``OUT_ROOT/shard``: ``generation=shard`` through the Trainer, each rank saving its final policy
   to ``OUT_ROOT/shard-rank<r>.pt`` (the ranks' parameters must agree);
 - ``OUT_ROOT/shard-resumed``: the same, stopped after one step and resumed from its checkpoint
@@ -26,7 +28,15 @@ from wmrl.trainer import Trainer  # noqa: E402
 def main(root: Path, overrides: list[str]) -> None:
     base = [*overrides, "--distributed.enabled=true"]
     train_run(
-        load_config(None, [*base, "--distributed.generation=replicate", f"--out_dir={root / 'replicate'}"])
+        load_config(
+            None,
+            [
+                *base,
+                "--distributed.generation=replicate",
+                "--grpo.micro_batch=3",
+                f"--out_dir={root / 'replicate'}",
+            ],
+        )
     )
 
     cfg = load_config(None, [*base, "--distributed.generation=shard", f"--out_dir={root / 'shard'}"])

@@ -117,8 +117,8 @@ def test_join_shares_gives_the_one_process_layout():
 
 @pytest.mark.slow
 def test_two_processes_give_the_one_process_update(tmp_path):
-    """torchrun --nproc_per_node 2: the replicated-generation run logs the 1-process run's metrics and
-    ends at its parameters; the sharded-generation run keeps both ranks' parameters identical, each
+    """torchrun --nproc_per_node 2: the replicated-generation run, accumulating each minibatch's
+    gradient over passes of 3 rollouts, logs the 1-process run's metrics and ends at its parameters; the sharded-generation run keeps both ranks' parameters identical, each
     rank generating only its share, with the same anchor choice and real executions, and a resumed
     shard run ends where the uninterrupted one did."""
     root = tmp_path / "dp"

@@ -131,6 +131,70 @@ def test_grpo_update_moves_towards_positive_advantage_and_leaves_unused_groups()
     assert torch.equal(policy.theta[3].detach(), torch.zeros(3))  # skipped group: no gradient
 
 
+class _Seq(torch.nn.Module):
+    """Per context (4) and token position (3), a distribution over 3 tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.theta = torch.nn.Parameter(torch.randn(4, 3, 3, generator=torch.Generator().manual_seed(1)))
+
+    def log_probs(self, batch):
+        logp = torch.log_softmax(self.theta[batch.extras["ctx"]], -1)
+        return logp.gather(-1, batch.tokens.unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean"])
+def test_micro_batches_accumulate_the_same_update(agg):
+    """grpo.micro_batch: each minibatch's gradient summed over passes of 1 or 5 rollouts ends at the
+    parameters and diagnostics of the whole minibatch at once (rollouts of 0-3 real tokens, a KL term,
+    anchor rows, gradient clipping, two epochs of two minibatches, so later passes see clipped
+    ratios). SGD: Adam would turn the float noise of a zero gradient into a step."""
+    g = torch.Generator().manual_seed(0)
+    ctx = torch.arange(4).repeat_interleave(4)
+    tokens = torch.randint(0, 3, (16, 3), generator=g)
+    mask = (torch.arange(3) < torch.randint(0, 4, (16,), generator=g)[:, None]).float()
+    rewards = torch.rand(16, generator=g)
+    adv, used = group_advantages(rewards, ctx)
+    anchor = ctx < 2
+
+    def update(micro_batch):
+        torch.manual_seed(0)
+        policy, reference = _Seq(), _Seq()
+        with torch.no_grad():
+            lp = policy.log_probs(
+                RolloutBatch(tokens, tokens.float(), mask, ctx, list(range(4)), extras={"ctx": ctx})
+            )
+        batch = RolloutBatch(tokens, lp, mask, ctx, list(range(4)), extras={"ctx": ctx})
+        cfg = GRPOConfig(tasks_per_step=4, minibatches=2, epochs=2, optimizer="sgd", lr=3.0, loss_agg=agg,
+                         kl_coef=0.1, max_grad_norm=0.5, micro_batch=micro_batch)  # fmt: skip
+        opt = make_optimizer(list(policy.parameters()), cfg)
+        gen = torch.Generator().manual_seed(5)
+        metrics = grpo_update(policy, opt, batch, adv, used, cfg, reference, gen, anchor=anchor)
+        return policy.theta.detach(), metrics
+
+    theta, metrics = update(None)
+    assert metrics["loss/clip_frac"] > 0 and metrics["loss/kl_ref"] > 0  # the paths that could differ
+    for micro_batch in (1, 5):
+        theta_m, metrics_m = update(micro_batch)
+        torch.testing.assert_close(theta_m, theta, rtol=1e-5, atol=1e-6)
+        assert metrics_m.keys() == metrics.keys()
+        for k, v in metrics.items():
+            assert math.isclose(metrics_m[k], v, rel_tol=1e-4, abs_tol=1e-6), (
+                micro_batch,
+                k,
+                metrics_m[k],
+                v,
+            )
+
+
+def test_micro_batch_must_be_positive():
+    from wmrl.config import ConfigError, load_config
+
+    assert load_config(None, ["--grpo.micro_batch=4"]).grpo.micro_batch == 4
+    with pytest.raises(ConfigError, match="grpo.micro_batch=0 must be >= 1"):
+        load_config(None, ["--grpo.micro_batch=0"])
+
+
 def test_gradient_clipping_bounds_the_step():
     policy = _Table()
     batch = _batch(policy)
