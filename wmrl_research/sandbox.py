@@ -399,7 +399,10 @@ class Sandbox:
             if outside:
                 with self._cond:
                     self.outside_kills += 1
-                lost = f"{job} was SIGKILLed from outside, by none of its own limits (the host's OOM killer?)"
+                lost = (
+                    f"{job} was OOM-killed from outside its own limits (its memory group's oom_kill "
+                    "rose, its own memory limit was not hit: the host's or an ancestor group's OOM killer)"
+                )
             elif reply is None:
                 lost = f"sandbox worker failed during {job}; see {worker.log.name}"
             else:

@@ -1178,7 +1178,9 @@ def test_a_job_killed_by_an_oom_outside_its_limits_runs_again_and_is_never_grade
     finally:
         group.rmdir()
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen["first"].startswith("SandboxError") and "SIGKILLed from outside" in seen["first"], seen
+    assert (
+        seen["first"].startswith("SandboxError") and "OOM-killed from outside its own limits" in seen["first"]
+    ), seen
     assert "2 tries" in seen["first"] and seen["outside_kills"] == 2 and seen["after"] == "ok", seen
 
 
