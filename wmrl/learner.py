@@ -235,7 +235,9 @@ def grpo_update(
     anchor: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """``cfg.epochs`` passes over the batch in ``cfg.minibatches`` minibatches (split by group), each an
-    optimizer step on the clipped loss, with gradient-norm clipping. Returns averaged diagnostics.
+    optimizer step on the clipped loss, with gradient-norm clipping; a minibatch's gradient is
+    accumulated over passes of at most ``cfg.micro_batch`` rollouts (:func:`_accumulate`). Returns
+    averaged diagnostics.
 
     ``autocast()`` wraps the policy's and the reference's forward passes (``--precision=bf16``); their
     log-probs are cast to float32 before the loss, and the backward pass runs outside it.
