@@ -31,6 +31,7 @@ fitting), :mod:`wmrl_vla.media` (videos, tables, GIFs).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,9 +53,9 @@ from wmrl_vla.rollout import (
     SimRollout,
     goal_or_zeros,
     goal_xy,
+    lockstep_parts,
     policy_actor,
     replay_reward,
-    run_episodes,
     run_in_lockstep,
 )
 from wmrl_vla.world_model import VLAWorldModel
@@ -462,12 +463,13 @@ class VLADomain:
         for those only)."""
         actor = policy_actor(self.policy, temperature, torch.Generator().manual_seed(12345))
         rows, videos = [], []
-        for first in range(0, len(specs), self.evaluation.lockstep):
-            chunk = run_episodes(actor, specs[first : first + self.evaluation.lockstep], self.pool, env_split)
-            for k, r in enumerate(chunk, start=first):
-                rows.append((r.task_id, float(r.success.max()), float(r.reward), float(r.length)))
-                if k in film:
-                    videos.append(r)
+        episodes = itertools.chain.from_iterable(
+            lockstep_parts(actor, specs, self.pool, env_split, self.evaluation.lockstep)
+        )  # each part's frames dropped as the next runs, but the films'
+        for k, r in enumerate(episodes):
+            rows.append((r.task_id, float(r.success.max()), float(r.reward), float(r.length)))
+            if k in film:
+                videos.append(r)
         return rows, videos
 
     def _evaluation_scores(

@@ -6,7 +6,7 @@ rollout_score`) and the re-simulation grader used as a real execution job.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,6 +279,23 @@ def run_episodes(
     return out
 
 
+def lockstep_parts(
+    actor: Actor,
+    specs: Sequence[tuple[str, int]],
+    pool: EnvPool,
+    split: str,
+    lockstep: int | None = None,
+    noise: torch.Tensor | None = None,
+) -> Iterator[list[SimRollout]]:
+    """:func:`run_episodes` over ``specs``, at most ``lockstep`` episodes (an env each) at a time, in
+    order (None: all of them in one call), yielding each call's rollouts as it ends (a caller may
+    drop their frames before the next); ``noise`` ``[len(specs), T, A]`` is sliced alike."""
+    size = lockstep or max(1, len(specs))
+    for first in range(0, len(specs), size):
+        part = None if noise is None else noise[first : first + size]
+        yield run_episodes(actor, specs[first : first + size], pool, split, noise=part)
+
+
 def run_in_lockstep(
     actor: Actor,
     specs: Sequence[tuple[str, int]],
@@ -287,14 +304,8 @@ def run_in_lockstep(
     lockstep: int | None = None,
     noise: torch.Tensor | None = None,
 ) -> list[SimRollout]:
-    """:func:`run_episodes` over ``specs``, at most ``lockstep`` episodes (an env each) at a time,
-    in order (None: all of them in one call); ``noise`` ``[len(specs), T, A]`` is sliced alike."""
-    size = lockstep or max(1, len(specs))
-    out: list[SimRollout] = []
-    for first in range(0, len(specs), size):
-        part = None if noise is None else noise[first : first + size]
-        out += run_episodes(actor, specs[first : first + size], pool, split, noise=part)
-    return out
+    """Every rollout of :func:`lockstep_parts`, in the order of ``specs``."""
+    return [r for part in lockstep_parts(actor, specs, pool, split, lockstep, noise) for r in part]
 
 
 def policy_actor(policy, temperature: float, generator: torch.Generator | None = None) -> Actor:

@@ -280,16 +280,17 @@ def test_evaluate_in_the_simulator_saves_videos(built):
 def test_eval_combos_picks_the_combinations_of_the_held_out_seeds(built, monkeypatch):
     """Held-out seeds either way; instruction/colour combinations held out (default) or trained on."""
     import wmrl_vla.domain as vla_domain
+    import wmrl_vla.rollout as vla_rollout
 
     _, domain, _ = built
     seen = []
 
-    def record(actor, specs, pool, env_split):
+    def record(actor, specs, pool, env_split, noise=None):
         seen.append((env_split, [seed for _, seed in specs]))
-        return real(actor, specs, pool, env_split)
+        return real(actor, specs, pool, env_split, noise=noise)
 
-    real = vla_domain.run_episodes
-    monkeypatch.setattr(vla_domain, "run_episodes", record)
+    real = vla_rollout.run_episodes
+    monkeypatch.setattr(vla_rollout, "run_episodes", record)
     monkeypatch.setattr(domain.evaluation, "n_videos", 0)
     monkeypatch.setattr(domain.evaluation, "episodes_per_task", 1)
     for combos in ("test", "train"):
@@ -312,17 +313,17 @@ def test_eval_combos_picks_the_combinations_of_the_held_out_seeds(built, monkeyp
 
 def test_evaluation_runs_in_lockstep_chunks_with_the_same_result(built, monkeypatch):
     """eval_lockstep bounds the episodes (envs + renderers) alive at once; greedy figures unchanged."""
-    import wmrl_vla.domain as vla_domain
+    import wmrl_vla.rollout as vla_rollout
 
     _, domain, _ = built
     sizes = []
-    real = vla_domain.run_episodes
+    real = vla_rollout.run_episodes
 
-    def record(actor, specs, pool, env_split):
+    def record(actor, specs, pool, env_split, noise=None):
         sizes.append(len(specs))
-        return real(actor, specs, pool, env_split)
+        return real(actor, specs, pool, env_split, noise=noise)
 
-    monkeypatch.setattr(vla_domain, "run_episodes", record)
+    monkeypatch.setattr(vla_rollout, "run_episodes", record)
     for k, v in {"n_videos": 0, "episodes_per_task": 3, "temperature": 0.0}.items():
         monkeypatch.setattr(domain.evaluation, k, v)
     n = 3 * len(domain.tasks)
