@@ -16,6 +16,8 @@ Per seed:
 ``--act-steps k`` (DPPO's ``act_steps``) executes the first ``k`` actions of each sampled chunk open
 loop, in evaluation and in GRPO alike: one decision (a chain, its log-prob scored over the ``k``
 executed positions) per ``k`` environment steps; 1 (the default) re-plans every step.
+``--ft-denoising-steps K'`` (DPPO's ``ft_denoising_steps``) fine-tunes only the chain's last ``K'``
+steps: the first ``K - K'`` run by a frozen copy of the cloned policy and leave the log-prob.
 
     for s in 0 1 2; do uv run python benchmarks/diffusion_grpo.py --seeds $s; done
 
@@ -127,7 +129,7 @@ def run_seed(seed: int, a: argparse.Namespace) -> dict:
         DiffusionBridgeConfig(
             image_size=a.image_size, state_dim=spec["state_dim"], action_dim=spec["action_dim"],
             use_image=a.use_image, horizon=a.horizon, chain_steps=a.chain_steps, min_std=a.min_std,
-            chain_scoring=a.chain_scoring, act_steps=a.act_steps,
+            chain_scoring=a.chain_scoring, act_steps=a.act_steps, ft_denoising_steps=a.ft_denoising_steps,
         )
     )  # fmt: skip
     bc = train_bc(policy, records, a.bc_steps, lr=a.bc_lr, seed=seed)
@@ -136,7 +138,8 @@ def run_seed(seed: int, a: argparse.Namespace) -> dict:
     before = {f"t{t:g}": evaluate(policy, a.task, pool, a.eval_episodes, t, a.lockstep) for t in temps}
     rates = {k: v["success"] for k, v in before.items()}
     print(f"[seed {seed}] BC loss {bc[-1]:.4f}; success before {rates} ({t_bc:.0f}s)", flush=True)
-    opt = torch.optim.AdamW(policy.parameters(), lr=a.lr, weight_decay=0.0)
+    # the fine-tuned parameters (not the frozen base of --ft-denoising-steps)
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=a.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed + 777)
     steps, during = [], {}
     eval_at = {int(n) for n in a.eval_at.split(",") if n} & set(range(1, a.grpo_steps))
@@ -194,6 +197,11 @@ def main() -> None:
         "--act-steps", type=int, default=DiffusionBridgeConfig.act_steps,
         help="chunk positions executed open loop per sampled chain, one GRPO decision each (1: closed "
         "loop; DPPO's act_steps, at most --horizon)",
+    )  # fmt: skip
+    p.add_argument(
+        "--ft-denoising-steps", type=int, default=DiffusionBridgeConfig.ft_denoising_steps,
+        help="fine-tune only the chain's last K' denoising steps, the first K - K' from a frozen copy of "
+        "the cloned policy (DPPO's ft_denoising_steps; default: all --chain-steps)",
     )  # fmt: skip
     p.add_argument("--bc-steps", type=int, default=1500)
     p.add_argument("--bc-lr", type=float, default=1e-3)

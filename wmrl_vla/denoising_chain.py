@@ -22,6 +22,8 @@ Which terms a token scores (:func:`scored_chain_log_prob`, ``scoring``): the joi
 whole chain (``"joint"``), or only what the executed chunk positions depend on: the exact marginal
 that integrates out the final step of the unexecuted positions (``"executed_marginal"``), or DPPO's
 heuristic that keeps the executed positions alone at every step (``"executed_only"``, biased).
+Fine-tuning only the last ``K'`` steps (DPPO's ``ft_denoising_steps``; the first ``K - K'`` from a
+frozen base policy) scores only those ``K'`` steps' terms (``ft_steps``), exact for the ratio.
 
 Shapes: a batch of ``B`` chains over action chunks of ``H`` steps and ``A`` dims is
 ``chain [B, K+1, H, A]``; step means ``[B, K, H, A]``; spreads ``[K]``.
@@ -75,7 +77,19 @@ def chain_log_prob(chain: torch.Tensor, means: torch.Tensor, stds: torch.Tensor)
 CHAIN_SCORINGS = ("joint", "executed_marginal", "executed_only")
 
 
-def scored_terms(steps: int, horizon: int, executed: int, scoring: str) -> torch.Tensor:
+def check_ft_steps(ft_steps: int | None, steps: int) -> int:
+    """The number ``K'`` of fine-tuned denoising steps: ``ft_steps`` (``None``: all ``steps`` = ``K``),
+    refused in one line unless ``1 <= K' <= K``."""
+    if ft_steps is None:
+        return steps
+    if not 1 <= ft_steps <= steps:
+        raise ValueError(f"ft_denoising_steps={ft_steps} must be 1..{steps} (the chain's denoising steps)")
+    return int(ft_steps)
+
+
+def scored_terms(
+    steps: int, horizon: int, executed: int, scoring: str, ft_steps: int | None = None
+) -> torch.Tensor:
     """``[K+1, H]`` bool: the rows (start, then step ``k`` as row ``k+1``) and chunk positions of
     :func:`chain_log_terms` that ``scoring`` sums, when the environment executes the chunk's first
     ``executed`` positions (``1 <= executed <= H``; closed loop: 1)::
@@ -89,27 +103,51 @@ def scored_terms(steps: int, horizon: int, executed: int, scoring: str) -> torch
     positions and nothing depends on an unexecuted ``x^K[j]``, so its Gaussian integrates to 1.
     ``"executed_only"`` is no density of what the policy samples: the U-Net mixes the chunk's
     positions, so the executed positions' step means depend on the intermediate states of the
-    unexecuted ones, whose terms it drops (fewer terms: a ratio less sensitive to the parameters)."""
+    unexecuted ones, whose terms it drops (fewer terms: a ratio less sensitive to the parameters).
+
+    ``ft_steps`` ``K'`` (DPPO's ``ft_denoising_steps``; ``None``: ``K``, every row as above): only the
+    last ``K'`` steps are fine-tuned, the first ``K - K'`` run by a frozen base policy, so only rows
+    ``K - K' + 1 .. K`` are kept (rows ``0 .. K - K'``, the start and the base's steps, dropped)::
+
+        log p_theta(x^{K-K'+1..K} | x^{K-K'}, o) = sum_{k = K-K'}^{K-1} log N(x^{k+1}; m_theta(x^k, k, o), s_k^2 I)
+
+    Exact for the ratio: the dropped terms do not depend on the fine-tuned parameters, so they are
+    the same under the old and the new policy and cancel in ``log p_new - log p_old``."""
     if scoring not in CHAIN_SCORINGS:
         raise ValueError(f"chain scoring {scoring!r} is not one of {', '.join(CHAIN_SCORINGS)}")
     if not 1 <= executed <= horizon:
         raise ValueError(f"executed={executed} chunk positions: must be 1..{horizon} (the chunk length)")
+    ft = check_ft_steps(ft_steps, steps)
     keep = torch.ones(steps + 1, horizon, dtype=torch.bool)
     if scoring == "executed_marginal":
         keep[-1, executed:] = False
     elif scoring == "executed_only":
         keep[:, executed:] = False
+    if ft < steps:
+        keep[: steps - ft + 1] = False
     return keep
 
 
 def scored_chain_log_prob(
-    chain: torch.Tensor, means: torch.Tensor, stds: torch.Tensor, scoring: str = "joint", executed: int = 1
+    chain: torch.Tensor,
+    means: torch.Tensor,
+    stds: torch.Tensor,
+    scoring: str = "joint",
+    executed: int = 1,
+    ft_steps: int | None = None,
 ) -> torch.Tensor:
     """``[B, A]`` each action dimension's chain log-prob under ``scoring``: the terms of
     :func:`chain_log_terms` ``[B, K+1, H, A]`` kept by :func:`scored_terms` ``[K+1, H]``, summed over
-    rows and chunk positions. ``"joint"`` is :func:`chain_log_prob` summed over ``H``."""
-    terms = chain_log_terms(chain, means, stds)
-    keep = scored_terms(terms.shape[1] - 1, terms.shape[2], executed, scoring).to(terms.device)
+    rows and chunk positions. ``"joint"`` is :func:`chain_log_prob` summed over ``H``.
+
+    ``chain [B, K+1, H, A]``, ``stds [K]``; ``means [B, K', H, A]`` the means of the last ``K'`` =
+    ``ft_steps`` steps only (``None``: ``K'`` = ``K``, all of them), the only ones scored: with
+    ``K' < K`` the tail ``chain[:, K-K':]`` is scored as a chain whose start row is dropped."""
+    steps = chain.shape[1] - 1
+    ft = check_ft_steps(ft_steps, steps)
+    first = steps - ft  # 0 when the whole chain is fine-tuned: today's terms exactly
+    terms = chain_log_terms(chain[:, first:], means, stds[first:])  # [B, K'+1, H, A]
+    keep = scored_terms(steps, terms.shape[2], executed, scoring, ft)[first:].to(terms.device)
     return (terms * keep[None, :, :, None]).sum((1, 2))
 
 

@@ -30,6 +30,18 @@ before the next chain is sampled (DPPO's ``act_steps``; ``k`` at most the horizo
 (one chain, one log-prob) per ``k`` environment steps, and the scorings' "executed positions" are
 those ``k`` (at ``k = H`` all three scorings are the joint).
 
+``ft_denoising_steps`` ``K'`` (default ``None``: ``K``, the whole chain) fine-tunes only the chain's
+last ``K'`` steps (DPPO's ``ft_denoising_steps``): the first ``K - K'`` steps' means come from
+``base_model``, a frozen copy of the network taken when the policy is built and again when
+:func:`train_bc` has cloned it (:meth:`DiffusionChainPolicy.reset_base`), the last ``K'`` from the
+fine-tuned one (``model``), and a decision's log-prob sums only the last ``K'`` steps' terms::
+
+    log p_theta(x^{K-K'+1..K} | x^{K-K'}, o) = sum_{k=K-K'}^{K-1} log N(x^{k+1}; m_theta(x^k, t_k, o), s_k^2 I)
+
+(the chosen ``chain_scoring``'s terms of those rows). Exact for the ratio: the start's and the base's
+terms do not depend on the fine-tuned parameters, so they are the same under the old and the new
+policy and cancel in ``log p_new - log p_old``.
+
 Two ways in: :meth:`DiffusionChainPolicy.from_config` builds a small policy from lerobot's
 ``DiffusionConfig`` (random init, no hub; :func:`train_bc` clones it with lerobot's own diffusion
 loss), and :meth:`DiffusionChainPolicy.from_folder` loads a ``lerobot-train`` folder with its saved
@@ -39,6 +51,7 @@ processors (``domain.policy_path``). WMRL feeds one observation per step, so a f
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,6 +62,7 @@ from torch import nn
 
 from wmrl_vla.denoising_chain import (
     CHAIN_SCORINGS,
+    check_ft_steps,
     ddpm_chain_schedule,
     ddpm_step_mean,
     ddpm_step_std,
@@ -84,6 +98,9 @@ class DiffusionBridgeConfig:
     # "executed_marginal" (exact: the unexecuted positions' final step integrated out) or
     # "executed_only" (DPPO's heuristic: the executed position alone at every step; biased).
     chain_scoring: str = "joint"
+    # Denoising steps fine-tuned (DPPO's ft_denoising_steps K'): the last K' of the chain; the first
+    # K - K' run by a frozen copy of the policy as cloned (its base). None: all chain_steps (K' = K).
+    ft_denoising_steps: int | None = None
 
     def lerobot_config(self):
         from lerobot.configs.types import FeatureType, PolicyFeature
@@ -137,6 +154,7 @@ class DiffusionChainPolicy(nn.Module):
         source_path: str | None = None,
         chain_scoring: str = DiffusionBridgeConfig.chain_scoring,
         act_steps: int = DiffusionBridgeConfig.act_steps,
+        ft_denoising_steps: int | None = DiffusionBridgeConfig.ft_denoising_steps,
     ) -> None:
         super().__init__()
         c = lerobot_policy.config
@@ -169,6 +187,11 @@ class DiffusionChainPolicy(nn.Module):
         )
         ab = torch.tensor([[a, p] for _, a, p in self.schedule], dtype=torch.float64)
         self.register_buffer("alpha_bars", ab.float(), persistent=False)  # [K, 2]: ab_t, ab_prev
+        # K': the chain's last K' steps are fine-tuned, the first K - K' run by the frozen base
+        self.ft_steps = check_ft_steps(ft_denoising_steps, len(self.schedule))
+        self.base_model = None
+        if self.ft_steps < len(self.schedule):
+            self.base_model = copy.deepcopy(self.model).requires_grad_(False)
         self.tokenizer = InstructionTokenizer()
         self.image_keys = list(c.image_features)
         self.train()
@@ -181,6 +204,7 @@ class DiffusionChainPolicy(nn.Module):
         return cls(
             DiffusionPolicy(cfg.lerobot_config()), cfg.chain_steps, cfg.min_std, bridge_config=cfg,
             chain_scoring=cfg.chain_scoring, act_steps=cfg.act_steps,
+            ft_denoising_steps=cfg.ft_denoising_steps,
         )  # fmt: skip
 
     @classmethod
@@ -191,6 +215,7 @@ class DiffusionChainPolicy(nn.Module):
         min_std: float = 0.1,
         chain_scoring: str = DiffusionBridgeConfig.chain_scoring,
         act_steps: int = DiffusionBridgeConfig.act_steps,
+        ft_denoising_steps: int | None = DiffusionBridgeConfig.ft_denoising_steps,
     ) -> DiffusionChainPolicy:
         """A ``lerobot-train`` diffusion folder with its saved processors (its inputs normalised as in
         training, the action unnormalised after the chain)."""
@@ -199,14 +224,27 @@ class DiffusionChainPolicy(nn.Module):
         policy, pre, post = load_lerobot_folder(path)
         return cls(
             policy, chain_steps, min_std, processors=(pre, post), source_path=str(path),
-            chain_scoring=chain_scoring, act_steps=act_steps,
+            chain_scoring=chain_scoring, act_steps=act_steps, ft_denoising_steps=ft_denoising_steps,
         )  # fmt: skip
+
+    def reset_base(self) -> None:
+        """Copy the network as it is now into the frozen base that runs the chain's first ``K - K'``
+        steps (a no-op when the whole chain is fine-tuned): the policy GRPO starts from."""
+        if self.base_model is not None:
+            self.base_model.load_state_dict(self.model.state_dict())
+
+    @property
+    def first_ft_step(self) -> int:
+        """``K - K'``: the chain step where the fine-tuned network takes over from the frozen base."""
+        return len(self.schedule) - self.ft_steps
 
     def train(self, mode: bool = True) -> DiffusionChainPolicy:
         """The lerobot network stays in eval mode (no random crop, no dropout): a chain's log-prob
         must be a deterministic function of the chain and its observation."""
         super().train(mode)
         self.lerobot_policy.eval()
+        if self.base_model is not None:
+            self.base_model.eval()
         return self
 
     @property
@@ -215,9 +253,10 @@ class DiffusionChainPolicy(nn.Module):
         return c.horizon, c.action_feature.shape[0]
 
     # -- the chain ---------------------------------------------------------------------------------
-    def condition(self, images: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    def condition(self, images: torch.Tensor, states: torch.Tensor, model=None) -> torch.Tensor:
         """``[B, G]`` the U-Net's global conditioning (lerobot's ``_prepare_global_conditioning``) of
-        images ``[B, 3, H, W]`` uint8 and states ``[B, S]``."""
+        images ``[B, 3, H, W]`` uint8 and states ``[B, S]``, by ``model`` (default: the fine-tuned
+        ``self.model``; ``self.base_model`` for the frozen base's steps)."""
         from lerobot.utils.constants import OBS_ENV_STATE, OBS_IMAGES, OBS_STATE
 
         c = self.lerobot_policy.config
@@ -236,13 +275,14 @@ class DiffusionChainPolicy(nn.Module):
             batch[OBS_IMAGES] = torch.stack([obs[k] for k in self.image_keys], 1).unsqueeze(1)
         if c.env_state_feature is not None:
             batch[OBS_ENV_STATE] = obs[OBS_ENV_STATE].unsqueeze(1)
-        return self.model._prepare_global_conditioning(batch)
+        return (self.model if model is None else model)._prepare_global_conditioning(batch)
 
-    def step_means(self, x: torch.Tensor, k: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+    def step_means(self, x: torch.Tensor, k: torch.Tensor, cond: torch.Tensor, model=None) -> torch.Tensor:
         """``[B, H, A]`` DDPM posterior means (:func:`~wmrl_vla.denoising_chain.ddpm_step_mean`) of
-        chain states ``x [B, H, A]`` at chain steps ``k [B]`` (long) given ``cond [B, G]``."""
+        chain states ``x [B, H, A]`` at chain steps ``k [B]`` (long) given ``cond [B, G]``, by
+        ``model``'s U-Net (default: the fine-tuned ``self.model``)."""
         c = self.lerobot_policy.config
-        out = self.model.unet(x, self.timesteps[k], global_cond=cond)
+        out = (self.model if model is None else model).unet(x, self.timesteps[k], global_cond=cond)
         ab = self.alpha_bars[k].view(-1, 2, 1, 1)
         clip = c.clip_sample_range if c.clip_sample else None
         return ddpm_step_mean(x, out, ab[:, 0], ab[:, 1], c.prediction_type, clip)
@@ -272,7 +312,7 @@ class DiffusionChainPolicy(nn.Module):
         under the untempered policy, scored over the ``act_steps`` executed positions (module
         docstring), actions ``[B, A]`` (``act_steps`` 1) or ``[B, act_steps, A]`` to execute open loop
         (:meth:`to_actions`), chain ``[B, K+1, H, A]``), on the CPU. ``generator`` draws the noise (a
-        CPU generator)."""
+        CPU generator). Steps ``k < K - K'`` are the frozen base's (``ft_denoising_steps``)."""
         if temperature < 0:
             raise ValueError(f"temperature={temperature} must be >= 0")
         if noise is not None:
@@ -285,12 +325,17 @@ class DiffusionChainPolicy(nn.Module):
         b = cond.shape[0]
         start = temperature * torch.randn(b, *self.chunk_shape, generator=generator)
         ks = torch.arange(len(self.schedule), device=dev)
+        first = self.first_ft_step
+        base = self.base_model
+        base_cond = None if base is None else self.condition(images.to(dev), states.to(dev), base)
 
         def mean(x: torch.Tensor, k: int) -> torch.Tensor:
+            if k < first:  # the frozen base's step
+                return self.step_means(x.to(dev), ks[k].expand(b), base_cond, base).cpu()
             return self.step_means(x.to(dev), ks[k].expand(b), cond).cpu()
 
         chain, means = sample_chain(mean, start, self.stds.cpu(), temperature, generator)
-        logp = self.score(chain, means, self.stds.cpu())  # [B, A]
+        logp = self.score(chain, means[:, first:], self.stds.cpu())  # [B, A]
         action = self.to_actions(chain[:, -1].to(dev)).cpu()
         return torch.zeros_like(logp, dtype=torch.long), logp, action, chain
 
@@ -302,7 +347,8 @@ class DiffusionChainPolicy(nn.Module):
         self, images: torch.Tensor, states: torch.Tensor, chains: torch.Tensor
     ) -> torch.Tensor:
         """``[B, A]`` log-probs (differentiable) of recorded chains ``[B, K+1, H, A]`` given their
-        observations, all ``K`` steps in one U-Net pass over ``B * K`` rows."""
+        observations, the fine-tuned ``K'`` steps (all ``K`` by default) in one U-Net pass over
+        ``B * K'`` rows."""
         cond = self.condition(images, states)  # [B, G]
         b, k1 = chains.shape[:2]
         k = k1 - 1
@@ -311,15 +357,17 @@ class DiffusionChainPolicy(nn.Module):
                 f"chains have shape {tuple(chains.shape)}, this policy's are [B, {len(self.schedule) + 1}, "
                 f"{self.chunk_shape[0]}, {self.chunk_shape[1]}]"
             )
-        x = chains[:, :-1].reshape(b * k, *self.chunk_shape)
-        steps = torch.arange(k, device=chains.device).repeat(b)
-        means = self.step_means(x, steps, cond.repeat_interleave(k, 0)).view(b, k, *self.chunk_shape)
+        first, kf = self.first_ft_step, self.ft_steps
+        x = chains[:, first:-1].reshape(b * kf, *self.chunk_shape)
+        steps = torch.arange(first, k, device=chains.device).repeat(b)
+        means = self.step_means(x, steps, cond.repeat_interleave(kf, 0)).view(b, kf, *self.chunk_shape)
         return self.score(chains, means, self.stds)
 
     def score(self, chains: torch.Tensor, means: torch.Tensor, stds: torch.Tensor) -> torch.Tensor:
-        """``[B, A]`` the chain terms ``chain_scoring`` keeps, summed
-        (:func:`~wmrl_vla.denoising_chain.scored_chain_log_prob`)."""
-        return scored_chain_log_prob(chains, means, stds, self.chain_scoring, self.act_steps)
+        """``[B, A]`` the chain terms ``chain_scoring`` keeps of the last ``K'`` steps, summed
+        (:func:`~wmrl_vla.denoising_chain.scored_chain_log_prob`): ``chains [B, K+1, H, A]``, ``means
+        [B, K', H, A]`` of those steps, ``stds [K]``."""
+        return scored_chain_log_prob(chains, means, stds, self.chain_scoring, self.act_steps, self.ft_steps)
 
     def log_probs(self, batch, chunk: int = 256) -> torch.Tensor:
         """``[N, T*A]`` chain log-probs (differentiable) of ``extras["chains"]`` ``[N, T, K+1, H, A]``
@@ -404,7 +452,8 @@ def train_bc(
 ) -> list[float]:
     """Behaviour cloning of a :meth:`~DiffusionChainPolicy.from_config` policy with its diffusion loss
     (:meth:`~DiffusionChainPolicy.bc_loss`) on demo records (actions in [-1, 1], used unnormalised).
-    Returns the loss of every 10th step."""
+    Returns the loss of every 10th step. The cloned network is also the frozen base of a policy that
+    fine-tunes only its last denoising steps (:meth:`~DiffusionChainPolicy.reset_base`)."""
     from world_models.vla_dynamics import episodes_from_records
 
     if policy.processors is not None:
@@ -417,7 +466,7 @@ def train_bc(
     sts = torch.from_numpy(np.concatenate([e["states"][: len(e["actions"])] for e in eps])).float()
     chunks = torch.from_numpy(np.concatenate([action_chunks(e["actions"], horizon) for e in eps])).float()
     g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=1e-6)
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr, weight_decay=1e-6)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
     hist = []
     for step in range(steps):
@@ -429,4 +478,5 @@ def train_bc(
         sched.step()
         if step % 10 == 0:
             hist.append(float(loss.detach()))
+    policy.reset_base()  # the frozen base of ft_denoising_steps is the policy as cloned
     return hist

@@ -10,7 +10,14 @@ from torch.distributions import Normal
 
 from wmrl.config import load_config
 from wmrl.domain import RolloutBatch
-from wmrl_vla.denoising_chain import CHAIN_SCORINGS, chain_log_prob, ddpm_step_std, scored_chain_log_prob
+from wmrl_vla.denoising_chain import (
+    CHAIN_SCORINGS,
+    chain_log_prob,
+    chain_log_terms,
+    ddpm_step_std,
+    scored_chain_log_prob,
+    scored_terms,
+)
 from wmrl_vla.diffusion_bridge import DiffusionBridgeConfig, DiffusionChainPolicy, action_chunks, train_bc
 from wmrl_vla.policies import policy_kind
 
@@ -91,11 +98,12 @@ def _diffusers_terms(policy, states, chain):
     return terms
 
 
-def _variant(policy, chain_scoring, act_steps=1):
-    """``policy``'s network (shared) scored with ``chain_scoring``, executing ``act_steps`` positions."""
+def _variant(policy, chain_scoring, act_steps=1, ft_denoising_steps=None):
+    """``policy``'s network (shared) scored with ``chain_scoring``, executing ``act_steps`` positions,
+    fine-tuning the last ``ft_denoising_steps`` steps (a frozen base copied from the network now)."""
     return DiffusionChainPolicy(
         policy.lerobot_policy, CFG.chain_steps, CFG.min_std, bridge_config=CFG, chain_scoring=chain_scoring,
-        act_steps=act_steps,
+        act_steps=act_steps, ft_denoising_steps=ft_denoising_steps,
     )  # fmt: skip
 
 
@@ -439,3 +447,161 @@ def test_closed_loop_rollout_is_unchanged_by_act_steps_one():
     np.testing.assert_array_equal(r.actions, np.stack(acts))
     np.testing.assert_array_equal(r.logprobs, np.stack(lps))
     np.testing.assert_array_equal(r.chains, np.stack(chains))
+
+
+# -- ft_denoising_steps: only the chain's last K' steps fine-tuned, the first K - K' a frozen base ---------
+
+
+@pytest.mark.parametrize("ft_steps", [1, 2, 3])
+def test_ft_steps_score_exactly_the_last_steps_terms(ft_steps):
+    """With K' of K = 4 steps fine-tuned, each scoring sums exactly its Normal terms of the last K'
+    steps (rows K-K'+1..K; the start and the first K-K' steps left out), given those steps' means
+    alone; executed first 2 of H = 3 positions."""
+    g = torch.Generator().manual_seed(3)
+    chain, means = torch.randn(2, 5, 3, 2, generator=g), torch.randn(2, 4, 3, 2, generator=g)
+    stds = torch.tensor([0.8, 0.5, 0.2, 0.1])
+    first, e = 4 - ft_steps, 2
+
+    def normal(k, pos):  # [B, A]: step k's terms (row k+1) summed over chunk positions pos
+        return Normal(means[:, k, pos], stds[k]).log_prob(chain[:, k + 1, pos]).sum(1)
+
+    every = slice(None)
+    tail = range(first, 4)
+    want = {
+        "joint": sum(normal(k, every) for k in tail),
+        "executed_marginal": sum(normal(k, every) for k in tail if k < 3) + normal(3, slice(0, e)),
+        "executed_only": sum(normal(k, slice(0, e)) for k in tail),
+    }
+    for scoring, w in want.items():
+        got = scored_chain_log_prob(chain, means[:, first:], stds, scoring, e, ft_steps)
+        torch.testing.assert_close(got, w)
+
+
+@pytest.mark.parametrize("scoring", CHAIN_SCORINGS)
+def test_ft_steps_equal_to_the_chain_is_todays_scoring_bit_for_bit(scoring):
+    """K' = K (and the default None) sums every kept term as before: bit for bit the masked sum of
+    chain_log_terms, start included."""
+    g = torch.Generator().manual_seed(4)
+    chain, means = torch.randn(2, 5, 4, 3, generator=g), torch.randn(2, 4, 4, 3, generator=g)
+    stds = torch.tensor([0.8, 0.5, 0.2, 0.1])
+    today = (chain_log_terms(chain, means, stds) * scored_terms(4, 4, 2, scoring)[None, :, :, None]).sum(
+        (1, 2)
+    )
+    assert torch.equal(scored_chain_log_prob(chain, means, stds, scoring, 2, 4), today)
+    assert torch.equal(scored_chain_log_prob(chain, means, stds, scoring, 2), today)
+    assert torch.equal(scored_terms(4, 4, 2, scoring, 4), scored_terms(4, 4, 2, scoring))
+
+
+def test_bad_ft_steps_are_refused_in_one_line(policy):
+    g = torch.Generator().manual_seed(5)
+    chain, means = torch.randn(1, 4, 2, 2, generator=g), torch.randn(1, 3, 2, 2, generator=g)
+    for bad in (0, 4):
+        with pytest.raises(
+            ValueError, match=rf"^ft_denoising_steps={bad} must be 1..3 \(the chain's denoising steps\)$"
+        ):
+            scored_chain_log_prob(chain, means, torch.ones(3), ft_steps=bad)
+    for bad in (0, -1, CFG.chain_steps + 1):
+        with pytest.raises(
+            ValueError, match=rf"^ft_denoising_steps={bad} must be 1..5 \(the chain's denoising steps\)$"
+        ):
+            _variant(policy, "joint", ft_denoising_steps=bad)
+    with pytest.raises(ValueError, match=r"^ft_denoising_steps=6 must be 1..5"):
+        DiffusionChainPolicy.from_config(DiffusionBridgeConfig(**{**CFG.__dict__, "ft_denoising_steps": 6}))
+
+
+@pytest.mark.parametrize("act_steps", [1, 4])
+def test_ft_steps_log_prob_is_the_last_steps_diffusers_terms(policy, act_steps):
+    """A real policy fine-tuning its last K' = 2 of K = 5 steps: before any update its base equals the
+    network, so it samples the very chain the whole-chain policy samples, and its log-prob is the sum
+    of exactly the last 2 steps' kept diffusers/Normal terms (no start, no earlier step), under every
+    scoring; re-scored, the ratio is 1."""
+    images, states = _obs(3, seed=10)
+    chain = _variant(policy, "joint", act_steps).act_with_chain(
+        images, states, None, 1.0, torch.Generator().manual_seed(11)
+    )[3]
+    terms = _diffusers_terms(policy, states, chain)[-2:]  # steps K-2, K-1: each [B, H, A]
+    k = act_steps
+    want = {
+        "joint": sum(t.sum(1) for t in terms),
+        "executed_marginal": terms[0].sum(1) + terms[1][:, :k].sum(1),
+        "executed_only": sum(t[:, :k].sum(1) for t in terms),
+    }
+    for scoring in CHAIN_SCORINGS:
+        pol = _variant(policy, scoring, act_steps, ft_denoising_steps=2)
+        assert pol.first_ft_step == CFG.chain_steps - 2 and pol.base_model is not None
+        _, logp, _, again = pol.act_with_chain(images, states, None, 1.0, torch.Generator().manual_seed(11))
+        assert torch.equal(again, chain)
+        torch.testing.assert_close(logp, want[scoring], rtol=1e-5, atol=1e-4)
+        with torch.no_grad():
+            rho = torch.exp(pol.chain_log_probs(images, states, chain) - logp)
+        assert float((rho - 1).abs().max()) < 1e-5
+
+
+def test_ft_steps_equal_to_the_chain_is_todays_policy(policy):
+    """K' = K is the whole chain fine-tuned, as before: no base network, the same parameters, and bit
+    for bit the same chains, log-probs and re-scored log-probs as the default."""
+    images, states = _obs(3, seed=12)
+    today, full = (
+        _variant(policy, "executed_marginal", 2),
+        _variant(policy, "executed_marginal", 2, CFG.chain_steps),
+    )
+    assert full.base_model is None and full.first_ft_step == 0
+    assert [n for n, _ in full.named_parameters()] == [n for n, _ in today.named_parameters()]
+    a = today.act_with_chain(images, states, None, 1.0, torch.Generator().manual_seed(13))
+    b = full.act_with_chain(images, states, None, 1.0, torch.Generator().manual_seed(13))
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+    with torch.no_grad():
+        assert torch.equal(
+            today.chain_log_probs(images, states, a[3]), full.chain_log_probs(images, states, a[3])
+        )
+
+
+def test_ft_steps_grpo_step_moves_only_the_fine_tuned_network(tmp_path):
+    """Behaviour cloning copies the cloned network into the frozen base; one update of the core's GRPO
+    loss on real simulator rollouts (rollout 0 advantage +1, rollout 1 -1) leaves the base's
+    parameters unchanged and changes the fine-tuned ones, raises rollout 0's log-prob (of its last
+    K' = 2 steps) and lowers rollout 1's; resampled from the same noise, the chain's states up to
+    x^{K-K'} (the start and the base's steps) are unchanged and the fine-tuned steps' are not. Saved
+    and loaded, the policy keeps both networks."""
+    pol = _reacher_policy(ft_denoising_steps=2)
+    assert {n for n, p in pol.named_parameters() if not p.requires_grad} == {
+        n for n, _ in pol.named_parameters() if n.startswith("base_model.")
+    }
+    rec = {
+        "observation.image": np.zeros((6, 16, 16, 3), np.uint8),
+        "observation.state": np.random.default_rng(0).standard_normal((6, 6)).astype(np.float32),
+        "action": np.full((6, 2), 0.3, np.float32),
+        "next.reward": np.zeros(6, np.float32),
+        "next.success": np.zeros(6, bool),
+        "instruction": "reach",
+    }
+    init = [p.detach().clone() for p in pol.model.parameters()]
+    train_bc(pol, [rec], steps=3, batch_size=4, lr=1e-3)
+    for p, q in zip(pol.model.parameters(), pol.base_model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert any(not torch.equal(p, p0) for p, p0 in zip(pol.model.parameters(), init, strict=True))
+
+    batch = sim_chain_batch(pol, REACHER, [0, 1], 16, max_steps=3)
+    ratio = rescored_ratio(pol, batch)
+    torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=5e-5)
+    images, states = batch.extras["images"][:, 0], batch.extras["states"][:, 0]
+    chain0 = pol.act_with_chain(images, states, None, 1.0, torch.Generator().manual_seed(1))[3]
+    before = rollout_log_probs(pol, batch)
+    base0 = [p.detach().clone() for p in pol.base_model.parameters()]
+    ft0 = [p.detach().clone() for p in pol.model.parameters()]
+    stats = one_grpo_step(pol, batch, torch.tensor([1.0, -1.0]), lr=1e-4)
+    assert stats["loss/optimizer_steps"] == 1
+    after = rollout_log_probs(pol, batch)
+    assert float(after[0]) > float(before[0]) and float(after[1]) < float(before[1]), (before, after)
+    assert all(torch.equal(p, q) for p, q in zip(pol.base_model.parameters(), base0, strict=True))
+    assert any(not torch.equal(p, q) for p, q in zip(pol.model.parameters(), ft0, strict=True))
+    chain1 = pol.act_with_chain(images, states, None, 1.0, torch.Generator().manual_seed(1))[3]
+    first = pol.first_ft_step
+    assert torch.equal(chain1[:, : first + 1], chain0[:, : first + 1])
+    assert not torch.equal(chain1[:, first + 1 :], chain0[:, first + 1 :])
+
+    pol.save(tmp_path / "ft.pt")
+    loaded = DiffusionChainPolicy.load(tmp_path / "ft.pt")
+    for (n, p), (m, q) in zip(pol.named_parameters(), loaded.named_parameters(), strict=True):
+        assert n == m and torch.equal(p, q)
