@@ -47,25 +47,13 @@ import torch
 EVAL_SEED0 = 1_000_000  # held-out episode seeds (the domain's EVAL_SEEDS start)
 
 
-def in_lockstep(actor, specs: list, pool, split: str, lockstep: int) -> list:
-    """:func:`wmrl_vla.rollout.run_episodes` over ``specs``, at most ``lockstep`` envs at a time (each
-    env holds a MuJoCo renderer: this bounds memory)."""
-    from wmrl_vla.rollout import run_episodes
-
-    return [
-        r
-        for i in range(0, len(specs), lockstep)
-        for r in run_episodes(actor, specs[i : i + lockstep], pool, split)
-    ]
-
-
 def evaluate(policy, task: str, pool, episodes: int, temperature: float, lockstep: int) -> dict:
     """Held-out success (per episode too, for the paired before/after test) and reward of ``policy`` at
     ``temperature`` (its noise seeded alike every call)."""
-    from wmrl_vla.rollout import policy_actor
+    from wmrl_vla.rollout import policy_actor, run_in_lockstep
 
     actor = policy_actor(policy, temperature, torch.Generator().manual_seed(12345))
-    rs = in_lockstep(actor, [(task, EVAL_SEED0 + k) for k in range(episodes)], pool, "test", lockstep)
+    rs = run_in_lockstep(actor, [(task, EVAL_SEED0 + k) for k in range(episodes)], pool, "test", lockstep)
     per_episode = [bool(r.success.max() > 0) for r in rs]
     return {
         "success": float(np.mean(per_episode)),
@@ -79,12 +67,12 @@ def grpo_step(policy, opt, task: str, pool, a: argparse.Namespace, gen: torch.Ge
     passes of the clipped-ratio loss over minibatches of whole groups."""
     from wmrl.learner import clipped_policy_loss, group_advantages
     from wmrl_vla.batch import collate, sim_payload
-    from wmrl_vla.rollout import policy_actor
+    from wmrl_vla.rollout import policy_actor, run_in_lockstep
 
     seeds = torch.randint(0, EVAL_SEED0, (a.groups,), generator=gen).tolist()
     specs = [(task, s) for s in seeds for _ in range(a.group_size)]
     policy.eval()
-    rs = in_lockstep(policy_actor(policy, 1.0, gen), specs, pool, "train", a.lockstep)
+    rs = run_in_lockstep(policy_actor(policy, 1.0, gen), specs, pool, "train", a.lockstep)
     rewards = torch.tensor([r.reward for r in rs])
     adv, _ = group_advantages(rewards, torch.arange(a.groups).repeat_interleave(a.group_size))
     payloads = [sim_payload(r) for r in rs]
