@@ -24,6 +24,9 @@ steps: the first ``K - K'`` run by a frozen copy of the cloned policy and leave 
 (one seed per process bounds memory; each appends its run to the JSON, replacing an earlier run of
 that seed)
 
+``--pool JSON...`` runs nothing: it prints the pooled paired summary of result files (one seed each;
+gained/lost episodes, the sign test, a 95% interval) for the final evaluation and each ``--eval-at``.
+
 Writes ``<out>/diffusion_grpo.json`` (every figure, per seed, with the settings). A benchmark, not a
 test: a few seeds and a small budget; the held-out successes carry the binomial noise of
 ``--eval-episodes`` episodes, and the paired before/after difference is reported per seed.
@@ -60,6 +63,37 @@ def evaluate(policy, task: str, pool, episodes: int, temperature: float, lockste
         "reward": float(np.mean([r.reward for r in rs])),
         "per_episode": per_episode,
     }
+
+
+def pooled_paired(after: list[list[bool]], before: list[list[bool]]) -> dict:
+    """Per-seed episodes ``after[i]``, ``before[i]`` (the same held-out episodes, same order) pooled:
+    ``paired`` over the concatenation (gained ``n10``, lost ``n01``, the sign test = McNemar's exact p)
+    and the Wald 95% interval of the paired difference ``d = (n10 - n01) / n``:
+    ``d ± 1.96 sqrt(((n10 + n01) / n - d²) / n)``, ``n`` the pooled episodes."""
+    from act_chunk_start import paired  # benchmarks/ is the script's folder
+
+    if len(after) != len(before) or not after:
+        raise ValueError(f"pooling needs the same seeds before and after: {len(after)} and {len(before)}")
+    pr = paired([e for x in after for e in x], [e for y in before for e in y])
+    n, d = sum(len(x) for x in after), pr["difference"]
+    half = 1.96 * float(np.sqrt(((pr["n10"] + pr["n01"]) / n - d * d) / n))
+    return {**pr, "episodes": n, "ci95_wald": [d - half, d + half]}
+
+
+def pool_results(paths: list[str], temperature: str = "t1") -> dict:
+    """``pooled_paired`` of the final evaluation and of every ``--eval-at`` step the result JSONs
+    ``paths`` (one run each, ``diffusion_grpo.json`` of one seed) all have, against their ``before``."""
+    runs = [r for p in paths for r in json.loads(Path(p).read_text())["runs"]]
+    before = [r["before"][temperature]["per_episode"] for r in runs]
+    afters = {"final": [r["after"][temperature]["per_episode"] for r in runs]}
+    for n in sorted(set.intersection(*(set(r["after_steps"]) for r in runs)), key=int):
+        afters[f"after_{n}_steps"] = [r["after_steps"][n][temperature]["per_episode"] for r in runs]
+    return {
+        "seeds": [r["seed"] for r in runs],
+        "before_success": float(np.mean([e for x in before for e in x])),
+        **{k: {"success": float(np.mean([e for x in v for e in x])), **pooled_paired(v, before)}
+           for k, v in afters.items()},
+    }  # fmt: skip
 
 
 def grpo_step(policy, opt, task: str, pool, a: argparse.Namespace, gen: torch.Generator, step: int) -> dict:
@@ -208,7 +242,14 @@ def main() -> None:
     p.add_argument(
         "--eval-temperatures", default="1,0", help="1: the sampled chain GRPO trains; 0: its means"
     )
+    p.add_argument(
+        "--pool", nargs="+", metavar="JSON",
+        help="print the pooled paired summary of these result files (one seed each) and exit; runs nothing",
+    )  # fmt: skip
     a = p.parse_args()
+    if a.pool:
+        print(json.dumps(pool_results(a.pool), indent=2))
+        return
     torch.set_num_threads(a.threads)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
