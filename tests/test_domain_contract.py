@@ -213,17 +213,22 @@ def test_a_closed_loop_domains_rewards_reach_the_trainer_without_an_execution_jo
 def test_every_registered_domain_config_declares_its_margin_name_and_hooks():
     """The built-in domains' configs, as the core reads them through check_domain_config: each its
     margin and name for people; the research and VLA configs their export and data-parallel SFT
-    hooks (called by `wmrl export` and a data-parallel run), the toy neither."""
-    want = {  # type -> (margin, display name, has hooks)
-        "toy": (0.005, "toy", False),
-        "research": (0.02, "AutoResearch agent", True),
-        "vla": (0.01, "VLA", True),
+    hooks (called by `wmrl export` and a data-parallel run), the toy neither; research alone starts
+    each seed from its own policy."""
+    want = {  # type -> (margin, display name, has hooks, start per seed)
+        "toy": (0.005, "toy", False, False),
+        "research": (0.02, "AutoResearch agent", True, True),
+        "vla": (0.01, "VLA", True, False),
     }
     known = load_domains()
     assert set(want) <= set(known)
-    for kind, (margin, name, hooks) in want.items():
+    for kind, (margin, name, hooks, per_seed) in want.items():
         declared = check_domain_config(DomainConfig.get_choice_class(kind)())
-        assert (declared.margin, declared.display_name) == (margin, name), kind
+        assert (declared.margin, declared.display_name, declared.start_per_seed) == (
+            margin,
+            name,
+            per_seed,
+        ), kind
         assert (declared.export is not None, declared.sft_data_parallel is not None) == (hooks, hooks), kind
     for kind in set(known) - {"toy_bad_margin"}:  # every other registered one, tests' toys included
         check_domain_config(DomainConfig.get_choice_class(kind)())
@@ -240,6 +245,7 @@ def test_a_domain_config_declaring_the_wrong_kind_is_refused_in_one_line():
         "has NONINFERIORITY_MARGIN -0.1, not a number >= 0": toy(NONINFERIORITY_MARGIN=-0.1),
         "has NONINFERIORITY_MARGIN '0.01', not a number >= 0": toy(NONINFERIORITY_MARGIN="0.01"),
         "has DISPLAY_NAME '', not a non-empty str": toy(DISPLAY_NAME=""),
+        "has START_PER_SEED 'yes', not a bool": toy(START_PER_SEED="yes"),
         "has export, but it is not a method taking export(run, state, out)": toy(export=lambda run: {}),
         "has sft_data_parallel, but it is not a method taking sft_data_parallel(run, accelerator)": toy(
             sft_data_parallel="sft"
@@ -249,7 +255,7 @@ def test_a_domain_config_declaring_the_wrong_kind_is_refused_in_one_line():
         with pytest.raises(DomainContractError) as e:
             check_domain_config(cfg)
         assert str(e.value) == f"domain config ToyConfig {want} (the Domain contract, wmrl/domain.py)"
-    undeclared = type("Undeclared", (DomainConfig,), {})()  # declares nothing: every field None
+    undeclared = type("Undeclared", (DomainConfig,), {})()  # declares nothing: every field its default
     assert check_domain_config(undeclared) == DomainConfigCapabilities()
 
 

@@ -14,7 +14,8 @@ learner the same small batch structure, :class:`RolloutBatch`.
   a required member or has a member of the wrong kind, in one line naming both.
 - **Declared by the domain's config class** (:class:`DomainConfigCapabilities`, checked by
   :func:`check_domain_config`): its default non-inferiority margin (``NONINFERIORITY_MARGIN``), its
-  name for people (``DISPLAY_NAME``) and the optional hooks ``export`` and ``sft_data_parallel``.
+  name for people (``DISPLAY_NAME``), whether its start depends on the run seed (``START_PER_SEED``)
+  and the optional hooks ``export`` and ``sft_data_parallel``.
 - **Closed-loop domains** (a robot whose real rollout *is* its execution) return the true rewards
   of the rows they rolled out for real in ``RolloutBatch.real_rewards``; the trainer takes them as
   they are and asks ``execution_jobs`` only for anchor rows without one.
@@ -429,6 +430,11 @@ class DomainConfigCapabilities:
     # ``DISPLAY_NAME``: the domain's name for people (the title of an exported model card); None: its
     # registered type name.
     display_name: str | None = None
+    # ``START_PER_SEED``: True where the policy the domain's build starts from depends on the run seed
+    # (e.g. its SFT is seeded by it), so each seed of a grid starts from its own policy; a grid then
+    # records and checks one start per seed (``DIR/<domain>/start.json``), not one for every seed,
+    # and a spec cannot pin one (``start_sha1``). False (the default): every seed shares one start.
+    start_per_seed: bool = False
     # ``export(run, state, out, adapter=False) -> dict``: ``wmrl export`` of a run's checkpoint, the
     # policy and the world model written under ``out`` (:class:`wmrl.export.Exporter`). Without it,
     # ``wmrl export`` refuses the domain's runs.
@@ -472,6 +478,12 @@ def check_domain_config(cfg: object) -> DomainConfigCapabilities:
     display = getattr(cfg, "DISPLAY_NAME", None)
     if display is not None and not (isinstance(display, str) and display.strip()):
         raise refuse(f"has DISPLAY_NAME {display!r}, not a non-empty str")
+    per_seed = getattr(cfg, "START_PER_SEED", False)
+    if not isinstance(per_seed, bool):
+        raise refuse(f"has START_PER_SEED {per_seed!r}, not a bool")
     return DomainConfigCapabilities(
-        margin=None if margin is None else float(margin), display_name=display, **found
+        margin=None if margin is None else float(margin),
+        display_name=display,
+        start_per_seed=per_seed,
+        **found,
     )

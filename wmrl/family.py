@@ -1,7 +1,7 @@
 """A confirmatory family: the comparisons a claim rests on, declared before their grids ran, tested
 together with a multiplicity correction, and the seeds each needs, planned from pilots.
 
-A family (``FamilySpec``, a YAML file such as ``benchmarks/specs/family_wm_payoff.yaml``) names its
+A family (``FamilySpec``, a YAML file such as ``benchmarks/specs/families/wm_payoff.yaml``) names its
 methods, the baseline they are compared with (``anchors_only``: the same real executions without a
 world model) and one grid per domain (the grid's spec and where its merged ``report.json`` lies).
 ``wmrl family FAMILY.yaml --out-dir DIR`` reads the reports and writes ``family.md`` and

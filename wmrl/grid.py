@@ -59,7 +59,7 @@ import draccus
 
 from wmrl.checkpoints import config_diff
 from wmrl.config import ConfigError, ExecutorConfig, did_you_mean, load_config, presets
-from wmrl.domain import check_domain
+from wmrl.domain import check_domain, check_domain_config
 from wmrl.grid_spec import (
     LEDGER,
     START,
@@ -248,11 +248,18 @@ def run_cell(c: Cell, cwd: str) -> dict:
 def record_grid_start(c: Cell, sha1: str, cfg) -> None:
     """Check the start a preparation built against the domain's pinned start (``c.start_sha1``) and
     the grid's recorded one (``DIR/<domain>/start.json``), then record it there if it is the first.
-    One start per grid: every seed of a domain, on any machine, starts from one policy."""
+    One start per grid: every seed of a domain, on any machine, starts from one policy; a domain
+    whose start depends on the run seed (``START_PER_SEED``) records and checks one per seed."""
     cache = getattr(cfg.domain, "cache_dir", None)
     copy = (
         f"copy the domain's cache_dir ({cache}) from the machine that built it" if cache else "build it once"
     )
+    per_seed = check_domain_config(cfg.domain).start_per_seed
+    if c.start_sha1 and per_seed:
+        raise ConfigError(
+            f"domain {c.domain}: start_sha1 pins one start for every seed, but this domain builds its "
+            "start from the run seed (START_PER_SEED): each seed has its own; remove start_sha1"
+        )
     if c.start_sha1 and sha1 != c.start_sha1:
         raise RunDirError(
             f"domain {c.domain}: this machine's start is policy {sha1[:12]}, but the spec pins "
@@ -260,26 +267,43 @@ def record_grid_start(c: Cell, sha1: str, cfg) -> None:
             "not rebuilt (floating-point sums differ between CPUs)"
         )
     path = c.grid_start_path
-    recorded = (read_json(path) or {}).get("policy_sha1")
+    record = read_json(path) or {}
+    entry = {"policy_sha1": sha1, "cache_dir": cache, "host": platform.node(),
+             "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
+    if per_seed:
+        seeds = record.get("per_seed", {})
+        recorded = seeds.get(str(c.seed), {}).get("policy_sha1")
+        if recorded and recorded != sha1:
+            raise RunDirError(
+                f"domain {c.domain} seed {c.seed}: this preparation built policy {sha1[:12]}, but {path} "
+                f"records {recorded[:12]} for this seed, the start of its finished cells: {copy}"
+            )
+        if not recorded:
+            _write_json(path, {"per_seed": {**seeds, str(c.seed): entry}})
+        return
+    recorded = record.get("policy_sha1")
     if recorded and recorded != sha1:
         raise RunDirError(
             f"domain {c.domain}: this preparation built policy {sha1[:12]}, but {path} records "
             f"{recorded[:12]}, the start of the grid's other seeds: {copy}"
         )
     if not recorded:
-        _write_json(path, {"policy_sha1": sha1, "cache_dir": cache, "host": platform.node(),
-                           "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})  # fmt: skip
+        _write_json(path, entry)
 
 
 def seed_start(run_dir: Path) -> tuple[str, str] | None:
     """The start this cell must begin from, and where it was recorded: the one another cell of its
     seed recorded (``<domain>/<method>/seed<k>/start_policy.json``), else the grid's
-    (``<domain>/start.json``, which the preparation checked the build against), or None."""
+    (``<domain>/start.json``, which the preparation checked the build against: its seed's entry
+    where the domain records a start per seed), or None."""
     for other in sorted(run_dir.parent.parent.glob(f"*/{run_dir.name}/{START_POLICY}")):
         if other.parent != run_dir and (sha1 := (read_json(other) or {}).get("policy_sha1")):
             return sha1, str(other.parent)
     grid_start = run_dir.parent.parent / START
-    if sha1 := (read_json(grid_start) or {}).get("policy_sha1"):
+    record = read_json(grid_start) or {}
+    if "per_seed" in record:
+        record = record["per_seed"].get(run_dir.name.removeprefix("seed"), {})
+    if sha1 := record.get("policy_sha1"):
         return sha1, str(grid_start)
     return None
 

@@ -49,7 +49,9 @@ def __getattr__(name: str):
 
 
 LEDGER = "ledger.json"
-START = "start.json"  # DIR/<domain>/start.json: the SHA-1 of the policy every cell of the domain starts from
+# DIR/<domain>/start.json: the SHA-1 of the policy every cell of the domain starts from (one per seed,
+# under "per_seed", for a domain whose start depends on the run seed: START_PER_SEED)
+START = "start.json"
 
 
 def base_method(label: str) -> str:
@@ -229,7 +231,7 @@ class Cell:
 
     @property
     def grid_start_path(self) -> Path:
-        """``DIR/<domain>/start.json``: the start every cell of the domain shares, once recorded."""
+        """``DIR/<domain>/start.json``: the start every cell of the domain (or of its seed) shares."""
         return Path(self.start_path).parent / START
 
     @property

@@ -33,6 +33,9 @@ class ResearchPlugin(ResearchConfig):
     # for people (wmrl.domain.DomainConfigCapabilities).
     NONINFERIORITY_MARGIN = 0.02
     DISPLAY_NAME = "AutoResearch agent"
+    # The SFT policy every method starts from is trained with the run seed (its cache key holds it):
+    # each seed of a grid starts from its own policy.
+    START_PER_SEED = True
 
     def build(self, run: RunConfig) -> ResearchDomain:
         from wmrl_research.pipeline import build_domain

@@ -693,3 +693,59 @@ def test_a_control_planned_on_some_seeds_only_runs_and_is_reported_there(grid, t
     narrowed.write_text(spec.read_text() + "method_seeds: {ppi_plaecbo: [0]}\n")
     with pytest.raises(ConfigError, match="ppi_plaecbo.*did you mean 'ppi_placebo'"):
         load_spec(narrowed)
+
+
+def test_a_domain_with_a_start_per_seed_records_and_checks_one_per_seed(tmp_path, monkeypatch):
+    """A domain whose start depends on the run seed (START_PER_SEED, e.g. research) records one
+    start per seed in DIR/<domain>/start.json: two seeds with different starts are both kept (a
+    grid-wide check would refuse the second), a rebuild of a seed that differs from its record is
+    refused, a cell finds its own seed's start, and a spec cannot pin one start for every seed."""
+    from wmrl.grid import record_grid_start, seed_start
+    from wmrl.grid_spec import Cell
+    from wmrl.toy import ToyConfig
+    from wmrl.tracking import RunDirError
+
+    monkeypatch.setattr(ToyConfig, "START_PER_SEED", True, raising=False)
+    cfg = load_config("toy", TINY)
+    grid_dir = tmp_path / "g"
+
+    def cell(seed: int, pin: str = "") -> Cell:
+        run = grid_dir / "toy" / "real" / f"seed{seed}"
+        start = grid_dir / "toy" / f"start-seed{seed}.json"
+        return Cell("toy", "real", seed, "toy", [], [], str(run), str(start), pin)
+
+    record_grid_start(cell(0), "a0" * 20, cfg)
+    record_grid_start(cell(1), "b1" * 20, cfg)  # another seed, another start: kept
+    record_grid_start(cell(0), "a0" * 20, cfg)  # the same seed rebuilt alike: accepted
+    seeds = json.loads((grid_dir / "toy/start.json").read_text())["per_seed"]
+    assert {k: v["policy_sha1"] for k, v in seeds.items()} == {"0": "a0" * 20, "1": "b1" * 20}
+    refused = f"toy seed 1: this preparation built policy {'cc' * 6}, but .* records {'b1' * 6} for this seed"
+    with pytest.raises(RunDirError, match=refused):
+        record_grid_start(cell(1), "cc" * 20, cfg)
+    assert seed_start(grid_dir / "toy/real/seed1") == ("b1" * 20, str(grid_dir / "toy/start.json"))
+    assert seed_start(grid_dir / "toy/real/seed2") is None
+    with pytest.raises(ConfigError, match="start_sha1 pins one start for every seed, but this domain builds"):
+        record_grid_start(cell(2, pin="a0" * 20), "a0" * 20, cfg)
+    # the same calls on a domain with one start: the second seed's other start is refused
+    monkeypatch.setattr(ToyConfig, "START_PER_SEED", False)
+    grid_dir = tmp_path / "shared"
+    record_grid_start(cell(0), "a0" * 20, cfg)
+    with pytest.raises(RunDirError, match="the start of the grid's other seeds"):
+        record_grid_start(cell(1), "b1" * 20, cfg)
+
+
+def test_the_report_says_whether_seeds_share_a_start():
+    """One start for every seed, a start of each seed's own (a START_PER_SEED domain), or seeds
+    split between starts (a warning): the report's preamble says which."""
+    from wmrl.report.render import _preamble
+
+    def preamble(starts: dict) -> str:
+        dom = {"preset": "p", "score": "s", "reeval_overrides": [], "heldout_start": None, "starts": starts}
+        return "\n".join(_preamble({"spec": {"seeds": [0, 1, 2]}, "domains": {"d": dom}}))
+
+    assert "every seed starts from policy aaa (SHA-1 of its weights)" in preamble({"aaa": [0, 1, 2]})
+    own = preamble({"aaa": [0], "bbb": [1], "ccc": [2]})
+    assert "each seed starts from its own policy (seed: SHA-1 of its weights; 0: aaa, 1: bbb, 2: ccc)" in own
+    assert "**d: its seeds started from 2 policies** (aaa: seeds 0, 1; bbb: seeds 2)" in preamble(
+        {"aaa": [0, 1], "bbb": [2]}
+    )

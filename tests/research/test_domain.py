@@ -235,3 +235,24 @@ def test_training_runs_on_the_domains_pool_and_close_stops_it(built):
     assert domain.execute(manual_batch(domain, [None])).shape == (1,)
     domain.close()
     assert not pool.active
+
+
+def test_each_seed_trains_its_own_start(tmp_path):
+    """The research domain declares START_PER_SEED, and it is true: the SFT policy every method
+    starts from is trained with the run seed, so two seeds start from different weights (a grid
+    records one start per seed for it, tests/core/test_compare.py)."""
+    from wmrl.domain import check_domain_config
+    from wmrl.tracking import policy_fingerprint
+    from wmrl_research.pipeline import build_policy, policy_cache, select_tasks
+
+    digests = []
+    for seed in (0, 1):
+        cfg = load_config("research-debug", [
+            f"--domain.cache_dir={tmp_path / 'cache'}", f"--out_dir={tmp_path / 'run'}",
+            "--domain.sft_steps=2", f"--seed={seed}",
+        ])  # fmt: skip
+        train, heldout = select_tasks(cfg.domain)
+        policy, _ = build_policy(cfg.domain, cfg, train, heldout, policy_cache(cfg.domain, cfg))
+        digests.append(policy_fingerprint(policy))
+    assert check_domain_config(cfg.domain).start_per_seed is True
+    assert digests[0] != digests[1]

@@ -192,6 +192,12 @@ def _preamble(report: dict) -> list[str]:
                 f"- **{dname}**: every seed starts from policy {next(iter(starts))} (SHA-1 of its weights): "
                 "the comparisons hold for this start"
             )
+        elif starts and all(len(seeds) == 1 for seeds in starts.values()):
+            given = ", ".join(f"{seeds[0]}: {sha}" for sha, seeds in starts.items())
+            out.append(
+                f"- **{dname}**: each seed starts from its own policy (seed: SHA-1 of its weights; {given}): "
+                "every comparison is paired within a seed, and the spread between starts adds to it"
+            )
         elif starts:
             given = "; ".join(f"{sha}: seeds {seed_list(seeds)}" for sha, seeds in starts.items())
             out.append(
