@@ -55,7 +55,8 @@ def plot(report: dict, path: Path) -> Path:
             ax.grid(alpha=0.3)
         for ax in row[len(panels) :]:
             ax.axis("off")
-        row[0].legend(fontsize=8)
+        if row[0].get_legend_handles_labels()[0]:  # a domain with no curve has nothing to label
+            row[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
