@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import draccus
@@ -154,11 +154,15 @@ class GridSpec:
             if d.margin is not None and not d.margin >= 0:
                 raise ConfigError(f"domain {d.name!r}: margin={d.margin} must be >= 0")
         for m in self.method_seeds:
-            if m not in self.all_methods:
+            if m not in known:
                 raise ConfigError(
-                    f"method_seeds names {m!r}, which the grid does not run ({', '.join(self.all_methods)})"
-                    f"{did_you_mean(m, self.all_methods)}"
+                    f"method_seeds names {m!r}, which is not a method or control ({', '.join(known)})"
+                    f"{did_you_mean(m, known)}"
                 )
+
+    def stray_method_seeds(self) -> list[str]:
+        """The methods ``method_seeds`` names that this grid does not run."""
+        return [m for m in self.method_seeds if m not in self.all_methods]
 
     @property
     def all_methods(self) -> list[str]:
@@ -200,7 +204,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
                 f"{path}: unknown field {key!r}{did_you_mean(key, known)} (fields: {', '.join(known)})"
             )
     try:
-        return draccus.parse(GridSpec, config_path=path, args=list(overrides or []), exit_on_error=False)
+        spec = draccus.parse(GridSpec, config_path=path, args=list(overrides or []), exit_on_error=False)
     except ConfigError:
         raise
     except (draccus.ParsingError, argparse.ArgumentError, ValueError, TypeError, KeyError) as e:
@@ -210,6 +214,16 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
         raise (cause or ConfigError(f"invalid grid spec {path}: {e}")) from None
     except (DraccusException, SystemExit) as e:
         raise ConfigError(f"invalid grid spec overrides {overrides}: {e}") from None
+    if stray := spec.stray_method_seeds():
+        narrowed = [o for o in overrides or [] if o.split("=")[0] in ("--methods", "--control")]
+        if not narrowed:  # the file itself names a method it does not run
+            raise ConfigError(
+                f"{path}: method_seeds names {', '.join(map(repr, stray))}, which the grid does not run "
+                f"({', '.join(spec.all_methods)})"
+            )
+        # a part run (--methods=[...]) keeps the seeds of the methods it runs
+        spec = replace(spec, method_seeds={m: s for m, s in spec.method_seeds.items() if m not in stray})
+    return spec
 
 
 # ---- cells ---------------------------------------------------------------------------------------

@@ -693,6 +693,15 @@ def test_a_control_planned_on_some_seeds_only_runs_and_is_reported_there(grid, t
     narrowed.write_text(spec.read_text() + "method_seeds: {ppi_plaecbo: [0]}\n")
     with pytest.raises(ConfigError, match="ppi_plaecbo.*did you mean 'ppi_placebo'"):
         load_spec(narrowed)
+    # a part run of some methods keeps the others' seeds out; the file itself may not name them
+    narrowed.write_text(spec.read_text() + "method_seeds: {real: [0], ppi_lambda0: [1]}\n")
+    part_run = load_spec(narrowed, ["--methods=[real]"])
+    assert part_run.all_methods == ["real"] and part_run.method_seeds == {"real": [0]}
+    assert [(c.method, c.seed) for c in plan(part_run, tmp_path / "part")] == [("real", 0)]
+    assert load_spec(narrowed, ["--control=false"]).method_seeds == {"real": [0]}
+    narrowed.write_text(spec.read_text().replace("[real, ppi]", "[real, wmrl]") + "method_seeds: {ppi_lambda0: [1]}\n")
+    with pytest.raises(ConfigError, match=r"spec.yaml: method_seeds names 'ppi_lambda0', which the grid does not run"):
+        load_spec(narrowed)
 
 
 def test_a_domain_with_a_start_per_seed_records_and_checks_one_per_seed(tmp_path, monkeypatch):
