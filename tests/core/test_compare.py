@@ -699,8 +699,12 @@ def test_a_control_planned_on_some_seeds_only_runs_and_is_reported_there(grid, t
     assert part_run.all_methods == ["real"] and part_run.method_seeds == {"real": [0]}
     assert [(c.method, c.seed) for c in plan(part_run, tmp_path / "part")] == [("real", 0)]
     assert load_spec(narrowed, ["--control=false"]).method_seeds == {"real": [0]}
-    narrowed.write_text(spec.read_text().replace("[real, ppi]", "[real, wmrl]") + "method_seeds: {ppi_lambda0: [1]}\n")
-    with pytest.raises(ConfigError, match=r"spec.yaml: method_seeds names 'ppi_lambda0', which the grid does not run"):
+    narrowed.write_text(
+        spec.read_text().replace("[real, ppi]", "[real, wmrl]") + "method_seeds: {ppi_lambda0: [1]}\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"spec.yaml: method_seeds names 'ppi_lambda0', which the grid does not run"
+    ):
         load_spec(narrowed)
 
 
