@@ -20,7 +20,7 @@ from wmrl.config import ConfigError
 from wmrl.device import resolve_device
 from wmrl.distributed import writes_run_dir
 from wmrl.methods import method_of
-from wmrl.tracking import OFFLINE_DATA, stage
+from wmrl.tracking import OFFLINE_DATA, policy_fingerprint, stage
 from wmrl_vla.demos import cache_key, demo_fields, label_goals, task_dims
 from wmrl_vla.domain import VLADomain, VLAWorldModel
 from wmrl_vla.policies import policy_kind
@@ -256,9 +256,10 @@ def build_domain(cfg: VLAConfig, run: RunConfig) -> VLADomain:
     model, quality = prepare_world_model(cfg, episodes, device, show)
     out = Path(run.out_dir)
     main = writes_run_dir()  # data-parallel: one writer of the run directory's files
-    if quality and main:
+    if quality and main:  # with the pretrained weights' fingerprint: which build of the WM the run used
         out.mkdir(parents=True, exist_ok=True)
-        (out / "wm_quality.json").write_text(json.dumps(quality, indent=2))
+        sha1 = policy_fingerprint(model)
+        (out / "wm_quality.json").write_text(json.dumps({**quality, "wm_sha1": sha1}, indent=2))
     if cfg.wm_offline_per_task and main:  # the offline data's simulator steps, apart from the RL budget
         out.mkdir(parents=True, exist_ok=True)
         (out / OFFLINE_DATA).write_text((offline_dir(cfg) / "summary.json").read_text())

@@ -1,13 +1,16 @@
 """The VLA domain built from the vla-debug preset (real demos in a LeRobot dataset, real MuJoCo)."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from wmrl.config import load_config
+from wmrl.tracking import policy_fingerprint
 from wmrl_vla.config import VLAEvaluation, VLAWMRefinement
 from wmrl_vla.rollout import replay_reward
-from world_models.vla_dynamics import instruction_ids, rollout_score
+from world_models.vla_dynamics import VLADynamics, instruction_ids, rollout_score
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +29,10 @@ def test_cached_stages_are_reused(built):
     cfg, domain, root = built
     cache = root / "cache"
     assert len(list(cache.glob("sft-*.pt"))) == 1 and len(list(cache.glob("wm-*.pt"))) == 1
+    # the run names the build of the world model it started from (builds differ between machines)
+    (wm_path,) = cache.glob("wm-*.pt")
+    quality = json.loads((root / "run" / "wm_quality.json").read_text())
+    assert quality["wm_sha1"] == policy_fingerprint(VLADynamics.load(wm_path))
     again = cfg.domain.build(cfg)
     for (k, a), b in zip(domain.policy.state_dict().items(), again.policy.state_dict().values(), strict=True):
         assert torch.equal(a, b), k
