@@ -12,7 +12,10 @@ frames the policy saw), ``states`` ``[N, T, S]``, ``instr`` ``[N, L]``, ``action
 ``step_mask`` ``[N, T]``, ``init_images`` ``[N, 3, H, W]``, ``init_states`` ``[N, S]``; a chain
 policy's rollouts (payload ``chains`` ``[T, K+1, H, A]``) add ``chains`` ``[N, T, K+1, H, A]``. A
 policy that executes chunks open loop has one step per decision (:func:`sim_payload`): ``T`` counts
-decisions, and ``actions`` holds each chunk's first action.
+decisions, and ``actions`` holds each chunk's first action; its payload's ``executed_actions``
+``[T_env, A]`` holds every action the environment (or the world model) stepped. ``wm_actions``
+``[N, T_env, A]`` and ``wm_step_mask`` ``[N, T_env]`` are those, what the world model scores (the
+same tensors as ``actions`` and ``step_mask`` where every step is a decision).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def sim_payload(r: SimRollout) -> dict:
         "goal": goal_or_zeros(r.goal),
         "rollout": r,
         **({} if r.chains is None else {"chains": r.chains}),
+        **({} if r.decision_steps is None else {"executed_actions": r.actions}),
     }
 
 
@@ -101,6 +105,14 @@ def collate(
         for i, r in enumerate(rollouts):
             chains[i, : len(r["actions"])] = torch.as_tensor(r["chains"])
         optional_extras["chains"] = chains
+    wm_actions, wm_step_mask = actions, step_mask  # what the world model scores: every executed action
+    if any("executed_actions" in r for r in rollouts):  # chunks executed open loop
+        done = [np.asarray(r.get("executed_actions", r["actions"])) for r in rollouts]
+        wm_actions = torch.zeros(n, max(len(x) for x in done), a)
+        wm_step_mask = torch.zeros(n, wm_actions.shape[1])
+        for i, x in enumerate(done):
+            wm_actions[i, : len(x)] = torch.as_tensor(x)
+            wm_step_mask[i, : len(x)] = 1
     return RolloutBatch(
         tokens=tokens.reshape(n, t_max * a),
         logprobs=logprobs.reshape(n, t_max * a),
@@ -116,6 +128,8 @@ def collate(
             "wm_goal": torch.from_numpy(np.stack([r["goal"] for r in rollouts])),  # [N, 2]
             "actions": actions,
             "step_mask": step_mask,
+            "wm_actions": wm_actions,
+            "wm_step_mask": wm_step_mask,
             "init_images": images[:, 0].clone(),
             "init_states": states[:, 0].clone(),
             **optional_extras,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from wmrl.config import ConfigError, DomainConfig, did_you_mean
+from wmrl_vla.chain_config import DenoisingChainConfig
 from wmrl_vla.lerobot_env import LeRobotEnvConfig
 from wmrl_vla.policies import POLICY_KINDS, check_policy_path, policy_kind
 
@@ -93,6 +94,9 @@ class VLAConfig(DomainConfig):
     # lerobot_diffusion), its inputs through its own saved processors. ACT, SmolVLA or diffusion
     # (n_obs_steps=1); see wmrl_vla.lerobot_policy and wmrl_vla.diffusion_bridge.
     policy_path: str | None = None
+    # How lerobot_diffusion's denoising chain is executed and scored (--domain.chain.act_steps=4 runs
+    # 4 chunk positions open loop per chain): wmrl_vla/chain_config.py.
+    chain: DenoisingChainConfig = field(default_factory=DenoisingChainConfig)
     # An env lerobot knows, as lerobot spells it (--domain.env.type=metaworld
     # --domain.env.task=reach-v3); it replaces domain.tasks. See wmrl_vla.lerobot_env.
     env: LeRobotEnvConfig = field(default_factory=LeRobotEnvConfig)
@@ -301,6 +305,9 @@ class VLAConfig(DomainConfig):
         """The policy kind, what it sees in imagination, its demos and behaviour cloning."""
         if self.policy not in POLICIES:
             raise ConfigError(f"domain.policy={self.policy!r} is not one of {', '.join(POLICIES)}")
+        if isinstance(self.chain, dict):  # from a YAML preset
+            self.chain = DenoisingChainConfig(**self.chain)
+        self.chain.check(self.policy, "lerobot_diffusion")
         if self.imagine_input not in IMAGINE_INPUTS:
             raise ConfigError(
                 f"domain.imagine_input={self.imagine_input!r} is not one of {', '.join(IMAGINE_INPUTS)}"

@@ -36,6 +36,8 @@ from collections.abc import Callable
 
 import torch
 
+from wmrl_vla.chain_config import CHAIN_SCORINGS
+
 LOG_2PI = math.log(2 * math.pi)
 
 
@@ -72,9 +74,6 @@ def chain_log_prob(chain: torch.Tensor, means: torch.Tensor, stds: torch.Tensor)
 
     Summing the result over ``H`` and ``A`` gives the chain's joint log-density."""
     return chain_log_terms(chain, means, stds).sum(1)
-
-
-CHAIN_SCORINGS = ("joint", "executed_marginal", "executed_only")
 
 
 def check_ft_steps(ft_steps: int | None, steps: int) -> int:

@@ -53,13 +53,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from wmrl_vla.chain_config import DenoisingChainConfig
 from wmrl_vla.denoising_chain import (
     CHAIN_SCORINGS,
     check_ft_steps,
@@ -85,7 +86,7 @@ class DiffusionBridgeConfig:
     # Action chunk length (a multiple of 2 ** len(down_dims)).
     horizon: int = 4
     # Chunk positions executed open loop per sampled chain (1: closed loop, the first; at most horizon).
-    act_steps: int = 1
+    act_steps: int = DenoisingChainConfig.act_steps
     down_dims: list[int] = field(default_factory=lambda: [32, 64])
     diffusion_step_embed_dim: int = 32
     spatial_softmax_num_keypoints: int = 16
@@ -97,10 +98,10 @@ class DiffusionBridgeConfig:
     # The chain terms a token's log-prob sums (wmrl_vla.denoising_chain.scored_terms): "joint" (all),
     # "executed_marginal" (exact: the unexecuted positions' final step integrated out) or
     # "executed_only" (DPPO's heuristic: the executed position alone at every step; biased).
-    chain_scoring: str = "joint"
+    chain_scoring: str = DenoisingChainConfig.scoring
     # Denoising steps fine-tuned (DPPO's ft_denoising_steps K'): the last K' of the chain; the first
     # K - K' run by a frozen copy of the policy as cloned (its base). None: all chain_steps (K' = K).
-    ft_denoising_steps: int | None = None
+    ft_denoising_steps: int | None = DenoisingChainConfig.ft_denoising_steps
 
     def lerobot_config(self):
         from lerobot.configs.types import FeatureType, PolicyFeature
@@ -396,10 +397,23 @@ class DiffusionChainPolicy(nn.Module):
         torch.save({"config": asdict(self.bridge_config), "state_dict": self.state_dict()}, path)
 
     @classmethod
-    def load(cls, path) -> DiffusionChainPolicy:
+    def load(cls, path, **chain) -> DiffusionChainPolicy:
+        """The policy :meth:`save` wrote. ``chain``: :class:`DiffusionBridgeConfig` fields of how the
+        chain is executed and scored (``act_steps``, ``chain_scoring``, ``ft_denoising_steps``) that
+        replace the saved ones: the same network, with the saved frozen base, or a copy of the
+        network where none was saved."""
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        model = cls.from_config(DiffusionBridgeConfig(**ckpt["config"]))
-        model.load_state_dict(ckpt["state_dict"])
+        model = cls.from_config(replace(DiffusionBridgeConfig(**ckpt["config"]), **chain))
+        state = ckpt["state_dict"]
+        if model.base_model is None:  # the whole chain fine-tuned: a saved base is not needed
+            state = {k: v for k, v in state.items() if not k.startswith("base_model.")}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or any(not k.startswith("base_model.") for k in missing):
+            raise ValueError(
+                f"{path} does not hold this policy's network: missing {missing}, unexpected {unexpected}"
+            )
+        if missing:  # saved without a base: the base is the network as saved
+            model.reset_base()
         return model
 
 

@@ -251,6 +251,7 @@ class VLADomain:
         wm: VLADynamics = self.world_model.model
         wm.eval()
         chains: torch.Tensor | None = None  # a chain policy's denoising chains (pixel imagination)
+        every = getattr(self.policy, "act_steps", 1)  # env steps a decision's chunk covers, open loop
         if latent:  # the policy reads the WM latent through the adapter: no frame decoded
             if self.latent_adapter is None:
                 raise RuntimeError("imagine_input=latent: fit_latent_adapter() must run before imagining")
@@ -274,20 +275,25 @@ class VLADomain:
                 self.policy, "act_with_chain" if chained else "act"
             )
 
+            plan: list[torch.Tensor] = []  # the decision's chunk [B, k, A]
+
             def act(seen: torch.Tensor, states: torch.Tensor, t: int) -> torch.Tensor:
+                if t % every:  # mid-chunk: the decision's next action, as the simulator executes it
+                    return plan[0][:, t % every]
                 kw = {} if noise is None else {"noise": noise[:, t]}
                 frames = imgs if still else seen
                 bins, lp, a, *chain = sample(frames, states, instr_ids, self.temperature, self.gen, **kw)
                 rec_bins.append(bins)
                 rec_lp.append(lp)
                 rec_chains.extend(chain)
-                return a
+                plan[:] = [a if a.dim() == 3 else a[:, None]]
+                return plan[0][:, 0]
 
             out = wm.imagine(imgs, sts, act, horizon, generator=self.gen, instr=wm_instr, goal=goals,
                              observe="latents" if still else "frames")  # fmt: skip
-            bins = torch.stack(rec_bins, 1)  # [B, T', A]
+            bins = torch.stack(rec_bins, 1)  # [B, D, A], D decisions: T' / every, rounded up
             lps = torch.stack(rec_lp, 1)
-            chains = torch.stack(rec_chains, 1) if rec_chains else None  # [B, T', K+1, H, A]
+            chains = torch.stack(rec_chains, 1) if rec_chains else None  # [B, D, K+1, H, A]
         res = []
         lengths = []
         for i in range(imgs.shape[0]):
@@ -295,26 +301,29 @@ class VLADomain:
             n = max(1, min(n, int(limits[i])))
             lengths.append(n)
             self.imagined_steps += n
+            d, nd = slice(0, n, every), -(-n // every)  # the decisions' steps, as a sim rollout keeps them
             r = {
                 "kind": "imagined",
                 "task_id": tasks[i // group_size].task_id,
                 "seed": tasks[i // group_size].seed,
                 "instruction": instrs[i],
-                "images": out["images"][i, :n].numpy(),
-                "states": out["states"][i, :n].numpy(),
-                "actions": out["actions"][i, :n].numpy(),
-                "bins": bins[i, :n].numpy(),
-                "logprobs": lps[i, :n].numpy(),
+                "images": out["images"][i, d].numpy(),
+                "states": out["states"][i, d].numpy(),
+                "actions": out["actions"][i, d].numpy(),
+                "bins": bins[i, :nd].numpy(),
+                "logprobs": lps[i, :nd].numpy(),
                 "reward": float("nan"),  # unknown: never executed
                 "success": float("nan"),
                 "goal": goals[i].numpy(),
                 "rollout": None,
             }
+            if every > 1:  # the chunks' every action, which the world model scores
+                r["executed_actions"] = out["actions"][i, :n].numpy()
             if latent:  # no frame but the first was decoded: keep what the policy read instead
                 r["features"] = feats[i, :n]
                 r["latents"] = out["latents"][i, :n]
             elif chains is not None:
-                r["chains"] = chains[i, :n].numpy()
+                r["chains"] = chains[i, :nd].numpy()
             res.append(r)
         if latent and self.latent_refresh_steps > 0:
             self.refresh_latent_adapter(imgs, out["latents"], f0, instr_ids, lengths)

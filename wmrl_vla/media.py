@@ -34,7 +34,8 @@ def rollout_media(
     if "sim" in kinds:
         i = kinds.index("sim")
         p = batch.payload[i]
-        actions = torch.as_tensor(np.asarray(p["actions"]), dtype=torch.float32)  # [T, A]
+        executed = p.get("executed_actions", p["actions"])  # every step's, where chunks ran open loop
+        actions = torch.as_tensor(np.asarray(executed), dtype=torch.float32)  # [T, A]
         n = actions.shape[0]
         wm.eval()
         out = wm.imagine(
@@ -46,7 +47,8 @@ def rollout_media(
             instr=batch.extras["wm_instr"][i : i + 1],
             goal=batch.extras["wm_goal"][i : i + 1],
         )
-        real, dreamt = np.asarray(p["images"])[:n], out["images"][0, :n].numpy()
+        seen = p["images"] if p.get("rollout") is None else p["rollout"].images[:-1]  # every step's
+        real, dreamt = np.asarray(seen)[:n], out["images"][0, :n].numpy()
         media["rollouts/real_vs_imagined"] = Video(
             big(np.concatenate([real, dreamt], axis=-1)),
             caption=f"{p['task_id']} seed {p['seed']}: {p['instruction']!r}; left: simulator, right: "

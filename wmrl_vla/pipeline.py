@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from wmrl.device import resolve_device
 from wmrl.distributed import writes_run_dir
 from wmrl.methods import method_of
 from wmrl.tracking import OFFLINE_DATA, policy_fingerprint, stage
+from wmrl_vla.chain_config import DenoisingChainConfig
 from wmrl_vla.demos import cache_key, demo_fields, label_goals, task_dims
 from wmrl_vla.domain import VLADomain, VLAWorldModel
 from wmrl_vla.policies import policy_kind
@@ -109,8 +111,16 @@ def sft_data_parallel(cfg: VLAConfig, run: RunConfig, accelerator) -> None:
     prepare_policy(cfg, records, resolve_device(run.device), accelerator, run.tracking.progress)
 
 
+def _acting_fields(cfg: VLAConfig) -> dict[str, Any]:
+    """The fields of the policy's behaviour, which its recorded rollouts depend on: its SFT's, and how
+    a chain policy acts (``domain.chain``, keyed where it is not the default: one clone executed in
+    chunks records other rollouts)."""
+    chain = {"chain": asdict(cfg.chain)} if cfg.chain != DenoisingChainConfig() else {}
+    return {**_policy_fields(cfg), **chain}
+
+
 def _rollout_fields(cfg: VLAConfig) -> dict[str, Any]:
-    return {**_policy_fields(cfg), "wm_policy_rollouts_per_task": cfg.wm_policy_rollouts_per_task,
+    return {**_acting_fields(cfg), "wm_policy_rollouts_per_task": cfg.wm_policy_rollouts_per_task,
             "temperature": cfg.temperature}  # fmt: skip
 
 
@@ -154,7 +164,7 @@ def prepare_policy_rollouts(cfg: VLAConfig, policy, progress: bool = True) -> li
 
 
 def _offline_fields(cfg: VLAConfig) -> dict[str, Any]:
-    return {**_policy_fields(cfg), "wm_offline_per_task": cfg.wm_offline_per_task,
+    return {**_acting_fields(cfg), "wm_offline_per_task": cfg.wm_offline_per_task,
             "wm_offline_mix": list(cfg.wm_offline_mix)}  # fmt: skip
 
 

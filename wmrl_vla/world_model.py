@@ -72,8 +72,8 @@ class VLAWorldModel:
         prog, succ = self.model.score_actions(
             ex["init_images"],
             ex["init_states"],
-            ex["actions"],
-            ex["step_mask"].float(),
+            ex["wm_actions"],  # every action executed: a chunk policy's decisions cover several
+            ex["wm_step_mask"].float(),
             ex["wm_instr"],
             ex["wm_goal"],
         )  # [K, N, T]

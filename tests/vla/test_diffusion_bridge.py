@@ -605,3 +605,70 @@ def test_ft_steps_grpo_step_moves_only_the_fine_tuned_network(tmp_path):
     loaded = DiffusionChainPolicy.load(tmp_path / "ft.pt")
     for (n, p), (m, q) in zip(pol.named_parameters(), loaded.named_parameters(), strict=True):
         assert n == m and torch.equal(p, q)
+
+
+def test_a_saved_clone_loads_with_other_chain_settings(tmp_path):
+    """The cached clone is loaded as ``domain.chain`` says it acts (open loop, scoring, fine-tuned
+    steps): the same network, a frozen base that is a copy of it; a base saved with it is dropped
+    where the whole chain is fine-tuned."""
+    pol = _reacher_policy()
+    pol.save(tmp_path / "clone.pt")
+    again = DiffusionChainPolicy.load(
+        tmp_path / "clone.pt", act_steps=3, chain_scoring="executed_marginal", ft_denoising_steps=2
+    )
+    assert (again.act_steps, again.chain_scoring, again.ft_steps, again.first_ft_step) == (
+        3,
+        "executed_marginal",
+        2,
+        CFG.chain_steps - 2,
+    )
+    saved, loaded = pol.state_dict(), again.state_dict()
+    assert {k for k in loaded if not k.startswith("base_model.")} == set(saved)
+    for k, v in saved.items():
+        assert torch.equal(loaded[k], v), k
+        if k.startswith("model."):  # the frozen base starts as the network
+            assert torch.equal(loaded["base_model." + k.removeprefix("model.")], v), k
+    again.save(tmp_path / "ft.pt")
+    assert DiffusionChainPolicy.load(tmp_path / "ft.pt").ft_steps == 2  # as saved, unless replaced
+    plain = DiffusionChainPolicy.load(tmp_path / "ft.pt", act_steps=1, ft_denoising_steps=None)
+    assert plain.base_model is None and plain.act_steps == 1 and set(plain.state_dict()) == set(saved)
+
+
+def test_a_chunked_diffusion_policy_imagines_as_it_executes(tmp_path):
+    """``--domain.chain.act_steps=2`` on a built VLA domain: simulated and imagined rollouts alike keep
+    one step per decision (a chain each, its first 2 positions the actions stepped), the world model
+    scores every stepped action (``wm_actions``, not the decisions' first ones), and the batch re-scores
+    its recorded log-probs (ratio 1)."""
+    cfg = load_config(
+        "vla-debug",
+        [f"--out_dir={tmp_path / 'run'}", f"--domain.cache_dir={tmp_path / 'cache'}", "--method=wmrl",
+         "--domain.policy=lerobot_diffusion", "--domain.chain.act_steps=2"],
+    )  # fmt: skip
+    domain = cfg.domain.build(cfg)
+    try:
+        assert domain.policy.act_steps == 2
+        tasks = domain.sample_tasks(2, "train", torch.Generator().manual_seed(0))
+        batch = domain.generate(tasks, 3, torch.tensor([True, False]))
+        assert [p["kind"] for p in batch.payload] == ["sim"] * 3 + ["imagined"] * 3
+        for i, p in enumerate(batch.payload):
+            done = np.asarray(p["executed_actions"])  # [T_env, A]
+            decisions = -(-len(done) // 2)
+            assert len(p["actions"]) == len(p["logprobs"]) == len(p["chains"]) == decisions
+            np.testing.assert_array_equal(p["actions"], done[::2])
+            for d in range(decisions):
+                np.testing.assert_allclose(
+                    done[2 * d : 2 * d + 2], p["chains"][d, -1, : len(done[2 * d : 2 * d + 2])]
+                )
+            assert torch.equal(
+                batch.extras["wm_actions"][i, : len(done)], torch.as_tensor(done, dtype=torch.float32)
+            )
+            assert int(batch.extras["wm_step_mask"][i].sum()) == len(done)
+            assert int(batch.extras["step_mask"][i].sum()) == decisions
+        with torch.no_grad():
+            lp = domain.policy.log_probs(batch)
+        assert float(((lp - batch.logprobs) * batch.mask).abs().max()) < 5e-5
+        pred = domain.world_model.predict(batch)
+        batch.extras["actions"] = torch.zeros_like(batch.extras["actions"])  # not what the WM reads
+        assert torch.equal(domain.world_model.predict(batch).mean, pred.mean)
+    finally:
+        domain.close()

@@ -134,3 +134,31 @@ def test_a_chain_policy_refuses_ppis_twin_anchors_before_building_anything(polic
     ):
         build_domain(cfg.domain, cfg)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_chain_settings_are_checked_and_key_the_rollouts_not_the_clone():
+    """``domain.chain`` is refused in one line for a policy that is not a chunked chain, for an unknown
+    scoring, and beyond the policy's horizon (when it is built); the clone (SFT cache) is shared by
+    every chain setting, the policy's recorded rollouts (and the WM built on them) are not."""
+    from wmrl_vla.pipeline import _policy_fields, _rollout_fields
+
+    with pytest.raises(
+        ConfigError, match=r"^domain.chain applies to domain.policy=lerobot_diffusion .* not small_vla"
+    ):
+        domain("--domain.chain.act_steps=2")
+    with pytest.raises(
+        ConfigError, match=r"^domain.chain.scoring='marginal' is not one of joint, executed_marginal"
+    ):
+        domain("--domain.policy=lerobot_diffusion", "--domain.chain.scoring=marginal")
+    with pytest.raises(
+        ConfigError, match=r"^domain.chain.act_steps=9 must be 1..4 \(the policy's chunk horizon\)$"
+    ):
+        policy_kind(domain("--domain.policy=lerobot_diffusion", "--domain.chain.act_steps=9")).build()
+    plain = domain("--domain.policy=lerobot_diffusion")
+    chunked = domain("--domain.policy=lerobot_diffusion", "--domain.chain.act_steps=2")
+    assert policy_kind(chunked).build().act_steps == 2
+    assert _policy_fields(chunked) == _policy_fields(plain) and "chain" not in _rollout_fields(plain)
+    assert _rollout_fields(chunked) == {
+        **_rollout_fields(plain),
+        "chain": {"act_steps": 2, "scoring": "joint", "ft_denoising_steps": None},
+    }

@@ -14,6 +14,7 @@ from wmrl_vla.demos import DemoConfig, cache_key, demo_fields
 if TYPE_CHECKING:
     import torch
 
+    from wmrl_vla.chain_config import DenoisingChainConfig
     from wmrl_vla.lerobot_env import LeRobotEnvConfig
 
 # Bump when the policy's architecture changes, so stale SFT caches are not loaded.
@@ -27,6 +28,7 @@ class PolicyConfig(DemoConfig, Protocol):
     policy: str
     policy_path: str | None
     env: LeRobotEnvConfig
+    chain: DenoisingChainConfig
     n_bins: int
     d_model: int
     n_layers: int

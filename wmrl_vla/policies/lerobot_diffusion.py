@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wmrl.config import ConfigError
 from wmrl_vla.policies.base import PolicyKind, register_policy_kind
 
 if TYPE_CHECKING:
@@ -55,12 +57,16 @@ class LeRobotDiffusion(PolicyKind):
         from wmrl_vla.diffusion_bridge import DiffusionBridgeConfig, DiffusionChainPolicy
 
         cfg = self.cfg
-        if cfg.policy_path is not None:
-            return DiffusionChainPolicy.from_folder(cfg.policy_path)
-        state_dim, action_dim = task_dims(cfg.tasks)
-        return DiffusionChainPolicy.from_config(
-            DiffusionBridgeConfig(image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim)
-        )
+        chain = cfg.chain.bridge_fields()  # how the chain is executed and scored (domain.chain)
+        with _as_config_error():
+            if cfg.policy_path is not None:
+                return DiffusionChainPolicy.from_folder(cfg.policy_path, **chain)
+            state_dim, action_dim = task_dims(cfg.tasks)
+            return DiffusionChainPolicy.from_config(
+                DiffusionBridgeConfig(
+                    image_size=cfg.image_size, state_dim=state_dim, action_dim=action_dim, **chain
+                )
+            )
 
     def prepare(self, demos: list[dict], device: torch.device, accelerator=None, progress: bool = True):
         """A folder as is; else cloned with its diffusion loss for ``sft_epochs`` passes' worth of
@@ -71,8 +77,9 @@ class LeRobotDiffusion(PolicyKind):
         from wmrl_vla.diffusion_bridge import DiffusionChainPolicy, train_bc
 
         cfg, path = self.cfg, self.cache_path()
-        if cfg.policy_path is None and path.exists():
-            return DiffusionChainPolicy.load(path).to(device)
+        if cfg.policy_path is None and path.exists():  # the clone, executed and scored as domain.chain says
+            with _as_config_error():
+                return DiffusionChainPolicy.load(path, **cfg.chain.bridge_fields()).to(device)
         torch.manual_seed(cfg.demo_seed)
         policy = self.build()
         if cfg.policy_path is not None:
@@ -95,3 +102,15 @@ class LeRobotDiffusion(PolicyKind):
 
     def export(self, policy, out: Path) -> tuple[dict[str, Any], list[str]]:
         raise ValueError(self.export_refused)
+
+
+@contextmanager
+def _as_config_error():
+    """A ``domain.chain`` setting the policy cannot take (``act_steps`` beyond its chunk horizon,
+    ``ft_denoising_steps`` beyond its denoising steps) as one line naming the setting."""
+    try:
+        yield
+    except ValueError as e:
+        if str(e).startswith(("act_steps=", "ft_denoising_steps=")):
+            raise ConfigError(f"domain.chain.{e}") from None
+        raise
