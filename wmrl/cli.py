@@ -129,6 +129,22 @@ def build_parser() -> _Parser:
         "dir", metavar="DIR", help="a run directory (wmrl run) or a grid directory (wmrl compare)"
     )
     status.add_argument("--json", action="store_true", help="print the figures as JSON")
+    archive = sub.add_parser(
+        "archive",
+        help="copy a grid's results without its checkpoints (to commit them); wmrl compare resumes from it",
+        description="Copy GRID_DIR's finished cells, reports, ledger and recorded starts to DIR, leaving out "
+        "unfinished cells, checkpoints, lock files and any file over --max-mb (listed). Copied back as a "
+        "grid directory, `wmrl compare SPEC --out-dir COPY` keeps the finished cells and runs the rest "
+        "(wmrl/grid_archive.py).",
+        formatter_class=fmt,
+    )
+    archive.add_argument("grid_dir", metavar="GRID_DIR", help="a grid directory (wmrl compare)")
+    archive.add_argument(
+        "--out-dir", required=True, metavar="DIR", help="where the archive goes (updated in place)"
+    )
+    archive.add_argument(
+        "--max-mb", type=float, default=5.0, help="leave out files larger than this (default 5)"
+    )
     config = sub.add_parser(
         "config",
         help="print every config field of a preset with its value and comment (as a YAML preset)",
@@ -219,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             if overrides:
                 raise ConfigError(f"wmrl status takes no overrides: {' '.join(overrides)}")
             _status(args)
+        elif args.command == "archive":
+            if overrides:
+                raise ConfigError(f"wmrl archive takes no overrides: {' '.join(overrides)}")
+            _archive(args)
         elif args.command == "export":
             if overrides:
                 raise ConfigError(f"wmrl export takes no overrides: {' '.join(overrides)}")
@@ -380,6 +400,17 @@ def _status(args: argparse.Namespace) -> None:
 
     report = status(args.dir)
     print(json.dumps(report, indent=2) if args.json else format_status(report))
+
+
+def _archive(args: argparse.Namespace) -> None:
+    from wmrl.grid_archive import archive_grid
+
+    done = archive_grid(args.grid_dir, args.out_dir, max_bytes=int(args.max_mb * 2**20))
+    print(f"archived {done['files']} files of {len(done['finished'])} finished cells to {args.out_dir}")
+    for name, state in done["not_finished"].items():  # "killed": a checkpoint, the run stopped or running
+        print(f"  not archived: {name} ({'in progress or stopped' if state == 'killed' else state})")
+    for entry in done["left_out"]:
+        print(f"  left out (over {args.max_mb:g} MB): {entry}")
 
 
 def _export(args: argparse.Namespace) -> None:

@@ -762,3 +762,47 @@ def test_the_report_says_whether_seeds_share_a_start():
     assert "**d: its seeds started from 2 policies** (aaa: seeds 0, 1; bbb: seeds 2)" in preamble(
         {"aaa": [0, 1], "bbb": [2]}
     )
+
+
+def test_an_archive_keeps_the_finished_cells_without_checkpoints_and_compare_resumes_from_it(grid, tmp_path):
+    """`wmrl archive`: the grid's reports, ledger and finished cells without checkpoints or locks; a
+    cell whose re-evaluation is missing is left out, and so is a file over --max-mb. Copied back,
+    `wmrl compare` keeps the archived cells as they are and trains the one left out."""
+    from wmrl.grid_archive import archive_grid
+
+    spec, out = grid
+    part = tmp_path / "grid"
+    shutil.copytree(out, part)
+    (part / "toy" / "ppi" / "seed1" / "reeval.json").unlink()  # trained, not re-evaluated: not finished
+    assert main(["archive", str(part), "--out-dir", str(tmp_path / "archive")]) == 0
+    kept = {
+        p.relative_to(tmp_path / "archive").as_posix()
+        for p in (tmp_path / "archive").rglob("*")
+        if p.is_file()
+    }
+    assert {"spec.yaml", "index.json", "ledger.json", "report.json"} <= kept
+    assert not [
+        k for k in kept if "checkpoints/" in k or k.endswith(".lock") or k.startswith("toy/ppi/seed1/")
+    ]
+    finished = [f"toy/{m}/seed{s}" for m in ("real", "anchors_only", "ppi", "ppi_placebo", "ppi_lambda0")
+                for s in (0, 1) if (m, s) != ("ppi", 1)]  # fmt: skip
+    assert all(f"{cell}/summary.json" in kept and f"{cell}/reeval.json" in kept for cell in finished)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "archive", resumed)
+    before = {c: (resumed / c / "metrics.jsonl").read_bytes() for c in finished}
+    assert main(["compare", str(spec), "--out-dir", str(resumed)]) == 0
+    assert {
+        c: (resumed / c / "metrics.jsonl").read_bytes() for c in finished
+    } == before  # kept, not retrained
+    assert json.loads((resumed / "toy/ppi/seed1/reeval.json").read_text()) == json.loads(
+        (out / "toy/ppi/seed1/reeval.json").read_text()
+    )  # trained again from the start: the same run
+    small = archive_grid(part, tmp_path / "small", max_bytes=200)
+    assert any(e.startswith("report.json (") for e in small["left_out"])
+    assert small["not_finished"] == {"toy/ppi/seed1": "trained"} and len(small["finished"]) == 9
+    with pytest.raises(ConfigError, match="lies inside the grid"):
+        archive_grid(part, part / "archive")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "spec.yaml").write_text("methods: [real]\n")
+    with pytest.raises(ConfigError, match="holds another grid's archive"):
+        archive_grid(part, tmp_path / "other")
