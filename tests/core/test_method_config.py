@@ -74,8 +74,13 @@ class Sections:
 
 
 def sections_of(content: dict | None, overrides: list[str], tmp_path: Path) -> Sections:
+    """The sections as ``content`` set them: at the top level (the older form) or, in a run config
+    saved since methods owned their settings, under ``method_config``."""
+    content = content or {}
+    sections = {k: v for k, v in content.items() if k in SHARED}
+    sections.update({k: v for k, v in (content.get("method_config") or {}).items() if k in SHARED})
     path = tmp_path / "sections.yaml"
-    path.write_text(yaml.safe_dump({k: v for k, v in (content or {}).items() if k in SHARED}))
+    path.write_text(yaml.safe_dump(sections))
     flags = [o for o in overrides if o.startswith(tuple(f"--{s}." for s in SHARED))]
     return draccus.parse(Sections, config_path=path, args=flags)
 
@@ -123,8 +128,8 @@ def test_every_committed_grid_spec_means_the_same(spec, tmp_path):
 
 
 def test_every_committed_run_directory_loads_and_matches_its_saved_config(tmp_path):
-    """Each committed run's config.yaml (written before methods owned their settings) loads with its
-    sections as its method's settings, and the grid's check finds no method setting changed (an
+    """Each committed run's config.yaml (older ones written before methods owned their settings, newer
+    ones with a `method_config`) loads with its sections as its method's settings, and the grid's check finds no method setting changed (an
     archived run's domain may differ: fields of its domain added since)."""
     assert len(RUN_DIRS) > 10
     for run_dir in RUN_DIRS:
