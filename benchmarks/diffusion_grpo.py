@@ -25,7 +25,9 @@ steps: the first ``K - K'`` run by a frozen copy of the cloned policy and leave 
 that seed)
 
 ``--pool JSON...`` runs nothing: it prints the pooled paired summary of result files (one seed each;
-gained/lost episodes, the sign test, a 95% interval) for the final evaluation and each ``--eval-at``.
+gained/lost episodes, the sign test, a 95% interval) for the final evaluation and each ``--eval-at``,
+with the one-sided t-test of the mean per-seed gain (``per_seed``: ``diffusion_confirm``'s primary
+endpoint).
 
 Writes ``<out>/diffusion_grpo.json`` (every figure, per seed, with the settings). A benchmark, not a
 test: a few seeds and a small budget; the held-out successes carry the binomial noise of
@@ -80,9 +82,36 @@ def pooled_paired(after: list[list[bool]], before: list[list[bool]]) -> dict:
     return {**pr, "episodes": n, "ci95_wald": [d - half, d + half]}
 
 
+def gains(after: list[list[bool]], before: list[list[bool]]) -> list[float]:
+    """Each seed's gain in success, ``mean(after[i]) - mean(before[i])``."""
+    return [float(np.mean(a) - np.mean(b)) for a, b in zip(after, before, strict=True)]
+
+
+def seed_mean_test(gains: list[float]) -> dict:
+    """The one-sample t-test of the mean per-seed gain (``diffusion_confirm``'s primary endpoint):
+    ``t = mean(g) / (sd(g) / sqrt(n))`` over the ``n`` seeds' gains ``g`` (sd with n - 1), its
+    one-sided p for H1 mean > 0 on n - 1 degrees of freedom, and the one-sided 95% lower bound
+    ``mean - t_{0.95, n-1} sd / sqrt(n)``."""
+    from scipy import stats
+
+    g = np.asarray(gains, dtype=float)
+    if g.size < 2:
+        raise ValueError(f"the t-test of the per-seed gains needs at least 2 seeds, got {g.size}")
+    mean, sd = float(g.mean()), float(g.std(ddof=1))
+    se = sd / np.sqrt(g.size)
+    t = mean / se
+    return {
+        "seeds": int(g.size), "mean_gain": mean, "sd": sd, "t": float(t),
+        "p_one_sided": float(stats.t.sf(t, g.size - 1)),
+        "lower_bound_95": float(mean - stats.t.ppf(0.95, g.size - 1) * se),
+        "seeds_with_gain": int((g > 0).sum()),
+    }  # fmt: skip
+
+
 def pool_results(paths: list[str], temperature: str = "t1") -> dict:
     """``pooled_paired`` of the final evaluation and of every ``--eval-at`` step the result JSONs
-    ``paths`` (one run each, ``diffusion_grpo.json`` of one seed) all have, against their ``before``."""
+    ``paths`` (one run each, ``diffusion_grpo.json`` of one seed) all have, against their ``before``,
+    each with ``seed_mean_test`` of the per-seed gains in success (with one seed, none)."""
     runs = [r for p in paths for r in json.loads(Path(p).read_text())["runs"]]
     before = [r["before"][temperature]["per_episode"] for r in runs]
     afters = {"final": [r["after"][temperature]["per_episode"] for r in runs]}
@@ -91,7 +120,8 @@ def pool_results(paths: list[str], temperature: str = "t1") -> dict:
     return {
         "seeds": [r["seed"] for r in runs],
         "before_success": float(np.mean([e for x in before for e in x])),
-        **{k: {"success": float(np.mean([e for x in v for e in x])), **pooled_paired(v, before)}
+        **{k: {"success": float(np.mean([e for x in v for e in x])), **pooled_paired(v, before),
+               "per_seed": seed_mean_test(gains(v, before)) if len(runs) > 1 else None}
            for k, v in afters.items()},
     }  # fmt: skip
 

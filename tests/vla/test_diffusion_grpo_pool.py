@@ -45,3 +45,28 @@ def test_pool_results_reproduces_the_documented_whole_chain_figure():
     assert (final["n10"], final["n01"], final["episodes"]) == (190, 167, 1000)
     assert round(final["mcnemar_exact_p"], 2) == 0.24
     assert [round(100 * x, 1) for x in final["ci95_wald"]] == [-1.4, 6.0]
+
+
+def test_seed_mean_test_matches_scipy_and_the_formula():
+    from diffusion_grpo import gains, seed_mean_test
+    from scipy import stats
+
+    g = [-0.075, 0.085, 0.04, 0.055, 0.015]
+    out = seed_mean_test(g)
+    ref = stats.ttest_1samp(g, 0.0, alternative="greater")
+    assert out["t"] == pytest.approx(ref.statistic) and out["p_one_sided"] == pytest.approx(ref.pvalue)
+    mean, sd = sum(g) / 5, (sum((x - sum(g) / 5) ** 2 for x in g) / 4) ** 0.5
+    assert (out["mean_gain"], out["sd"]) == pytest.approx((mean, sd))
+    assert out["lower_bound_95"] == pytest.approx(mean - 2.131847 * sd / 5**0.5, abs=1e-6)
+    assert (out["seeds"], out["seeds_with_gain"]) == (5, 4)
+    assert gains([[True, True], [False, True, True, True]], [[False, True], [True] * 4]) == [0.5, -0.25]
+    with pytest.raises(ValueError, match="at least 2 seeds, got 1"):
+        seed_mean_test([0.1])
+
+
+def test_pool_results_adds_the_per_seed_test_of_the_gains():
+    res = BENCH / "results" / "diffusion_grpo"
+    out = pool_results([str(res / f"seed{s}_25steps_act4_200eps.json") for s in range(5)])
+    per = out["final"]["per_seed"]
+    assert per["seeds"] == 5 and per["mean_gain"] == pytest.approx(out["final"]["difference"])
+    assert pool_results([str(res / "seed0_25steps_act4_200eps.json")])["final"]["per_seed"] is None
