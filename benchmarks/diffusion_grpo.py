@@ -27,7 +27,7 @@ that seed)
 ``--pool JSON...`` runs nothing: it prints the pooled paired summary of result files (one seed each;
 gained/lost episodes, the sign test, a 95% interval) for the final evaluation and each ``--eval-at``,
 with the one-sided t-test of the mean per-seed gain (``per_seed``: ``diffusion_confirm``'s primary
-endpoint).
+endpoint); ``--plot PNG`` also draws the per-seed gains at each evaluation.
 
 Writes ``<out>/diffusion_grpo.json`` (every figure, per seed, with the settings). A benchmark, not a
 test: a few seeds and a small budget; the held-out successes carry the binomial noise of
@@ -104,7 +104,7 @@ def seed_mean_test(gains: list[float]) -> dict:
         "seeds": int(g.size), "mean_gain": mean, "sd": sd, "t": float(t),
         "p_one_sided": float(stats.t.sf(t, g.size - 1)),
         "lower_bound_95": float(mean - stats.t.ppf(0.95, g.size - 1) * se),
-        "seeds_with_gain": int((g > 0).sum()),
+        "seeds_with_gain": int((g > 0).sum()), "gains": g.tolist(),
     }  # fmt: skip
 
 
@@ -117,13 +117,49 @@ def pool_results(paths: list[str], temperature: str = "t1") -> dict:
     afters = {"final": [r["after"][temperature]["per_episode"] for r in runs]}
     for n in sorted(set.intersection(*(set(r["after_steps"]) for r in runs)), key=int):
         afters[f"after_{n}_steps"] = [r["after_steps"][n][temperature]["per_episode"] for r in runs]
+    steps = {int(r["settings"]["grpo_steps"]) for r in runs}
     return {
         "seeds": [r["seed"] for r in runs],
+        "final_step": steps.pop() if len(steps) == 1 else None,
         "before_success": float(np.mean([e for x in before for e in x])),
         **{k: {"success": float(np.mean([e for x in v for e in x])), **pooled_paired(v, before),
                "per_seed": seed_mean_test(gains(v, before)) if len(runs) > 1 else None}
            for k, v in afters.items()},
     }  # fmt: skip
+
+
+def plot_pool(pooled: dict, path: Path) -> Path:
+    """``pool_results``' per-seed gains (points) at each evaluation, GRPO steps on x, with their mean
+    and its two-sided 95% t interval, ``mean ± t_{0.975, n-1} sd / sqrt(n)``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from scipy import stats
+
+    keys = [k for k in pooled if k.startswith("after_")] + ["final"]
+    xs = [int(k.split("_")[1]) if k != "final" else pooled["final_step"] for k in keys]
+    per = [pooled[k]["per_seed"] for k in keys]
+    if None in per or None in xs:
+        raise ValueError("plotting needs two or more seeds run with the same --grpo-steps")
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    gains = np.array([p["gains"] for p in per]) * 100  # (evaluations, seeds)
+    ax.plot(xs, gains, color="0.75", lw=0.8, marker="o", ms=3, zorder=1)
+    mean = gains.mean(axis=1)
+    half = stats.t.ppf(0.975, gains.shape[1] - 1) * gains.std(axis=1, ddof=1) / np.sqrt(gains.shape[1])
+    ax.errorbar(xs, mean, yerr=half, color="C0", lw=2, capsize=4, marker="s", label="mean, 95% t interval")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set(
+        xlabel="GRPO steps",
+        ylabel="held-out success gain (points)",
+        xticks=xs,
+        title=f"{len(pooled['seeds'])} seeds (grey: each seed), before {100 * pooled['before_success']:.1f}%",
+    )
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def grpo_step(policy, opt, task: str, pool, a: argparse.Namespace, gen: torch.Generator, step: int) -> dict:
@@ -276,9 +312,13 @@ def main() -> None:
         "--pool", nargs="+", metavar="JSON",
         help="print the pooled paired summary of these result files (one seed each) and exit; runs nothing",
     )  # fmt: skip
+    p.add_argument("--plot", metavar="PNG", help="with --pool: also plot the per-seed gains to this file")
     a = p.parse_args()
     if a.pool:
-        print(json.dumps(pool_results(a.pool), indent=2))
+        pooled = pool_results(a.pool)
+        print(json.dumps(pooled, indent=2))
+        if a.plot:
+            plot_pool(pooled, Path(a.plot))
         return
     torch.set_num_threads(a.threads)
     out = Path(a.out)

@@ -70,3 +70,19 @@ def test_pool_results_adds_the_per_seed_test_of_the_gains():
     per = out["final"]["per_seed"]
     assert per["seeds"] == 5 and per["mean_gain"] == pytest.approx(out["final"]["difference"])
     assert pool_results([str(res / "seed0_25steps_act4_200eps.json")])["final"]["per_seed"] is None
+
+
+def test_per_seed_gains_are_each_runs_own_and_plot(tmp_path):
+    import json
+
+    from diffusion_grpo import plot_pool
+
+    res = BENCH / "results" / "diffusion_grpo"
+    paths = [str(res / f"seed{s}_75steps_act4_200eps.json") for s in range(4)]
+    out = pool_results(paths)
+    own = [json.loads(Path(p).read_text())["runs"][0]["gain_success_t1"] for p in paths]
+    assert out["final"]["per_seed"]["gains"] == pytest.approx(own) and out["final_step"] == 75
+    png = plot_pool(out, tmp_path / "gains.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="two or more seeds"):
+        plot_pool(pool_results(paths[:1]), tmp_path / "one.png")
