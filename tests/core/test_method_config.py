@@ -129,8 +129,9 @@ def test_every_committed_grid_spec_means_the_same(spec, tmp_path):
 
 def test_every_committed_run_directory_loads_and_matches_its_saved_config(tmp_path):
     """Each committed run's config.yaml (older ones written before methods owned their settings, newer
-    ones with a `method_config`) loads with its sections as its method's settings, and the grid's check finds no method setting changed (an
-    archived run's domain may differ: fields of its domain added since)."""
+    ones with a `method_config`) loads with its sections as its method's settings, and the grid's
+    check finds no method setting changed (an archived run's domain may differ: fields of its domain
+    added since)."""
     assert len(RUN_DIRS) > 10
     for run_dir in RUN_DIRS:
         path = run_dir / "config.yaml"
