@@ -87,14 +87,14 @@ def gains(after: list[list[bool]], before: list[list[bool]]) -> list[float]:
     return [float(np.mean(a) - np.mean(b)) for a, b in zip(after, before, strict=True)]
 
 
-def seed_mean_test(gains: list[float]) -> dict:
+def seed_mean_test(per_seed: list[float]) -> dict:
     """The one-sample t-test of the mean per-seed gain (``diffusion_confirm``'s primary endpoint):
     ``t = mean(g) / (sd(g) / sqrt(n))`` over the ``n`` seeds' gains ``g`` (sd with n - 1), its
     one-sided p for H1 mean > 0 on n - 1 degrees of freedom, and the one-sided 95% lower bound
     ``mean - t_{0.95, n-1} sd / sqrt(n)``."""
     from scipy import stats
 
-    g = np.asarray(gains, dtype=float)
+    g = np.asarray(per_seed, dtype=float)
     if g.size < 2:
         raise ValueError(f"the t-test of the per-seed gains needs at least 2 seeds, got {g.size}")
     mean, sd = float(g.mean()), float(g.std(ddof=1))
@@ -143,10 +143,10 @@ def plot_pool(pooled: dict, path: Path) -> Path:
     if None in per or None in xs:
         raise ValueError("plotting needs two or more seeds run with the same --grpo-steps")
     fig, ax = plt.subplots(figsize=(6, 3.8))
-    gains = np.array([p["gains"] for p in per]) * 100  # (evaluations, seeds)
-    ax.plot(xs, gains, color="0.75", lw=0.8, marker="o", ms=3, zorder=1)
-    mean = gains.mean(axis=1)
-    half = stats.t.ppf(0.975, gains.shape[1] - 1) * gains.std(axis=1, ddof=1) / np.sqrt(gains.shape[1])
+    points = np.array([p["gains"] for p in per]) * 100  # (evaluations, seeds)
+    ax.plot(xs, points, color="0.75", lw=0.8, marker="o", ms=3, zorder=1)
+    mean = points.mean(axis=1)
+    half = stats.t.ppf(0.975, points.shape[1] - 1) * points.std(axis=1, ddof=1) / np.sqrt(points.shape[1])
     ax.errorbar(xs, mean, yerr=half, color="C0", lw=2, capsize=4, marker="s", label="mean, 95% t interval")
     ax.axhline(0, color="k", lw=0.8)
     ax.set(
