@@ -37,7 +37,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast, runtime_checkable
 
 from wmrl.lazy import lazy
 
@@ -183,16 +183,26 @@ class WorldModel(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> Any: ...
 
 
+class Graded(NamedTuple):
+    """What a :class:`Job` may return instead of a bare float: the true reward and the domain's word
+    for how the execution ended (the research sandbox's ``"ok"``, ``"timeout"``, ``"killed"``, ...),
+    which the executor hands back as :attr:`wmrl.executors.JobResult.outcome`."""
+
+    reward: float
+    outcome: str
+
+
 @dataclass
 class Job:
-    """One real execution: ``fn(*args)`` returns the true reward (a float) of one rollout.
+    """One real execution: ``fn(*args)`` returns the true reward (a float, or a :class:`Graded`) of
+    one rollout.
 
     ``fn`` must be picklable (a module-level function) so that it can run in another process or on a
     Ray worker. Raising means the grader failed: the rollout is *ungraded* (excluded from the update),
     which is different from a rollout whose own code failed (that earns the task's failure score).
     """
 
-    fn: Callable[..., float]
+    fn: Callable[..., float | Graded]
     args: tuple = ()
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wmrl.config import ExecutorConfig
-from wmrl.domain import Job
+from wmrl.domain import Graded, Job
 
 
 class ExecutorError(RuntimeError):
@@ -38,6 +38,8 @@ class JobResult:
     value: float | None = None
     error: str | None = None
     seconds: float = 0.0
+    # how a completed job's execution ended, in the domain's words (a job that returned a Graded)
+    outcome: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -47,6 +49,14 @@ class JobResult:
     def reward(self) -> float:
         """The true reward, or NaN (ungraded) when the job did not complete."""
         return float(self.value) if self.ok and self.value is not None else float("nan")
+
+
+def _completed(value: float | Graded, seconds: float) -> JobResult:
+    """The result of a job that returned ``value``: a float reward, or a :class:`Graded` (reward and
+    outcome)."""
+    if isinstance(value, Graded):
+        return JobResult("ok", float(value.reward), seconds=seconds, outcome=str(value.outcome))
+    return JobResult("ok", float(value), seconds=seconds)
 
 
 def _noop() -> float:
@@ -108,7 +118,8 @@ class InlineExecutor(Executor):
                 continue
             t0 = time.perf_counter()
             try:
-                out.append(JobResult("ok", float(job.fn(*job.args)), seconds=time.perf_counter() - t0))
+                value = job.fn(*job.args)
+                out.append(_completed(value, time.perf_counter() - t0))
             except Exception as e:  # a failing job is reported, never raised
                 out.append(JobResult("error", error=_describe(e), seconds=time.perf_counter() - t0))
         return out
@@ -155,7 +166,7 @@ class ProcessPoolExecutor(Executor):
                     fut.cancel()
                 try:
                     value, seconds = fut.result(timeout=0.05)
-                    out.append(JobResult("ok", float(value), seconds=seconds))
+                    out.append(_completed(value, seconds))
                 except FutureTimeout:
                     if fut.done():  # pebble reports the job's own timeout as TimeoutError too
                         out.append(JobResult("timeout", error=f"killed after {self.timeout_s:g} s"))
@@ -233,7 +244,7 @@ class RayExecutor(Executor):
                 i, _ = running.pop(ref)
                 try:
                     value, seconds = ray.get(ref)
-                    out[i] = JobResult("ok", float(value), seconds=seconds)
+                    out[i] = _completed(value, seconds)
                 except Exception as e:
                     out[i] = JobResult("error", error=_describe(e))
             now = time.monotonic()

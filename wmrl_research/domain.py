@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,8 +26,15 @@ from wmrl_research.edits import apply_edits, knobs_view
 from wmrl_research.grading import warm_up
 from wmrl_research.policy import ResearchPolicy
 from wmrl_research.prompts import build_prompt
+from wmrl_research.sandbox_config import STATUSES
 from wmrl_research.tasks import FAILURE_SCORE
 from world_models.outcome import ExecutionLog, OutcomeExample
+
+log = logging.getLogger("wmrl")
+
+#: how a training execution can end (step_metrics): the sandbox's statuses, then an edit that did not
+#: apply (the failure score without a run)
+EXECUTION_OUTCOMES = (*STATUSES, "rejected")
 
 
 @dataclass
@@ -272,6 +281,7 @@ class ResearchDomain:
         # Figures measured while building (SFT validity, WM quality, ...); see pipeline.build_domain.
         self.build_info: dict[str, Any] = {}
         self._prior_groups = prior_groups
+        self._outcomes: Counter[str] = Counter()  # training's execution outcomes (step_metrics)
 
     # ---- rollouts --------------------------------------------------------------------------------
     def _pool(self, split: str) -> list[Any]:
@@ -331,22 +341,50 @@ class ResearchDomain:
         return self._prior_groups
 
     def execution_jobs(self, batch: RolloutBatch, indices: Sequence[int]) -> list[Job]:
-        from wmrl_research.grading import reward
+        from wmrl_research.grading import graded_reward
 
         jobs = []
         for i in indices:
             p = batch.payload[int(i)]
             if p.applied:
-                jobs.append(Job(fn=reward, args=(p.task_id, p.source, self.timeout_s)))
+                jobs.append(Job(fn=graded_reward, args=(p.task_id, p.source, self.timeout_s)))
             else:
                 jobs.append(Job(fn=rejected_reward, args=()))
         return jobs
 
-    def execute(self, batch: RolloutBatch, indices: Sequence[int] | None = None) -> torch.Tensor:
-        """True rewards ``[len(indices)]`` through the executor (NaN where ungraded)."""
-        idx = list(range(batch.n_rollouts)) if indices is None else list(indices)
+    def _run(self, batch: RolloutBatch, indices: Sequence[int] | None) -> tuple[torch.Tensor, list[str]]:
+        """True rewards ``[len(indices)]`` through the executor (NaN where ungraded) and each
+        execution's outcome: the sandbox's status, ``"rejected"`` (the edit did not apply: the
+        failure score without a run) or ``"ungraded"`` (the job itself failed)."""
+        idx = list(range(batch.n_rollouts)) if indices is None else [int(i) for i in indices]
         results = self.executor.run(self.execution_jobs(batch, idx))
-        return torch.tensor([r.reward for r in results], dtype=torch.float32)
+        outcomes = [
+            "ungraded" if not r.ok else "rejected" if not batch.payload[i].applied else r.outcome or "ok"
+            for i, r in zip(idx, results, strict=True)
+        ]
+        return torch.tensor([r.reward for r in results], dtype=torch.float32), outcomes
+
+    def execute(self, batch: RolloutBatch, indices: Sequence[int] | None = None) -> torch.Tensor:
+        """True rewards ``[len(indices)]`` of training's executions (NaN where ungraded); their
+        outcomes are counted for :meth:`step_metrics`, and an execution stopped at the wall-clock
+        limit is warned about (on a loaded machine its failure score may be the machine's)."""
+        r, outcomes = self._run(batch, indices)
+        self._outcomes.update(outcomes)
+        if n := outcomes.count("timeout"):
+            log.warning(
+                "%d of %d executions hit the sandbox's %g s wall-clock limit and earned the failure "
+                "score; on a loaded machine that may be the machine, not the solution "
+                "(--domain.sandbox_timeout_s raises the limit)", n, len(outcomes), self.timeout_s,
+            )  # fmt: skip
+        return r
+
+    def step_metrics(self) -> dict[str, float]:
+        """Training's executions since the last call by outcome, ``exec_<outcome>`` for each sandbox
+        status and ``rejected`` (logged as ``domain/exec_timeout`` ...; with the trainer's
+        ``exec/ungraded`` they sum to ``exec/step``)."""
+        counts = {f"exec_{o}": float(self._outcomes.get(o, 0)) for o in EXECUTION_OUTCOMES}
+        self._outcomes.clear()
+        return counts
 
     def rollout_media(
         self, batch: RolloutBatch, predicted: torch.Tensor | None, true: torch.Tensor, max_rows: int = 64
@@ -390,13 +428,14 @@ class ResearchDomain:
         tasks = self._pool(split)
         gen = torch.Generator().manual_seed(self.eval_seed)
         batch = self.rollouts(tasks, self.eval_samples_per_task, gen)
-        r = self.execute(batch)
+        r, outcomes = self._run(batch, None)
         graded = torch.isfinite(r)
         out = {
             "score_mean": float(r[graded].mean()) if graded.any() else float("nan"),
             "runnable_frac": float((r[graded] > FAILURE_SCORE).float().mean()) if graded.any() else 0.0,
             "apply_frac": float(sum(p.applied for p in batch.payload) / batch.n_rollouts),
             "ungraded_frac": float((~graded).float().mean()),
+            "timeout_frac": outcomes.count("timeout") / len(outcomes),
             "baseline_score_mean": 0.0,
         }
         k = self.eval_samples_per_task

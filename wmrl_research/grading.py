@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from wmrl.domain import Graded
 from wmrl_research.sandbox import STATUSES, SandboxError, default_sandbox
 from wmrl_research.tasks import FAILURE_SCORE, METRICS, Metric, get_task, list_tasks
 from wmrl_research.tasks.base import source_digest
@@ -233,3 +234,10 @@ def warm_up() -> float:
 def reward(task_id: str, solution_source: str, timeout_s: float = 60.0) -> float:
     """The normalised score of one execution: what a :class:`wmrl.domain.Job` returns."""
     return execute_and_grade(task_id, solution_source, timeout_s).score
+
+
+def graded_reward(task_id: str, solution_source: str, timeout_s: float = 60.0) -> Graded:
+    """:func:`reward` with the sandbox's status (``"ok"``, ``"error"``, ``"timeout"``, ``"invalid"``,
+    ``"killed"``) as the outcome, so that a run counts the executions that hit the wall-clock limit."""
+    result = execute_and_grade(task_id, solution_source, timeout_s)
+    return Graded(result.score, result.status)

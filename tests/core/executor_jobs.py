@@ -8,6 +8,13 @@ def square(x):
     return x * x
 
 
+def graded(x):
+    """A reward with the domain's word for how its execution ended."""
+    from wmrl.domain import Graded
+
+    return Graded(x * x, f"outcome {x}")
+
+
 def boom(x):
     raise ValueError(f"bad input {x}")
 

@@ -8,6 +8,7 @@ import pytest
 from executor_jobs import (
     boom,
     broken_initializer,
+    graded,
     initialized_by,
     pid_job,
     sleepy,
@@ -21,14 +22,17 @@ from wmrl.executors import InlineExecutor, ProcessPoolExecutor, RayExecutor
 
 
 def _jobs():
-    return [Job(square, (3,)), Job(boom, (1,)), Job(sleepy, (600,)), Job(square, (4,))]
+    return [Job(square, (3,)), Job(boom, (1,)), Job(sleepy, (600,)), Job(square, (4,)), Job(graded, (2,))]
 
 
 def _check_semantics(results):
-    assert [r.status for r in results] == ["ok", "error", "timeout", "ok"]
+    assert [r.status for r in results] == ["ok", "error", "timeout", "ok", "ok"]
     assert results[0].value == 9 and results[3].value == 16
     assert "bad input 1" in results[1].error
     assert results[2].reward != results[2].reward  # ungraded -> NaN
+    # a job that returns a Graded: its reward, and its outcome handed back beside it
+    assert results[4].reward == 4.0 and results[4].outcome == "outcome 2"
+    assert [r.outcome for r in results[:4]] == [None] * 4
 
 
 def test_process_pool_semantics_and_kills_timeouts():
@@ -82,8 +86,9 @@ def test_a_failing_initializer_leaves_the_jobs_to_report():
 
 
 def test_inline_reports_errors_without_raising():
-    res = InlineExecutor(1, 1.0).run([Job(square, (2,)), Job(boom, (2,))])
-    assert [r.status for r in res] == ["ok", "error"]
+    res = InlineExecutor(1, 1.0).run([Job(square, (2,)), Job(boom, (2,)), Job(graded, (3,))])
+    assert [r.status for r in res] == ["ok", "error", "ok"]
+    assert (res[2].reward, res[2].outcome) == (9.0, "outcome 3") and res[0].outcome is None
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from wmrl.config import ConfigError, load_config
 from wmrl.domain import RolloutBatch
 from wmrl_research.domain import EditRollout, rejected_reward
 from wmrl_research.edits import knob_edit, knobs_block, parse_knobs
-from wmrl_research.grading import reward
+from wmrl_research.grading import graded_reward
 from wmrl_research.tasks import FAILURE_SCORE, get_task
 
 
@@ -87,10 +87,34 @@ def test_execution_jobs_real_sandbox_and_rejections(built):
     ref = knob_edit(task.baseline_source, {k: ast.literal_eval(v) for k, v in ref_knobs.items()})
     batch = manual_batch(domain, [ref, None])
     jobs = domain.execution_jobs(batch, [0, 1])
-    assert jobs[0].fn is reward and jobs[0].args[:2] == ("iris_cls", batch.payload[0].source)
+    assert jobs[0].fn is graded_reward and jobs[0].args[:2] == ("iris_cls", batch.payload[0].source)
     assert jobs[1].fn is rejected_reward and jobs[1].args == ()
+    domain.step_metrics()  # what earlier tests executed
     r = domain.execute(batch)
     assert r[0].item() == pytest.approx(1.0, abs=1e-6) and r[1].item() == FAILURE_SCORE
+    # training's executions by outcome, counted until step_metrics reads them
+    counts = domain.step_metrics()
+    assert {k: v for k, v in counts.items() if v} == {"exec_ok": 1.0, "exec_rejected": 1.0}
+    assert set(counts) == {f"exec_{o}" for o in ("ok", "error", "timeout", "invalid", "killed", "rejected")}
+    assert not any(domain.step_metrics().values())
+
+
+def test_an_execution_stopped_at_the_wall_clock_limit_is_counted_and_warned(built, monkeypatch, caplog):
+    """A solution that outlives the sandbox's limit earns the failure score; the run counts it
+    (``domain/exec_timeout``) and warns, since on a loaded machine the limit may be the machine's."""
+    _, domain = built
+    task = get_task("iris_cls")
+    slow = "import time\ntime.sleep(60)\n" + task.baseline_source
+    batch = manual_batch(domain, [None])
+    batch.payload[0] = EditRollout(task.id, "sleeps", slow)
+    monkeypatch.setattr(domain, "timeout_s", 1.0)
+    domain.step_metrics()
+    with caplog.at_level("WARNING", logger="wmrl"):
+        r = domain.execute(batch)
+    assert r.tolist() == [FAILURE_SCORE]
+    assert domain.step_metrics()["exec_timeout"] == 1.0
+    assert "1 of 1 executions hit the sandbox's 1 s wall-clock limit" in caplog.text
+    assert "--domain.sandbox_timeout_s" in caplog.text
 
 
 def test_world_model_scores_rejections_exactly_and_learns_online(built):
@@ -128,6 +152,7 @@ def test_state_round_trip_and_evaluate(built):
     ev = domain.evaluate("eval")
     assert {"score_mean", "runnable_frac", "apply_frac", "baseline_score_mean", "sft_score_mean"} <= set(ev)
     assert FAILURE_SCORE <= ev["score_mean"] <= 2.0 and 0 <= ev["runnable_frac"] <= 1
+    assert 0 <= ev["timeout_frac"] <= ev["runnable_frac"] + ev["timeout_frac"] <= 1
     assert domain.oracle_rewards(a) is None
 
 
@@ -135,7 +160,11 @@ def test_the_built_policys_evaluation_is_reused_until_a_parameter_changes(built,
     _, domain = built
     executed = []
     monkeypatch.setattr(
-        domain, "execute", lambda batch: executed.append(batch) or torch.zeros(batch.n_rollouts)
+        domain,
+        "_run",
+        lambda batch, indices: (
+            executed.append(batch) or (torch.zeros(batch.n_rollouts), ["ok"] * batch.n_rollouts)
+        ),
     )
     sft = domain.build_info["sft_eval"]
     assert domain.evaluate("eval") == {**sft, **domain.reference_scores} and not executed
