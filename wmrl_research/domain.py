@@ -281,7 +281,7 @@ class ResearchDomain:
         # Figures measured while building (SFT validity, WM quality, ...); see pipeline.build_domain.
         self.build_info: dict[str, Any] = {}
         self._prior_groups = prior_groups
-        self._outcomes: Counter[str] = Counter()  # training's execution outcomes (step_metrics)
+        self._outcomes: Counter[str] = Counter()  # training's execution outcomes so far (step_metrics)
 
     # ---- rollouts --------------------------------------------------------------------------------
     def _pool(self, split: str) -> list[Any]:
@@ -379,12 +379,9 @@ class ResearchDomain:
         return r
 
     def step_metrics(self) -> dict[str, float]:
-        """Training's executions since the last call by outcome, ``exec_<outcome>`` for each sandbox
-        status and ``rejected`` (logged as ``domain/exec_timeout`` ...; with the trainer's
-        ``exec/ungraded`` they sum to ``exec/step``)."""
-        counts = {f"exec_{o}": float(self._outcomes.get(o, 0)) for o in EXECUTION_OUTCOMES}
-        self._outcomes.clear()
-        return counts
+        """Training's executions so far by outcome, ``exec_<outcome>`` for each sandbox status and
+        ``rejected`` (logged as ``domain/exec_timeout`` ...; a checkpoint keeps them)."""
+        return {f"exec_{o}": float(self._outcomes.get(o, 0)) for o in EXECUTION_OUTCOMES}
 
     def rollout_media(
         self, batch: RolloutBatch, predicted: torch.Tensor | None, true: torch.Tensor, max_rows: int = 64
@@ -451,11 +448,16 @@ class ResearchDomain:
 
     # ---- resume ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"world_model": self.world_model.state_dict(), "gen": self.gen.get_state()}
+        return {
+            "world_model": self.world_model.state_dict(),
+            "gen": self.gen.get_state(),
+            "outcomes": dict(self._outcomes),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.world_model.load_state_dict(state["world_model"])
         self.gen.set_state(state["gen"])
+        self._outcomes = Counter(state.get("outcomes", {}))  # checkpoints before the counts: none
 
     def close(self) -> None:
         """Stop the evaluation executor's workers (and their sandboxes). Without it a process that

@@ -89,14 +89,18 @@ def test_execution_jobs_real_sandbox_and_rejections(built):
     jobs = domain.execution_jobs(batch, [0, 1])
     assert jobs[0].fn is graded_reward and jobs[0].args[:2] == ("iris_cls", batch.payload[0].source)
     assert jobs[1].fn is rejected_reward and jobs[1].args == ()
-    domain.step_metrics()  # what earlier tests executed
+    before = domain.step_metrics()  # what earlier tests executed
     r = domain.execute(batch)
     assert r[0].item() == pytest.approx(1.0, abs=1e-6) and r[1].item() == FAILURE_SCORE
-    # training's executions by outcome, counted until step_metrics reads them
-    counts = domain.step_metrics()
-    assert {k: v for k, v in counts.items() if v} == {"exec_ok": 1.0, "exec_rejected": 1.0}
-    assert set(counts) == {f"exec_{o}" for o in ("ok", "error", "timeout", "invalid", "killed", "rejected")}
-    assert not any(domain.step_metrics().values())
+    # training's executions so far by outcome: one more ran ok, one more was rejected
+    after = domain.step_metrics()
+    assert set(after) == {f"exec_{o}" for o in ("ok", "error", "timeout", "invalid", "killed", "rejected")}
+    added = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+    assert added == {"exec_ok": 1.0, "exec_rejected": 1.0}
+
+
+def counts_as_outcomes(counts: dict[str, float]) -> dict[str, int]:
+    return {k.removeprefix("exec_"): int(v) for k, v in counts.items() if v}
 
 
 def test_an_execution_stopped_at_the_wall_clock_limit_is_counted_and_warned(built, monkeypatch, caplog):
@@ -108,11 +112,17 @@ def test_an_execution_stopped_at_the_wall_clock_limit_is_counted_and_warned(buil
     batch = manual_batch(domain, [None])
     batch.payload[0] = EditRollout(task.id, "sleeps", slow)
     monkeypatch.setattr(domain, "timeout_s", 1.0)
-    domain.step_metrics()
+    state = domain.state_dict()
     with caplog.at_level("WARNING", logger="wmrl"):
         r = domain.execute(batch)
     assert r.tolist() == [FAILURE_SCORE]
-    assert domain.step_metrics()["exec_timeout"] == 1.0
+    counts = domain.step_metrics()
+    assert counts["exec_timeout"] == state["outcomes"].get("timeout", 0) + 1
+    # a checkpoint keeps the counts: resumed from the state before, the timeout is not counted
+    domain.load_state_dict(state)
+    assert domain.step_metrics()["exec_timeout"] == counts["exec_timeout"] - 1
+    domain.load_state_dict({**state, "outcomes": counts_as_outcomes(counts)})
+    assert domain.step_metrics() == counts
     assert "1 of 1 executions hit the sandbox's 1 s wall-clock limit" in caplog.text
     assert "--domain.sandbox_timeout_s" in caplog.text
 
