@@ -8,7 +8,7 @@ learner the same small batch structure, :class:`RolloutBatch`.
   :class:`WorldModel`), ``sample_tasks``, ``generate``, ``execution_jobs``, ``evaluate``,
   ``oracle_rewards``, ``state_dict``, ``load_state_dict``.
 - **Optional** (:class:`DomainCapabilities`): ``shard_rng``, ``extras_padding``,
-  ``worker_initializer``, ``executor``, ``step_metrics``, ``rollout_media``,
+  ``worker_initializer``, ``executor``, ``execution_outcomes``, ``step_metrics``, ``rollout_media``,
   ``prior_anchor_groups``, ``bf16_unsupported``, ``close``.
 - :func:`check_domain` inspects a domain once, when the trainer starts, and refuses one that lacks
   a required member or has a member of the wrong kind, in one line naming both.
@@ -294,6 +294,10 @@ class DomainCapabilities:
     # An executor the domain holds already (e.g. for its evaluation): the trainer runs the anchor
     # jobs on it instead of starting a second pool, and leaves closing it to the domain.
     executor: JobRunner | None = None
+    # ``execution_outcomes(outcomes: list[str])``: the outcomes of a step's completed execution jobs
+    # whose functions returned a :class:`Graded` (e.g. to count the sandbox's timeouts), in the main
+    # process after they come back.
+    execution_outcomes: Callable[[list[str]], None] | None = None
     # ``step_metrics() -> {name: float}``, called after every step, logged as ``domain/<name>``
     # (e.g. real simulator steps so far).
     step_metrics: Callable[[], dict[str, float]] | None = None
@@ -348,6 +352,7 @@ WORLD_MODEL: dict[str, tuple[str, ...]] = {
 OPTIONAL_CALLS: dict[str, tuple[str, ...]] = {
     "shard_rng": ("rank", "step"),
     "worker_initializer": (),
+    "execution_outcomes": ("outcomes",),
     "step_metrics": (),
     "rollout_media": ("batch", "predicted", "true"),
     "prior_anchor_groups": (),

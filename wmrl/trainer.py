@@ -282,6 +282,10 @@ class Trainer:
             if future is not None:
                 results = future.result()
                 self._times["time/execute"] = time.perf_counter() - t0
+                if self.caps.execution_outcomes is not None:
+                    self.caps.execution_outcomes(
+                        [r.outcome for r in results if r.ok and r.outcome is not None]
+                    )
                 step.r_true[job_rows] = torch.tensor([res.reward for res in results], dtype=torch.float32)
         if self.acc is not None and anchor_rows.numel():  # every rank's true rewards, to every rank
             step.r_true = gather_rewards(

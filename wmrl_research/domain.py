@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from wmrl.domain import Job, Prediction, PriorGroups, RolloutBatch
+from wmrl.domain import Graded, Job, Prediction, PriorGroups, RolloutBatch
 from wmrl.executors import Executor
 from wmrl_research.constrain import EXTRA_ALLOWED
 from wmrl_research.edits import apply_edits, knobs_view
@@ -63,6 +63,12 @@ def parameter_digest(module: torch.nn.Module) -> str:
 def rejected_reward() -> float:
     """The reward of an edit that does not apply: the failure score, without a sandbox run."""
     return FAILURE_SCORE
+
+
+def rejected_job() -> Graded:
+    """The execution job of an edit that does not apply: :func:`rejected_reward`, outcome
+    ``"rejected"``."""
+    return Graded(rejected_reward(), "rejected")
 
 
 def task_text(task: Any) -> str:
@@ -349,7 +355,7 @@ class ResearchDomain:
             if p.applied:
                 jobs.append(Job(fn=graded_reward, args=(p.task_id, p.source, self.timeout_s)))
             else:
-                jobs.append(Job(fn=rejected_reward, args=()))
+                jobs.append(Job(fn=rejected_job, args=()))
         return jobs
 
     def _run(self, batch: RolloutBatch, indices: Sequence[int] | None) -> tuple[torch.Tensor, list[str]]:
@@ -358,17 +364,20 @@ class ResearchDomain:
         failure score without a run) or ``"ungraded"`` (the job itself failed)."""
         idx = list(range(batch.n_rollouts)) if indices is None else [int(i) for i in indices]
         results = self.executor.run(self.execution_jobs(batch, idx))
-        outcomes = [
-            "ungraded" if not r.ok else "rejected" if not batch.payload[i].applied else r.outcome or "ok"
-            for i, r in zip(idx, results, strict=True)
-        ]
+        outcomes = [(r.outcome or "ok") if r.ok else "ungraded" for r in results]
         return torch.tensor([r.reward for r in results], dtype=torch.float32), outcomes
 
     def execute(self, batch: RolloutBatch, indices: Sequence[int] | None = None) -> torch.Tensor:
-        """True rewards ``[len(indices)]`` of training's executions (NaN where ungraded); their
-        outcomes are counted for :meth:`step_metrics`, and an execution stopped at the wall-clock
-        limit is warned about (on a loaded machine its failure score may be the machine's)."""
+        """True rewards ``[len(indices)]`` as training's executions (NaN where ungraded): their
+        outcomes go to :meth:`execution_outcomes`, as the trainer's do."""
         r, outcomes = self._run(batch, indices)
+        self.execution_outcomes([o for o in outcomes if o != "ungraded"])
+        return r
+
+    def execution_outcomes(self, outcomes: list[str]) -> None:
+        """Count training's execution outcomes (the sandbox's statuses, ``"rejected"``) for
+        :meth:`step_metrics`, and warn about executions stopped at the wall-clock limit (on a loaded
+        machine their failure score may be the machine's)."""
         self._outcomes.update(outcomes)
         if n := outcomes.count("timeout"):
             log.warning(
@@ -376,7 +385,6 @@ class ResearchDomain:
                 "score; on a loaded machine that may be the machine, not the solution "
                 "(--domain.sandbox_timeout_s raises the limit)", n, len(outcomes), self.timeout_s,
             )  # fmt: skip
-        return r
 
     def step_metrics(self) -> dict[str, float]:
         """Training's executions so far by outcome, ``exec_<outcome>`` for each sandbox status and

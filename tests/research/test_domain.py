@@ -9,7 +9,7 @@ import torch
 
 from wmrl.config import ConfigError, load_config
 from wmrl.domain import RolloutBatch
-from wmrl_research.domain import EditRollout, rejected_reward
+from wmrl_research.domain import EditRollout, rejected_job
 from wmrl_research.edits import knob_edit, knobs_block, parse_knobs
 from wmrl_research.grading import graded_reward
 from wmrl_research.tasks import FAILURE_SCORE, get_task
@@ -88,7 +88,7 @@ def test_execution_jobs_real_sandbox_and_rejections(built):
     batch = manual_batch(domain, [ref, None])
     jobs = domain.execution_jobs(batch, [0, 1])
     assert jobs[0].fn is graded_reward and jobs[0].args[:2] == ("iris_cls", batch.payload[0].source)
-    assert jobs[1].fn is rejected_reward and jobs[1].args == ()
+    assert jobs[1].fn is rejected_job and jobs[1].args == ()
     before = domain.step_metrics()  # what earlier tests executed
     r = domain.execute(batch)
     assert r[0].item() == pytest.approx(1.0, abs=1e-6) and r[1].item() == FAILURE_SCORE
@@ -270,6 +270,8 @@ def test_training_runs_on_the_domains_pool_and_close_stops_it(built):
     trainer = Trainer(cfg, domain)
     trainer.train()
     assert trainer.executor is domain.executor and trainer.real_executions > 0
+    # the trainer handed its executions' outcomes to the domain: each counted once (none ungraded)
+    assert sum(domain.step_metrics().values()) == trainer.real_executions
     assert pool.active  # training did not close the domain's pool
     assert domain.execute(manual_batch(domain, [None])).shape == (1,)
     domain.close()
