@@ -24,6 +24,7 @@ from wmrl.domain import (  # noqa: E402
     DomainCapabilities,
     DomainConfigCapabilities,
     DomainContractError,
+    Graded,
     Job,
     Prediction,
     RolloutBatch,
@@ -83,7 +84,14 @@ def contract_round(domain) -> tuple[DomainCapabilities, RolloutBatch, torch.Tens
     if todo.numel():
         jobs = domain.execution_jobs(batch, todo.tolist())
         assert len(jobs) == todo.numel() and all(isinstance(j, Job) and callable(j.fn) for j in jobs)
-        r_true[r_true.isnan()] = torch.tensor([float(j.fn(*j.args)) for j in jobs])
+        values = [j.fn(*j.args) for j in jobs]
+        assert all(isinstance(v, (float, int, Graded)) for v in values), values
+        graded = [v for v in values if isinstance(v, Graded)]
+        r_true[r_true.isnan()] = torch.tensor(
+            [float(v.reward if isinstance(v, Graded) else v) for v in values]
+        )
+        if graded and caps.execution_outcomes is not None:  # as the trainer hands them over
+            caps.execution_outcomes([str(v.outcome) for v in graded])
     assert bool(r_true.isfinite().all()), r_true
 
     pred = domain.world_model.predict(batch)
@@ -310,8 +318,10 @@ def test_the_research_domain_keeps_the_contract(tmp_path_factory):
         assert caps.executor is domain.executor and caps.worker_initializer is not None
         assert set(caps.extras_padding) <= set(batch.extras) and batch.real_rewards is None
         assert caps.prior_anchor_groups() is None  # built for wmrl, not ppi.prior_from_log
+        # the anchor rows' executions were counted by sandbox outcome (one per row)
+        assert sum(v for k, v in caps.step_metrics().items() if k.startswith("exec_")) == G
     finally:
-        caps.close_domain()
+        domain.close()
 
 
 def _vla_round(domain):
