@@ -4,7 +4,8 @@ A rollout is one completion of the policy: search/replace edits of the task's ba
 ``solution.py``. Edits are applied (or rejected, with a reason) right after sampling; a rejected
 edit earns ``FAILURE_SCORE`` without a sandbox run, and the world model scores it as such too (the
 check is free and exact). Applied edits are scored by the outcome WM, and anchors by the sandbox
-through ``wmrl_research.grading.reward``.
+through ``wmrl_research.grading.graded_reward`` (the score and the sandbox's status, counted by
+:meth:`ResearchDomain.execution_outcomes`).
 """
 
 from __future__ import annotations
