@@ -111,7 +111,9 @@ def build_parser() -> _Parser:
         "grid's spec and report.json) and write family.md and family.json: per comparison the paired "
         "difference to the baseline, its one-sided p and Holm-adjusted p (superiority and "
         "non-inferiority at the domain's margin), whether it clears its controls, a verdict (withheld "
-        "until every seed the grid's spec fixed has finished) and a combined estimate per method.",
+        "until every seed the grid's spec fixed has finished; a grid with no report yet counts as not "
+        "run, and while any comparison is unfinished Holm counts it at p = 1, so a verdict given stands) "
+        "and a combined estimate per method.",
         formatter_class=fmt,
     )
     family.add_argument("spec", metavar="FAMILY.yaml", help="the family's declaration (wmrl/family.py)")
@@ -229,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"wmrl family takes no overrides: {' '.join(overrides)}")
             from wmrl.family import write_family
 
-            write_family(args.spec, args.out_dir)
+            fam = write_family(args.spec, args.out_dir)
+            for r in (r for r in fam["comparisons"] if r["not_run"]):
+                print(f"family: no {r['grid']} yet: `{r['method']}` there counts as not run (p = 1 in Holm)")
             print(f"family: {args.out_dir}/family.md  {args.out_dir}/family.json")
         elif args.command == "status":
             if overrides:

@@ -17,7 +17,12 @@ world model) and one grid per domain (the grid's spec and where its merged ``rep
   grid's standardised effect ``δ_g = mean_g / sd_g`` pooled by inverse variance, and Stouffer's
   combination of the grids' one-sided p-values weighted by ``sqrt(n_g)``;
 - a comparison whose grid has not finished every seed its spec fixed is *interim*: its figures are
-  shown, its verdict withheld.
+  shown, its verdict withheld; one whose grid has no report yet is *not run*: no figures.
+- while any comparison is unfinished (interim or not run), Holm counts it at p = 1. Holm's adjusted
+  p is non-decreasing in every other p-value (it is the largest Bonferroni p over the intersections
+  holding the comparison, ``max_{S ∋ i} |S| min_{j ∈ S} p_j``), so a finished comparison's adjusted p
+  then bounds the one it will have at the end: "superior" given now stands whatever the rest give;
+  a finished comparison that could still cross is marked *open*, not "not shown".
 
 The math is in the small functions below; nothing here runs a grid.
 """
@@ -50,6 +55,17 @@ def one_sided_p(diffs: list[float], shift: float = 0.0) -> float | None:
     if sd == 0:
         return 0.0 if m + shift > 0 else 1.0
     return float(stats.t.sf((m + shift) / (sd / math.sqrt(n)), n - 1))
+
+
+def holm_bound(pvalues: list[float | None], finished: list[bool]) -> list[float | None]:
+    """Holm's adjusted p-values while some comparisons are unfinished: each unfinished one counted at
+    ``p = 1`` (its own adjusted value withheld, None). For a finished comparison this is the largest
+    adjusted p the unfinished ones can give it (Holm's ``p̃_i = max_{S ∋ i} |S| min_{j ∈ S} p_j`` is
+    non-decreasing in every ``p_j``); with every comparison finished it is :func:`holm`."""
+    if len(pvalues) != len(finished):
+        raise ValueError(f"{len(pvalues)} p-values but {len(finished)} finished flags")
+    adjusted = holm([p if done else 1.0 for p, done in zip(pvalues, finished, strict=True)])
+    return [q if done else None for q, done in zip(adjusted, finished, strict=True)]
 
 
 def holm(pvalues: list[float | None]) -> list[float | None]:
@@ -266,13 +282,24 @@ def _pick_domain(report: dict, g: FamilyGrid, where: str) -> tuple[str, dict]:
     return next(iter(domains.items()))
 
 
-def family_report(spec: FamilySpec, reports: list[dict], declared_seeds: list[list[int]]) -> dict:
-    """The family's table from its grids' reports (``reports[i]`` and the seeds its spec fixed,
-    ``declared_seeds[i]``, for ``spec.grids[i]``): see the module's docstring."""
+def family_report(spec: FamilySpec, reports: list[dict | None], declared_seeds: list[list[int]]) -> dict:
+    """The family's table from its grids' reports (``reports[i]``, None where the grid has none yet,
+    and the seeds its spec fixed, ``declared_seeds[i]``, for ``spec.grids[i]``): see the module's
+    docstring."""
     from wmrl.grid_spec import controls_of
 
     rows: list[dict[str, Any]] = []
     for g, report, declared in zip(spec.grids, reports, declared_seeds, strict=True):
+        if report is None:  # not run yet: the comparisons count, with no figures
+            for method in g.methods or spec.methods:
+                rows.append({
+                    "grid": g.report, "spec": g.spec, "domain": g.domain or "—", "method": method,
+                    "seeds": [], "n": 0, "declared_seeds": len(declared), "declared_done": 0,
+                    "complete": False, "not_run": True, "mean": None, "sd": None, "se": None,
+                    "margin": None, "p": None, "p_noninferior": None, "controls": {},
+                    "clears_controls": False, "diffs": [], "payoff": None,
+                })  # fmt: skip
+            continue
         name, dom = _pick_domain(report, g, g.report)
         base = _finals(dom, spec.baseline)
         margin = dom.get("margin") or 0.0
@@ -289,7 +316,7 @@ def family_report(spec: FamilySpec, reports: list[dict], declared_seeds: list[li
                 "grid": g.report, "spec": g.spec, "domain": name, "method": method,
                 "seeds": seeds, "n": n, "declared_seeds": len(declared),
                 "declared_done": len(set(declared) & set(seeds)),
-                "complete": set(declared) <= set(seeds),
+                "complete": set(declared) <= set(seeds), "not_run": False,
                 "mean": mean, "sd": sd, "se": sd / math.sqrt(n) if sd is not None else None,
                 "margin": margin, "p": one_sided_p(d), "p_noninferior": one_sided_p(d, shift=margin),
                 "controls": controls,
@@ -300,25 +327,39 @@ def family_report(spec: FamilySpec, reports: list[dict], declared_seeds: list[li
                 "diffs": d,
                 "payoff": payoff(dom, method, margin, spec.alpha),
             })  # fmt: skip
+    finished = [r["complete"] for r in rows]
     for key, adj in (("p", "p_holm"), ("p_noninferior", "p_noninferior_holm")):
-        for row, q in zip(rows, holm([r[key] for r in rows]), strict=True):
+        for row, q in zip(rows, holm_bound([r[key] for r in rows], finished), strict=True):
             row[adj] = q
+    unfinished = finished.count(False)
     for r in rows:
-        r["verdict"] = _verdict(r, spec)
+        r["verdict"] = _verdict(r, spec, unfinished)
     combined = {
         m: combined_estimate([r["diffs"] for r in rows if r["method"] == m], spec.alpha) for m in spec.methods
     }
     return {"name": spec.name, "alpha": spec.alpha, "baseline": spec.baseline, "methods": spec.methods,
-            "min_control_seeds": spec.min_control_seeds, "comparisons": rows, "combined": combined}  # fmt: skip
+            "min_control_seeds": spec.min_control_seeds, "unfinished": unfinished,
+            "comparisons": rows, "combined": combined}  # fmt: skip
 
 
-def _verdict(r: dict, spec: FamilySpec) -> str:
+def _verdict(r: dict, spec: FamilySpec, unfinished: int) -> str:
+    """A finished comparison's verdict; with ``unfinished`` other comparisons still to land, its Holm
+    p is a bound (:func:`holm_bound`): a verdict it passes is final, one it could still pass is open."""
+    if r["not_run"]:
+        return "not run yet (no report): no verdict"
     if not r["complete"]:
         return f"interim ({r['declared_done']} of the {r['declared_seeds']} declared seeds): no verdict"
-    if r["p_holm"] is not None and r["p_holm"] <= spec.alpha:
+    a = spec.alpha
+    below = lambda p: p is not None and p <= a  # noqa: E731
+    wait = f"open: decided when the other {unfinished} comparison(s) finish"
+    if below(r["p_holm"]):
         return "superior; gain counts" if r["clears_controls"] else "superior; does not clear its controls"
-    if r["p_noninferior_holm"] is not None and r["p_noninferior_holm"] <= spec.alpha:
+    if unfinished and below(r["p"]):  # Holm's p can still fall to alpha
+        return f"superiority {wait}"
+    if below(r["p_noninferior_holm"]):
         return "non-inferior, superiority not shown"
+    if unfinished and below(r["p_noninferior"]):
+        return f"non-inferiority {wait}"
     return "not shown"
 
 
@@ -332,6 +373,11 @@ def _p(v: float | None) -> str:
 
 def family_markdown(fam: dict) -> str:
     """The family's table as Markdown."""
+    unfinished = [
+        f"{n} of the comparisons are unfinished: Holm counts each at p = 1, so a finished comparison's "
+        "Holm p is the largest it can end with (a verdict it passes stands).",
+        "",
+    ] if (n := fam.get("unfinished")) else []  # fmt: skip
     lines = [
         f"# Confirmatory family: {fam['name']}",
         "",
@@ -340,6 +386,7 @@ def family_markdown(fam: dict) -> str:
         f"{len(fam['comparisons'])} comparisons at α = {fam['alpha']}; a gain counts only where the "
         f"method also beats each of its controls at α on at least {fam['min_control_seeds']} seeds.",
         "",
+        *unfinished,
         "| grid | method | seeds | mean ± s.e. | p | Holm p | p (non-inf., margin) | Holm p | controls | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -353,7 +400,7 @@ def family_markdown(fam: dict) -> str:
         mean = "—" if r["mean"] is None else f"{r['mean']:+.3f} ± {r['se'] or float('nan'):.3f}"
         lines.append(
             f"| `{Path(r['grid']).parent.name}` ({r['domain']}) | `{r['method']}` | {r['declared_done']} of {r['declared_seeds']} "
-            f"| {mean} | {_p(r['p'])} | {_p(r['p_holm'])} | {_p(r['p_noninferior'])} ({r['margin']}) "
+            f"| {mean} | {_p(r['p'])} | {_p(r['p_holm'])} | {_p(r['p_noninferior'])} ({r['margin'] or '—'}) "
             f"| {_p(r['p_noninferior_holm'])} | {ctrl} | {r['verdict']} |"
         )
     lines += ["", "The payoff against `real` (its training budget over what the method spent to first reach "
@@ -393,12 +440,9 @@ def write_family(spec_path: str | Path, out_dir: str | Path) -> dict:
     reports, declared = [], []
     for g in spec.grids:
         path = Path(g.report)
-        if not path.is_file():
-            raise ConfigError(
-                f"family {spec_path}: report {path} does not exist (run or merge the grid first)"
-            )
-        reports.append(json.loads(path.read_text()))
-        declared.append(list(g.seeds or load_spec(g.spec).seeds))
+        fixed = load_spec(g.spec).seeds  # the grid's declaration must exist, whatever overrides it
+        declared.append(list(g.seeds or fixed))
+        reports.append(json.loads(path.read_text()) if path.is_file() else None)  # None: not run yet
     fam = family_report(spec, reports, declared)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from wmrl.family import (
     family_markdown,
     family_report,
     holm,
+    holm_bound,
     load_family,
     one_sided_p,
     seeds_needed,
@@ -41,6 +42,23 @@ def test_holm_matches_statsmodels_and_keeps_missing_values_out_of_the_count():
     with_missing = holm([0.01, None, 0.04])
     assert with_missing[1] is None
     assert with_missing[0] == pytest.approx(0.02) and with_missing[2] == pytest.approx(0.04)
+
+
+def test_holm_bound_is_the_largest_holm_p_the_unfinished_comparisons_can_give():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        p = list(rng.uniform(0, 0.1, size=4))
+        finished = [True, True, False, False]
+        bound = holm_bound(p, finished)
+        assert bound[2:] == [None, None]
+        # any values the unfinished two may end with give a Holm p at most the bound (statsmodels)
+        for fill in rng.uniform(0, 1, size=(50, 2)):
+            final = multipletests([p[0], p[1], *fill], method="holm")[1]
+            assert final[0] <= bound[0] + 1e-12 and final[1] <= bound[1] + 1e-12
+        assert bound[:2] == pytest.approx(list(multipletests([p[0], p[1], 1.0, 1.0], method="holm")[1][:2]))
+    assert holm_bound([0.01, 0.04], [True, True]) == holm([0.01, 0.04])  # all finished: plain Holm
+    with pytest.raises(ValueError, match="finished flags"):
+        holm_bound([0.01], [True, False])
 
 
 @pytest.mark.parametrize("sd,delta,alpha", [(0.236, 0.125, 0.05), (0.236, 0.125, 0.0125), (6.1, 4.0, 0.05)])
@@ -94,6 +112,24 @@ def test_family_verdicts_holm_controls_and_interim():
     assert rows[("research", "wmrl")]["p_holm"] >= rows[("research", "wmrl")]["p"]
     assert rows[("research", "ppi")]["verdict"] == "not shown"
     assert rows[("vla", "wmrl")]["verdict"].startswith("interim (4 of the 8 declared seeds)")
+    # the interim grid's two comparisons enter Holm at p = 1: research's Holm p is their bound
+    assert fam["unfinished"] == 2 and rows[("vla", "wmrl")]["p_holm"] is None
+    p_research = [rows[("research", m)]["p"] for m in ("wmrl", "ppi")]
+    assert rows[("research", "wmrl")]["p_holm"] == pytest.approx(
+        multipletests([*p_research, 1, 1], method="holm")[1][0]
+    )
+    assert "2 of the comparisons are unfinished" in family_markdown(fam)
+    # a gain whose raw p passes but whose bound does not stays open while others are unfinished
+    modest = [b + 0.04 + 0.05 * (-1) ** k for k, b in enumerate(base)]  # one-sided p about 0.04
+    mid = _report("research", 0.02, {"anchors_only": base, "wmrl": modest}, seeds)
+    spec_w = FamilySpec(name="t", methods=["wmrl"], grids=[FamilyGrid(spec="a", report="r/a.json"),
+                                                          FamilyGrid(spec="b", report="r/b.json")])  # fmt: skip
+    row = family_report(spec_w, [mid, None], [seeds, seeds])["comparisons"][0]
+    assert row["p"] < 0.05 < row["p_holm"]
+    assert row["verdict"] == "superiority open: decided when the other 1 comparison(s) finish"
+    sure = _report("vla", 0.01, {"anchors_only": base, "wmrl": strong}, seeds)
+    row = family_report(spec_w, [mid, sure], [seeds, seeds])["comparisons"][0]  # both finished: decided
+    assert row["p_holm"] < 0.05 and row["verdict"] == "superior; does not clear its controls"
     # the same gain without its placebo run on 8 seeds does not count
     no_ctrl = _report("research", 0.02, {"anchors_only": base, "wmrl": strong}, seeds)
     spec1 = FamilySpec(name="t", methods=["wmrl"], grids=[FamilyGrid(spec="a", report="r/a.json")])
@@ -122,7 +158,10 @@ def test_write_family_reads_the_grids_and_refuses_what_is_missing(tmp_path):
     assert len(rows) == 1 and rows[0]["declared_seeds"] == 4 and not rows[0]["complete"]
     assert rows[0]["verdict"] == "interim (3 of the 4 declared seeds): no verdict"
     fam_yaml.write_text(fam_yaml.read_text().replace("report.json", "missing.json"))
-    with pytest.raises(ConfigError, match="missing.json does not exist"):
+    rows = write_family(fam_yaml, tmp_path / "out")["comparisons"]  # a grid with no report yet: not run
+    assert rows[0]["not_run"] and rows[0]["n"] == 0 and rows[0]["verdict"].startswith("not run yet")
+    fam_yaml.write_text(fam_yaml.read_text().replace("grid.yaml", "nogrid.yaml"))
+    with pytest.raises(ConfigError, match="nogrid.yaml"):  # its spec must exist: the seeds it fixed
         write_family(fam_yaml, tmp_path / "out")
     with pytest.raises(ConfigError, match="does not exist"):
         load_family(tmp_path / "nope.yaml")
