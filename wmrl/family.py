@@ -368,7 +368,7 @@ def _signed(v: float | None) -> str:
 
 
 def _p(v: float | None) -> str:
-    return "—" if v is None else f"{v:.4f}"
+    return "—" if v is None else f"{v:.1e}" if v < 1e-4 else f"{v:.4f}"
 
 
 def family_markdown(fam: dict) -> str:
