@@ -110,6 +110,10 @@ class GRPOConfig:
     kl_coef: float = 0.0
     # Global gradient-norm clip (<= 0 disables it).
     max_grad_norm: float = 1.0
+    # Early stop of a step's update (as PPO implementations do, e.g. Stable-Baselines3's target_kl):
+    # before each optimizer step after the first, when the minibatch's approx_kl to the rollout
+    # policy exceeds 1.5 x target_kl, the step's remaining minibatches and epochs are skipped; null: none.
+    target_kl: float | None = None
 
     def __post_init__(self) -> None:
         finite(self, "grpo.")
@@ -141,6 +145,10 @@ class GRPOConfig:
         one_of("grpo.advantage", self.advantage, tuple(ADVANTAGES))
         one_of("grpo.loss_agg", self.loss_agg, ("token_mean", "seq_mean"))
         check(self.kl_coef >= 0, f"grpo.kl_coef={self.kl_coef} must be >= 0")
+        check(
+            self.target_kl is None or self.target_kl > 0,
+            f"grpo.target_kl={self.target_kl} must be > 0 (or null: no early stop)",
+        )
 
 
 @dataclass

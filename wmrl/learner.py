@@ -237,7 +237,11 @@ def grpo_update(
     """``cfg.epochs`` passes over the batch in ``cfg.minibatches`` minibatches (split by group), each an
     optimizer step on the clipped loss, with gradient-norm clipping; a minibatch's gradient is
     accumulated over passes of at most ``cfg.micro_batch`` rollouts (:func:`_accumulate`). Returns
-    averaged diagnostics.
+    averaged diagnostics over the steps taken.
+
+    ``cfg.target_kl``: before each optimizer step but the first, a minibatch whose ``approx_kl`` (the
+    k3 estimate of ``KL(π_old ‖ π_θ)`` under the current, pre-step policy) exceeds
+    ``1.5 · target_kl`` ends the update, its step not taken (``loss/kl_stopped`` 1.0).
 
     ``autocast()`` wraps the policy's and the reference's forward passes (``--precision=bf16``); their
     log-probs are cast to float32 before the loss, and the backward pass runs outside it.
@@ -266,8 +270,10 @@ def grpo_update(
     ref_logp = share.reference_logprobs(reference, batch, cfg, autocast)
     params = [p for p in policy.parameters() if p.requires_grad]
     sums: dict[str, float] = {}
-    n_steps = 0
+    n_steps, stopped = 0, False
     for _ in range(cfg.epochs):
+        if stopped:
+            break
         order = groups[torch.randperm(groups.numel(), generator=generator)]
         for chunk in torch.tensor_split(order, min(cfg.minibatches, groups.numel())):
             rows = torch.isin(batch.group_ids, chunk).nonzero().squeeze(-1)
@@ -280,9 +286,13 @@ def grpo_update(
                 loss_denom=denoms[chunk.to(denoms.device)].sum().clamp(min=1),
                 token_denom=share.token_denom(batch.mask[rows]),
             )  # fmt: skip
+            totals = share.totals(stats)  # summed over ranks: every rank takes the same decision
+            if kl_exceeds(totals["approx_kl"], cfg.target_kl) and n_steps > 0:
+                optimizer.zero_grad(set_to_none=True)
+                stopped = True
+                break
             grad_norm = clip_gradients(params, cfg.max_grad_norm)
             optimizer.step()
-            totals = share.totals(stats)
             totals |= {
                 "grad_norm": float(grad_norm),
                 "grad_clipped": _was_clipped(grad_norm, cfg.max_grad_norm),
@@ -290,7 +300,13 @@ def grpo_update(
             for k, v in totals.items():
                 sums[k] = sums.get(k, 0.0) + v
             n_steps += 1
-    return _update_metrics(sums, n_steps)
+    out = _update_metrics(sums, n_steps)
+    return out if cfg.target_kl is None else out | {"loss/kl_stopped": float(stopped)}
+
+
+def kl_exceeds(approx_kl: float, target_kl: float | None) -> bool:
+    """PPO's early-stop rule: ``approx_kl > 1.5 · target_kl`` (never with no target)."""
+    return target_kl is not None and approx_kl > 1.5 * target_kl
 
 
 def _accumulate(

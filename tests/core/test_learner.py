@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from wmrl.config import GRPOConfig
+from wmrl.config import ConfigError, GRPOConfig
 from wmrl.domain import RolloutBatch
 from wmrl.learner import aggregate, clipped_policy_loss, group_advantages, grpo_update, make_optimizer
 
@@ -129,6 +129,44 @@ def test_grpo_update_moves_towards_positive_advantage_and_leaves_unused_groups()
     p = torch.softmax(policy.theta.detach(), -1)
     assert (p[:3, 0] > 1 / 3).all() and (p[:3, 1] < 1 / 3).all()
     assert torch.equal(policy.theta[3].detach(), torch.zeros(3))  # skipped group: no gradient
+
+
+def test_target_kl_stops_the_update_before_the_step_that_would_pass_it():
+    """grpo.target_kl: the first step is always taken; a later minibatch whose approx_kl under the
+    pre-step policy is above 1.5 x target_kl ends the update without its step. A target no step
+    reaches changes nothing, bit for bit."""
+
+    def update(target_kl):
+        policy = _Table()
+        batch = _batch(policy)
+        adv, used = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * 4), batch.group_ids)
+        cfg = GRPOConfig(tasks_per_step=4, minibatches=2, epochs=2, lr=0.5, optimizer="sgd",
+                         max_grad_norm=10.0, target_kl=target_kl)  # fmt: skip
+        gen = torch.Generator().manual_seed(3)
+        opt = make_optimizer(list(policy.parameters()), cfg)
+        metrics = grpo_update(policy, opt, batch, adv, used, cfg, generator=gen)
+        return policy.theta.detach().clone(), metrics
+
+    free, m_free = update(None)
+    assert m_free["loss/optimizer_steps"] == 4 and "loss/kl_stopped" not in m_free
+    loose, m_loose = update(1e6)
+    assert torch.equal(loose, free) and m_loose["loss/kl_stopped"] == 0.0
+    # a tiny target: each table row is one group's, so the first epoch's second minibatch sees no
+    # change yet (KL 0) and the second epoch's first minibatch ends it: exactly a 1-epoch update
+    tight, m_tight = update(1e-9)
+    assert m_tight["loss/optimizer_steps"] == 2 and m_tight["loss/kl_stopped"] == 1.0
+    policy = _Table()
+    batch = _batch(policy)
+    adv, used = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * 4), batch.group_ids)
+    cfg1 = GRPOConfig(tasks_per_step=4, minibatches=2, epochs=1, lr=0.5, optimizer="sgd", max_grad_norm=10.0)
+    gen = torch.Generator().manual_seed(3)
+    grpo_update(
+        policy, make_optimizer(list(policy.parameters()), cfg1), batch, adv, used, cfg1, generator=gen
+    )
+    assert torch.equal(tight, policy.theta.detach())
+    assert not torch.equal(tight, free)
+    with pytest.raises(ConfigError, match="target_kl"):
+        GRPOConfig(target_kl=0.0)
 
 
 class _Seq(torch.nn.Module):
