@@ -241,7 +241,8 @@ def grpo_update(
 
     ``cfg.target_kl``: before each optimizer step but the first, a minibatch whose ``approx_kl`` (the
     k3 estimate of ``KL(π_old ‖ π_θ)`` under the current, pre-step policy) exceeds
-    ``1.5 · target_kl`` ends the update, its step not taken (``loss/kl_stopped`` 1.0).
+    ``1.5 · target_kl`` ends the update, its step not taken (``loss/kl_stopped`` 1.0, and its
+    ``approx_kl`` in ``loss/kl_at_stop``, NaN where the update ran to the end).
 
     ``autocast()`` wraps the policy's and the reference's forward passes (``--precision=bf16``); their
     log-probs are cast to float32 before the loss, and the backward pass runs outside it.
@@ -270,7 +271,7 @@ def grpo_update(
     ref_logp = share.reference_logprobs(reference, batch, cfg, autocast)
     params = [p for p in policy.parameters() if p.requires_grad]
     sums: dict[str, float] = {}
-    n_steps, stopped = 0, False
+    n_steps, stopped, kl_at_stop = 0, False, float("nan")
     for _ in range(cfg.epochs):
         if stopped:
             break
@@ -289,7 +290,7 @@ def grpo_update(
             totals = share.totals(stats)  # summed over ranks: every rank takes the same decision
             if kl_exceeds(totals["approx_kl"], cfg.target_kl) and n_steps > 0:
                 optimizer.zero_grad(set_to_none=True)
-                stopped = True
+                stopped, kl_at_stop = True, totals["approx_kl"]
                 break
             grad_norm = clip_gradients(params, cfg.max_grad_norm)
             optimizer.step()
@@ -301,7 +302,9 @@ def grpo_update(
                 sums[k] = sums.get(k, 0.0) + v
             n_steps += 1
     out = _update_metrics(sums, n_steps)
-    return out if cfg.target_kl is None else out | {"loss/kl_stopped": float(stopped)}
+    if cfg.target_kl is None:
+        return out
+    return out | {"loss/kl_stopped": float(stopped), "loss/kl_at_stop": kl_at_stop}
 
 
 def kl_exceeds(approx_kl: float, target_kl: float | None) -> bool:

@@ -155,6 +155,7 @@ def test_target_kl_stops_the_update_before_the_step_that_would_pass_it():
     # change yet (KL 0) and the second epoch's first minibatch ends it: exactly a 1-epoch update
     tight, m_tight = update(1e-9)
     assert m_tight["loss/optimizer_steps"] == 2 and m_tight["loss/kl_stopped"] == 1.0
+    assert m_tight["loss/kl_at_stop"] > 1.5e-9 and math.isnan(m_loose["loss/kl_at_stop"])
     policy = _Table()
     batch = _batch(policy)
     adv, used = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * 4), batch.group_ids)
