@@ -398,9 +398,10 @@ def family_markdown(fam: dict) -> str:
             or "—"
         )
         mean = "—" if r["mean"] is None else f"{r['mean']:+.3f} ± {r['se'] or float('nan'):.3f}"
+        margin = "—" if r["margin"] is None else r["margin"]
         lines.append(
             f"| `{Path(r['grid']).parent.name}` ({r['domain']}) | `{r['method']}` | {r['declared_done']} of {r['declared_seeds']} "
-            f"| {mean} | {_p(r['p'])} | {_p(r['p_holm'])} | {_p(r['p_noninferior'])} ({r['margin'] or '—'}) "
+            f"| {mean} | {_p(r['p'])} | {_p(r['p_holm'])} | {_p(r['p_noninferior'])} ({margin}) "
             f"| {_p(r['p_noninferior_holm'])} | {ctrl} | {r['verdict']} |"
         )
     lines += ["", "The payoff against `real` (its training budget over what the method spent to first reach "
