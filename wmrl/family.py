@@ -428,7 +428,7 @@ def family_markdown(fam: dict) -> str:
         else:
             lines.append(
                 f"| `{m}` | {c['grids']} | {c['std_effect']:+.2f} ± {c['std_effect_se']:.2f} "
-                f"| {c['std_effect_lb']:+.2f} | {c['stouffer_p']:.4f} |"
+                f"| {c['std_effect_lb']:+.2f} | {_p(c['stouffer_p'])} |"
             )
     return "\n".join(lines) + "\n"
 
